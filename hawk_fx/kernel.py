@@ -1,0 +1,243 @@
+"""@hawk.kernel: a one-sample function, traced per dtype signature, run over whole arrays.
+
+A call binds arguments to roles (validating everything before anything runs), picks the
+specialisation for the arguments' dtypes and layouts (tracing it the first time), and runs the
+compiled body. Inside a graph builder the same call stages a node instead (eagle_fx registers
+itself in GRAPH_STAGING).
+"""
+from __future__ import annotations
+
+import inspect
+import typing
+
+import numpy as np
+
+from . import prims
+from .core import SAMPLE, UNIFORM, AVal, Program, Tracer, literal_aval
+from .emit.numpy import NumpyKernel
+from .roles import Role
+from .trace import UNDEF, TraceError, convert_kernel, trace_body
+from .tree import tree_flatten, tree_unflatten
+
+GRAPH_STAGING: list = []    # active graph stagers (eagle_fx); the last one receives kernel calls
+
+
+class Layout(tuple):
+    """Per parameter: (kind, dtype, per-sample shape, weak). The key of a specialisation."""
+
+
+class Specialization:
+    """A kernel body traced for one Layout: its Program, result tree, commits and NumPy code."""
+
+    def __init__(self, kernel: "Kernel", layout: Layout):
+        self.kernel, self.layout = kernel, layout
+        avals = [AVal(shape, dt, kind, weak) for kind, dt, shape, weak in layout]
+        trace, args, result, muts = trace_body(kernel.converted, kernel.name, kernel.source, avals, kernel.param_names)
+        leaves, self.tree = tree_flatten(result, where=f"hawk.kernel {kernel.name}: the returned tree")
+        for leaf in leaves:
+            if leaf is UNDEF or not (isinstance(leaf, Tracer) or isinstance(leaf, (int, float, bool, np.number))):
+                raise TraceError(f"hawk.kernel {kernel.name}: returns {type(leaf).__name__} {leaf!r}; return traced "
+                                 "values or numbers, in a tuple/list/dict tree")
+        self.commits: list[int] = []     # parameter indices written by the body
+        commit_values = []
+        for name, value in zip(kernel.mutable_names, muts):
+            k = kernel.param_names.index(name)
+            if value is args[k]:
+                continue
+            kind, dt, shape, _ = layout[k]
+            v_aval = value.aval if isinstance(value, Tracer) else None
+            if v_aval is not None and v_aval.kind == SAMPLE and kind == UNIFORM:
+                raise TraceError(f"hawk.kernel {kernel.name}: a per-sample value is written to the one-cell Mutable "
+                                 f"'{name}'; reduce it first (hawk.sum/max/min/mean) or pass a per-sample plane "
+                                 f"of shape {kernel.roles[k].plane_shape()}")
+            v_shape = v_aval.shape if v_aval is not None else ()
+            if np.broadcast_shapes(v_shape, shape) != shape:
+                raise TraceError(f"hawk.kernel {kernel.name}: the value written to '{name}' has per-sample shape "
+                                 f"{v_shape}, its plane {shape}")
+            src_dt = v_aval.dtype if v_aval is not None else literal_aval(value).dtype
+            if v_aval is None or src_dt != dt or v_aval.weak:
+                value = trace.process(prims.convert_p, [value], {"dtype": dt})[0]
+            self.commits.append(k)
+            commit_values.append(value)
+        self.n_results = len(leaves)
+        self.prog: Program = trace.finish(list(leaves) + commit_values)
+        self.result_kinds = [a.aval.kind for a in self.prog.outputs[:self.n_results]]
+        out_sample = self.result_kinds + [layout[k][0] for k in self.commits]
+        self.compiled = NumpyKernel(self.prog, [k == SAMPLE for k in out_sample])
+
+    def result_shape(self, j, n):
+        aval = self.prog.outputs[j].aval
+        return aval.shape + ((n,) if aval.kind == SAMPLE else (1,))
+
+    def result_dtype(self, j):
+        return self.prog.outputs[j].aval.dtype
+
+
+def _resolve_roles(fn) -> list[tuple[str, Role]]:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        hints = dict(getattr(fn, "__annotations__", {}))
+    out = []
+    for name, p in inspect.signature(fn).parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"hawk.kernel {fn.__name__}: *{name} is not a role; list each parameter with its role")
+        role = hints.get(name)
+        if not isinstance(role, Role):
+            raise TypeError(f"hawk.kernel {fn.__name__}: parameter '{name}' has no role annotation (found "
+                            f"{role!r}); annotate it, e.g. `{name}: Scalar`, `{name}: Param`, `{name}: Mutable[Scalar]`")
+        out.append((name, role))
+    return out
+
+
+def _is_gpu_array(a) -> bool:
+    return type(a).__module__.split(".")[0] in ("cupy", "jax", "jaxlib")
+
+
+class Kernel:
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = fn.__name__
+        self.__name__ = fn.__name__
+        self.__qualname__ = fn.__qualname__
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+        spec = _resolve_roles(fn)
+        self.param_names = [n for n, _ in spec]
+        self.roles = [r for _, r in spec]
+        self.mutable_names = [n for n, r in spec if r.mutable]
+        self.converted, self.source = convert_kernel(fn, self.mutable_names)
+        self._specs: dict[Layout, Specialization] = {}
+        self._nparams = len(spec)
+
+    def __repr__(self):
+        params = ", ".join(f"{n}: {r!r}" for n, r in zip(self.param_names, self.roles))
+        return f"<hawk.kernel {self.name}({params})>"
+
+    # -- binding -------------------------------------------------------------------------------
+    def bind_arguments(self, args, kwargs) -> list:
+        """Arguments in parameter order; refuses missing, extra and unknown ones."""
+        if len(args) > self._nparams:
+            raise TypeError(f"hawk.kernel {self.name}: takes {self._nparams} argument(s) "
+                            f"({', '.join(self.param_names)}), got {len(args)}")
+        if not kwargs and len(args) == self._nparams:
+            return list(args)
+        bound = list(args) + [UNDEF] * (self._nparams - len(args))
+        for k, v in kwargs.items():
+            if k not in self.param_names:
+                raise TypeError(f"hawk.kernel {self.name}: unknown argument {k!r}; its parameters are "
+                                f"{', '.join(self.param_names)}")
+            i = self.param_names.index(k)
+            if bound[i] is not UNDEF:
+                raise TypeError(f"hawk.kernel {self.name}: argument '{k}' given twice (by position and by name)")
+            bound[i] = v
+        missing = [f"'{n}' ({r!r})" for n, r, v in zip(self.param_names, self.roles, bound) if v is UNDEF]
+        if missing:
+            raise TypeError(f"hawk.kernel {self.name}: missing argument(s) {', '.join(missing)}")
+        return bound
+
+    def layout_of(self, values, shapes=None):
+        """The Layout and sample count n of concrete arguments (arrays and Python numbers)."""
+        n = None
+        for name, role, v in zip(self.param_names, self.roles, values):
+            if role.uniform:
+                continue
+            shape = getattr(v, "shape", None)
+            if shape is not None and len(shape) == len(role.shape) + 1 and shape[-1] != 1:
+                if n is None:
+                    n = shape[-1]
+                elif shape[-1] != n:
+                    raise ValueError(f"hawk.kernel {self.name}: '{name}' has {shape[-1]} samples, an earlier plane "
+                                     f"has {n}; every plane of one call has the same sample count (last axis)")
+        n = 1 if n is None else n
+        layout = []
+        for name, role, v in zip(self.param_names, self.roles, values):
+            layout.append(self._layout_one(name, role, v, n))
+        return Layout(layout), n
+
+    def _layout_one(self, name, role: Role, v, n):
+        where = f"hawk.kernel {self.name}: argument '{name}' ({role!r})"
+        if isinstance(v, (bool, int, float)) and not isinstance(v, np.ndarray):
+            if role.mutable:
+                raise TypeError(f"{where} is a Python {type(v).__name__}; a Mutable is written in place, so it "
+                                f"needs an array: pass np.array([{v!r}]) or a plane of shape {role.plane_shape()}")
+            dt = np.asarray(v).dtype
+            return (UNIFORM, dt, (), True)
+        if not isinstance(v, np.ndarray):
+            if _is_gpu_array(v):
+                raise NotImplementedError(
+                    f"{where} is a {type(v).__module__}.{type(v).__name__}: kernels run on NumPy arrays in this "
+                    "version (the CUDA emitter is not wired to calls yet); pass a NumPy array, e.g. cupy.asnumpy(x)")
+            if isinstance(v, np.generic) and not role.mutable:
+                return (UNIFORM, v.dtype, (), False)
+            raise TypeError(f"{where} is {type(v).__name__} {v!r:.60}; pass a NumPy array"
+                            + ("" if role.mutable else " or a Python number"))
+        if v.dtype.kind not in "biuf" or not role.accepts_dtype(v.dtype):
+            raise TypeError(f"{where} has dtype {v.dtype}; it needs {role.describe_dtype()}")
+        if role.uniform:
+            if v.shape != (1,):
+                raise ValueError(f"{where} has shape {v.shape}; a Param is a Python number or a one-cell array "
+                                 "of shape (1,), read at every call")
+            return (UNIFORM, v.dtype, (), False)
+        want = role.shape
+        if v.ndim != len(want) + 1 or v.shape[:-1] != want:
+            raise ValueError(f"{where} has shape {v.shape}; it needs a plane of shape {role.plane_shape()} "
+                             f"(the sample axis last) or a one-cell {tuple(want) + (1,)}")
+        if v.shape[-1] == n:
+            return (SAMPLE, v.dtype, want, False)
+        return (UNIFORM, v.dtype, want, False)
+
+    def specialize(self, layout: Layout) -> Specialization:
+        spec = self._specs.get(layout)
+        if spec is None:
+            spec = self._specs[layout] = Specialization(self, layout)
+        return spec
+
+    # -- calling -------------------------------------------------------------------------------
+    def __call__(self, *args, buffer=None, **kwargs):
+        if GRAPH_STAGING:
+            return GRAPH_STAGING[-1].stage_call(self, args, kwargs, buffer)
+        if buffer is not None:
+            raise TypeError(f"hawk.kernel {self.name}: buffer= is for kernel calls inside a graph builder; "
+                            "outside one, a call returns new arrays")
+        values = self.bind_arguments(args, kwargs)
+        layout, n = self.layout_of(values)
+        spec = self.specialize(layout)
+        if len(spec.commits) > 1:
+            targets = [values[k] for k in spec.commits]
+            for a in range(len(targets)):
+                for b in range(a):
+                    if np.shares_memory(targets[a], targets[b]):
+                        raise ValueError(f"hawk.kernel {self.name}: Mutable arguments "
+                                         f"'{self.param_names[spec.commits[b]]}' and "
+                                         f"'{self.param_names[spec.commits[a]]}' share memory; pass separate arrays")
+        outs = [np.empty(spec.result_shape(j, n), spec.result_dtype(j)) for j in range(spec.n_results)]
+        spec.compiled(values, outs + [values[k] for k in spec.commits], n)
+        return tree_unflatten(spec.tree, outs)
+
+    # -- inspection ----------------------------------------------------------------------------
+    def default_layout(self) -> Layout:
+        out = []
+        for role in self.roles:
+            if role.uniform:
+                out.append((UNIFORM, np.dtype(np.float64), (), True))
+            else:
+                out.append((SAMPLE, np.dtype(role.dtype or np.float64), role.shape, False))
+        return Layout(out)
+
+    @property
+    def ir(self) -> Program:
+        """The traced body for float64 planes and Python-number Params (print it)."""
+        return self.specialize(self.default_layout()).prog
+
+    def trace(self, *args, **kwargs) -> Program:
+        """The traced body for these arguments' dtypes and layouts."""
+        values = self.bind_arguments(args, kwargs)
+        return self.specialize(self.layout_of(values)[0]).prog
+
+
+def kernel(fn) -> Kernel:
+    """Decorate a one-sample function whose parameters are annotated with roles."""
+    if isinstance(fn, Kernel):
+        return fn
+    return Kernel(fn)

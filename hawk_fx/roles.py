@@ -1,0 +1,77 @@
+"""Parameter roles: what a kernel parameter is for one sample, and what array it takes for many.
+
+The sample axis is last: a `Vector[3]` plane of n samples has shape (3, n), a `Scalar` plane (n,).
+A one-cell array (`(1,)`, or `(3, 1)` for a Vector) is one value for all samples.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Role:
+    __slots__ = ("name", "shape", "dtype", "mutable", "uniform")
+
+    def __init__(self, name, shape=(), dtype=None, mutable=False, uniform=False):
+        self.name = name
+        self.shape = tuple(shape)      # per-sample shape
+        self.dtype = dtype             # None: any real dtype; else the exact dtype a written plane needs
+        self.mutable = mutable
+        self.uniform = uniform         # Param: one value for all samples
+
+    def __repr__(self):
+        return f"Mutable[{self.name}]" if self.mutable else self.name
+
+    def accepts_dtype(self, dt: np.dtype) -> bool:
+        if self.dtype is None:
+            return dt.kind in ("f", "i", "u", "b") if not self.mutable else dt.kind == "f"
+        want = np.dtype(self.dtype)
+        if self.mutable:
+            return dt == want
+        return dt.kind in ("i", "u", "b") if want.kind in "iu" else dt == want
+
+    def describe_dtype(self) -> str:
+        if self.dtype is None:
+            return "a floating dtype" if self.mutable else "a real (bool, integer or floating) dtype"
+        want = np.dtype(self.dtype)
+        if self.mutable or want.kind not in "iu":
+            return f"dtype {want.name}"
+        return "an integer dtype"
+
+    def plane_shape(self) -> str:
+        return "(" + ", ".join([str(d) for d in self.shape] + ["n"]) + ")"
+
+
+class _RoleFactory:
+    """`Vector[3]`, `Matrix[2, 3]`: a role with a per-sample shape given by subscript."""
+
+    def __init__(self, name, rank):
+        self.name, self.rank = name, rank
+
+    def __getitem__(self, dims):
+        dims = dims if isinstance(dims, tuple) else (dims,)
+        if len(dims) != self.rank or not all(isinstance(d, int) and d > 0 for d in dims):
+            raise TypeError(f"hawk.{self.name}[...] takes {self.rank} positive int(s), got {dims!r}")
+        return Role(f"{self.name}[{', '.join(map(str, dims))}]", dims)
+
+    def __repr__(self):
+        return f"hawk.{self.name}"
+
+
+class _MutableFactory:
+    def __getitem__(self, role):
+        if not isinstance(role, Role) or role.uniform or role.mutable:
+            raise TypeError(f"hawk.Mutable[...] takes a per-sample role (Scalar, UInt32, Vector[k], ...), got {role!r}")
+        return Role(role.name, role.shape, role.dtype, mutable=True)
+
+    def __repr__(self):
+        return "hawk.Mutable"
+
+
+Scalar = Role("Scalar")
+Param = Role("Param", uniform=True)
+UInt32 = Role("UInt32", dtype=np.uint32)
+Int32 = Role("Int32", dtype=np.int32)
+Terminated = Role("Terminated", dtype=np.bool_)
+Vector = _RoleFactory("Vector", 1)
+Matrix = _RoleFactory("Matrix", 2)
+Mutable = _MutableFactory()

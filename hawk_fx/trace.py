@@ -1,0 +1,313 @@
+"""The kernel pass: rewrite a one-sample function's AST, then trace it into a Program.
+
+Two rewrites, each small:
+  * every `if` whose arms hold no break/continue/return becomes a call `if_stmt(test, true_fn,
+    false_fn, state)`; a per-sample test runs both arms and selects, a Python test runs one arm;
+  * the function returns `(result, (final values of Mutable parameters))`, so an assignment to a
+    Mutable parameter is a commit to its plane.
+Everything else is plain Python run on tracers: a static `for` unrolls, helper functions inline.
+"""
+from __future__ import annotations
+
+import ast
+import itertools
+import sys
+
+import numpy as np
+
+from . import prims
+from .core import SAMPLE, UNIFORM, AVal, ProgramTrace, Tracer
+from .source import SourceInfo, assigned_names, parse_function, recompile, user_line
+
+P = prims.P
+
+
+class TraceError(TypeError):
+    """A construct a kernel body cannot contain, named with the user's function and line."""
+
+
+class _Undefined:
+    def __repr__(self):
+        return "<undefined>"
+
+
+UNDEF = _Undefined()
+
+_active: list["KernelTrace"] = []
+
+
+def current_kernel_trace():
+    return _active[-1] if _active else None
+
+
+class KernelTrace(ProgramTrace):
+    def __init__(self, kernel_name: str, source: SourceInfo):
+        super().__init__()
+        self.kernel_name = kernel_name
+        self.source = source
+
+    def where(self) -> str:
+        line = user_line(self.source.filename)
+        return f"{self.kernel_name}" if line is None else self.source.where_long(line)
+
+    def fail(self, what: str, fix: str):
+        raise TraceError(f"hawk.kernel {self.where()}: {what}; {fix}")
+
+
+class KTracer(Tracer):
+    """A per-sample (or uniform) value inside a kernel body."""
+
+    __slots__ = ()
+
+    def _fail(self, what, fix):
+        t = self.trace
+        if isinstance(t, KernelTrace) and t.active:
+            t.fail(what, fix)
+        raise TraceError(f"hawk: {what}; {fix}")
+
+    # Python protocols that would need a concrete value
+    def __bool__(self):
+        self._fail("a traced value is used as a Python bool (a `while`, `and`/`or`, `assert`, or an `if` "
+                   "around break/continue)", "use a per-sample `if` that assigns values, or hm.where(cond, a, b)")
+
+    def __float__(self):
+        self._fail("a traced value is converted with float()", "use hm.float64(x) / hm.real(x)")
+
+    def __int__(self):
+        self._fail("a traced value is converted with int()", "use hm.int32(x) or hm.uint32(x)")
+
+    __index__ = __int__
+
+    def __array__(self, *a, **k):
+        self._fail("a traced value reached NumPy (np.asarray or a NumPy function)",
+                   "call the hawk.math function of the same name, e.g. hm.sin(x)")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kw):
+        self._fail(f"np.{ufunc.__name__} was called on a traced value",
+                   f"use hawk.math ({'hm.' + ufunc.__name__}) inside a kernel")
+
+    def __array_function__(self, func, types, args, kwargs):
+        self._fail(f"np.{func.__name__} was called on a traced value",
+                   "use the hawk.math function of the same name inside a kernel")
+
+    def __iter__(self):
+        if not self.aval.shape:
+            self._fail("iterating over a per-sample scalar", "only Vector/Matrix values can be iterated")
+        return iter([self[i] for i in range(self.aval.shape[0])])
+
+    def __len__(self):
+        if not self.aval.shape:
+            self._fail("len() of a per-sample scalar", "only Vector/Matrix values have a length")
+        return self.aval.shape[0]
+
+    def __repr__(self):
+        return f"<traced {self.var.hint or 'value'}: {self.aval}>"
+
+    @property
+    def shape(self):
+        return self.aval.shape
+
+    @property
+    def dtype(self):
+        return self.aval.dtype
+
+    @property
+    def T(self):
+        return P["transpose"].bind(self)
+
+    def __getitem__(self, i):
+        if isinstance(i, tuple):
+            out = self
+            for j in i:
+                out = out[j]
+            return out
+        if not isinstance(i, (int, np.integer)):
+            self._fail(f"index {i!r} is not a Python int", "index Vector/Matrix values with constants")
+        return P["index"].bind(self, i=int(i))
+
+    __hash__ = object.__hash__
+
+
+def _binop(name, swap=False):
+    p = P[name]
+    if swap:
+        return lambda self, other: p.bind(other, self)
+    return lambda self, other: p.bind(self, other)
+
+
+for _dunder, _name in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div"), ("floordiv", "floordiv"),
+                       ("mod", "mod"), ("pow", "pow")]:
+    setattr(KTracer, f"__{_dunder}__", _binop(_name))
+    setattr(KTracer, f"__r{_dunder}__", _binop(_name, swap=True))
+for _dunder, _name in [("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"), ("eq", "eq"), ("ne", "ne"),
+                       ("and", "and"), ("or", "or")]:
+    setattr(KTracer, f"__{_dunder}__", _binop(_name))
+KTracer.__rand__ = _binop("and", swap=True)
+KTracer.__ror__ = _binop("or", swap=True)
+KTracer.__neg__ = lambda self: P["neg"].bind(self)
+KTracer.__pos__ = lambda self: self
+KTracer.__abs__ = lambda self: P["abs"].bind(self)
+KTracer.__invert__ = lambda self: P["not"].bind(self)
+KTracer.__matmul__ = lambda self, other: _matmul(self, other)
+KTracer.__rmatmul__ = lambda self, other: _matmul(other, self)
+KernelTrace.tracer_type = KTracer
+
+
+def _matmul(a, b):
+    from .math import matmul
+    return matmul(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# runtime called by rewritten kernel code
+
+def load(scope: dict, names):
+    return tuple(scope.get(n, UNDEF) for n in names)
+
+
+def if_stmt(test, true_fn, false_fn, state, names):
+    if not isinstance(test, Tracer):
+        return true_fn(*state) if test else false_fn(*state)
+    trace = test.trace
+    if test.aval.dtype != np.bool_:
+        test = P["ne"].bind(test, 0)
+    t_out, f_out = true_fn(*state), false_fn(*state)
+    merged = []
+    for name, a, b in zip(names, t_out, f_out):
+        if a is b:
+            merged.append(a)
+        elif a is UNDEF or b is UNDEF:
+            if name.startswith("__hawk"):
+                merged.append(UNDEF)
+                continue
+            trace.fail(f"{name!r} is assigned in only one arm of a per-sample if",
+                       f"assign {name} before the if, so both arms define it")
+        elif callable(a) or callable(b):
+            merged.append(UNDEF)   # helper functions defined in an arm do not leave it
+        else:
+            merged.append(P["select"].bind(test, a, b))
+    return tuple(merged)
+
+
+# ---------------------------------------------------------------------------------------------
+# the AST pass
+
+_counter = itertools.count()
+
+
+def _has_jump(stmts) -> bool:
+    """A break/continue that would leave the if's arms, or any return: such an if stays Python."""
+    def go(node, in_loop):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return False
+        if isinstance(node, ast.Return):
+            return True
+        if isinstance(node, (ast.Break, ast.Continue)):
+            return not in_loop
+        if isinstance(node, (ast.For, ast.While)):
+            return any(go(c, True) for c in node.body) or any(go(c, in_loop) for c in node.orelse)
+        return any(go(c, in_loop) for c in ast.iter_child_nodes(node))
+    return any(go(s, False) for s in stmts)
+
+
+class _IfToCall(ast.NodeTransformer):
+    def visit_FunctionDef(self, node):
+        self.generic_visit(node)
+        return node
+
+    def visit_If(self, node):
+        self.generic_visit(node)
+        if _has_jump(node.body) or _has_jump(node.orelse):
+            return node
+        names = [n for n in assigned_names(node.body + node.orelse)]
+        k = next(_counter)
+        tname, fname = f"__hawk_if_true_{k}", f"__hawk_if_false_{k}"
+        ret = ast.Return(value=ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Load()) for n in names], ctx=ast.Load()))
+
+        def arm(name, body):
+            args = ast.arguments(posonlyargs=[], args=[ast.arg(arg=n) for n in names], vararg=None,
+                                 kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])
+            return ast.FunctionDef(name=name, args=args, body=(body or [ast.Pass()]) + [ret],
+                                   decorator_list=[], returns=None, type_params=[])
+
+        rt = ast.Name(id="__hawk_rt__", ctx=ast.Load())
+        call = ast.Call(
+            func=ast.Attribute(value=rt, attr="if_stmt", ctx=ast.Load()),
+            args=[node.test, ast.Name(id=tname, ctx=ast.Load()), ast.Name(id=fname, ctx=ast.Load()),
+                  ast.Call(func=ast.Attribute(value=rt, attr="load", ctx=ast.Load()),
+                           args=[ast.Call(func=ast.Name(id="locals", ctx=ast.Load()), args=[], keywords=[]),
+                                 ast.Constant(value=tuple(names))], keywords=[]),
+                  ast.Constant(value=tuple(names))],
+            keywords=[])
+        target = ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Store()) for n in names], ctx=ast.Store())
+        out = [arm(tname, node.body), arm(fname, node.orelse), ast.Assign(targets=[target], value=call)]
+        for s in out:
+            ast.copy_location(s, node)
+        return out
+
+
+def convert_kernel(fn, mutable_names, api="hawk.kernel"):
+    """The rewritten function: same parameters, returns (result, (final Mutable values))."""
+    fdef, info = parse_function(fn, api)
+    for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs:
+        a.annotation = None
+    fdef.returns = None
+    body = fdef.body
+    for i, stmt in enumerate(body):
+        for node in ast.walk(stmt):
+            if isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
+                raise TraceError(f"{api} {info.where_long(node.lineno)}: a kernel body cannot yield or await; "
+                                 "return one value (or a tree) at the end")
+        early = [n for n in _walk_no_defs(stmt) if isinstance(n, ast.Return)]
+        if early and not (i == len(body) - 1 and isinstance(stmt, ast.Return)):
+            line = early[0].lineno
+            raise TraceError(f"{api} {info.where_long(line)}: an early `return` in a kernel body: a kernel "
+                             "returns once, at its end; assign the value to a name (a per-sample if selects) "
+                             "and `return` it on the last line")
+    muts = ast.Tuple(elts=[ast.Name(id=m, ctx=ast.Load()) for m in mutable_names], ctx=ast.Load())
+    if body and isinstance(body[-1], ast.Return):
+        last = body[-1]
+        last.value = ast.Tuple(elts=[last.value or ast.Constant(value=None), muts], ctx=ast.Load())
+    else:
+        body.append(ast.Return(value=ast.Tuple(elts=[ast.Constant(value=None), muts], ctx=ast.Load())))
+        ast.copy_location(body[-1], body[-2] if len(body) > 1 else fdef)
+    fdef.body = [_IfToCall().visit(s) for s in body]
+    fdef.body = [s for x in fdef.body for s in (x if isinstance(x, list) else [x])]
+    new = recompile(fn, fdef, {"__hawk_rt__": sys.modules[__name__]})
+    return new, info
+
+
+def _walk_no_defs(node):
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        yield n
+        for c in ast.iter_child_nodes(n):
+            if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                todo.append(c)
+
+
+def trace_body(converted, kernel_name, info: SourceInfo, in_avals, param_names):
+    """Run the converted function on tracers; returns (trace, result, final Mutable values)."""
+    trace = KernelTrace(kernel_name, info)
+    args = [trace.new_input(av, hint=nm) for av, nm in zip(in_avals, param_names)]
+    _active.append(trace)
+    try:
+        result, muts = converted(*args)
+    finally:
+        _active.pop()
+    return trace, args, result, muts
+
+
+def kind_of(x) -> str:
+    return x.aval.kind if isinstance(x, Tracer) else UNIFORM
+
+
+def as_aval(x) -> AVal:
+    if isinstance(x, Tracer):
+        return x.aval
+    from .core import literal_aval
+    return literal_aval(x)
+
+
+__all__ = ["TraceError", "KTracer", "KernelTrace", "convert_kernel", "trace_body", "SAMPLE", "UNIFORM"]
