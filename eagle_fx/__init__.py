@@ -1,2 +1,17 @@
-"""eagle_fx: graphs of hawk_fx kernels, staged from plain Python into Programs and replayed."""
+"""eagle_fx: graphs of hawk_fx kernels, staged from plain Python into Programs and replayed.
+
+    @eagle_fx.Graph.builder
+    def chain(x):
+        g = eagle_fx.Graph()
+        g.result = square(scale(x, 2.0, 1.0))
+        return g
+
+    g = chain(x)        # build once
+    g()                 # replay
+"""
+from .graph import Branch, Fork, Graph, opaque
+from .staging import UncappedLoopWarning
+
 __version__ = "0.1.0"
+
+__all__ = ["Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning"]

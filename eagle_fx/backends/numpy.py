@@ -1,0 +1,286 @@
+"""The NumPy backend: a Program becomes one generated Python function over preallocated buffers.
+
+Lowering plans memory once: every Var gets a buffer slot; `inplace` outputs share their input's
+slot (Mutable writes land in the caller's array, loop carries stay in one buffer); a value an arm
+or loop body produces is written straight into the slot of the construct's output when no later
+reader still needs that slot; top-level temporaries reuse freed slots by liveness. The replay
+function is straight-line Python: kernel calls are prebound partials over the slot arrays, device
+conditions read cells (`if b3[0]:`), loops are `while` loops. Replays allocate no arrays.
+`bind` swaps the arrays of input slots and rebinds the partials; nothing is re-lowered.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+
+import numpy as np
+
+from hawk_fx.core import Literal, Program, Var
+
+from .. import ir
+
+
+class _Gen:
+    def __init__(self, exe):
+        self.exe = exe
+        self.lines: list[str] = []
+        self.turns = 0
+
+    def emit(self, depth, line):
+        self.lines.append("    " * depth + line)
+
+
+def _reads_after(prog: Program, idx: int) -> set:
+    out = set()
+    for e in prog.eqns[idx + 1:]:
+        out.update(a for a in e.inputs if isinstance(a, Var))
+    return out
+
+
+def _chain_root(prog: Program, v: Var):
+    """Follow inplace outputs back to the equation that made the buffer; None if it is an input."""
+    producers = {}
+    for i, e in enumerate(prog.eqns):
+        for j, o in enumerate(e.outputs):
+            producers[o] = (i, e, j)
+    while True:
+        if v not in producers:
+            return None, None
+        i, e, j = producers[v]
+        src = dict(e.params.get("inplace", ()) or ()).get(j)
+        if src is None:
+            return v, i
+        v = e.inputs[src]
+        if not isinstance(v, Var):
+            return None, None
+
+
+class NumpyExecutable:
+    def __init__(self, prog: Program, input_arrays, keep: set, n: int):
+        self.prog = prog
+        self.n = n
+        self.slots: list[np.ndarray] = []
+        self.slot_of: dict[Var, int] = {}
+        self.calls: list = []           # (kind, payload) per bound callable c{k}
+        self.consts: list = []
+        self.input_slots = []
+        for v, arr in zip(prog.inputs, input_arrays):
+            self.slot_of[v] = self._new_slot(arr)
+            self.input_slots.append(self.slot_of[v])
+        self.keep = set(keep) | {a for a in prog.outputs if isinstance(a, Var)}
+        self.pool: dict = {}
+        self.pooled: set = set()
+        g = _Gen(self)
+        self._gen_top(g)
+        body = g.lines or ["pass"]
+        self.source = "def replay(times):\n    for _ in range(times):\n" + "\n".join("        " + ln for ln in body) + "\n"
+        self._code = compile(self.source, "<eagle graph>", "exec")
+        self._lock = threading.Lock()
+        self._link()
+
+    # -- slots -------------------------------------------------------------------------------
+    def _new_slot(self, arr) -> int:
+        self.slots.append(arr)
+        return len(self.slots) - 1
+
+    def _alloc(self, aval) -> int:
+        free = self.pool.get((aval.shape, aval.dtype))
+        if free:
+            return free.pop()
+        k = self._new_slot(np.zeros(aval.shape, aval.dtype))
+        self.pooled.add(k)
+        return k
+
+    def _free(self, k):
+        if k in self.pooled:
+            arr = self.slots[k]
+            self.pool.setdefault((arr.shape, arr.dtype), []).append(k)
+
+    def _ref(self, slot, aval) -> Var:
+        """A stand-in Var for a slot (a loop's carry buffer), to bind a sub-program's inputs to."""
+        v = Var(aval)
+        self.slot_of[v] = slot
+        return v
+
+    def b(self, atom) -> str:
+        if isinstance(atom, Literal):
+            return self._const(atom.value)
+        return f"b{self.slot_of[atom]}"
+
+    def _const(self, value) -> str:
+        self.consts.append(np.asarray(value))
+        return f"k{len(self.consts) - 1}"
+
+    # -- generation --------------------------------------------------------------------------
+    def _gen_top(self, g):
+        prog = self.prog
+        last_use: dict[Var, int] = {}
+        for i, e in enumerate(prog.eqns):
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    last_use[a] = i
+        holder: dict[int, Var] = {}
+        for i, e in enumerate(prog.eqns):
+            self._gen_eqn(g, 0, prog, i, e, {}, top=True)
+            for v in e.outputs:
+                holder[self.slot_of[v]] = v
+            dead = [a for a in e.inputs if isinstance(a, Var) and last_use.get(a) == i and a not in self.keep]
+            dead += [v for v in e.outputs if v not in last_use and v not in self.keep]
+            for a in dead:
+                k = self.slot_of.get(a)
+                if k is not None and holder.get(k) is a:
+                    holder.pop(k)
+                    self._free(k)
+
+    def _out_slot(self, v, pre, top):
+        if v in pre:
+            return pre[v]
+        return self._alloc(v.aval) if top else self._sub_slot(v.aval)
+
+    def _sub_slot(self, aval):
+        k = self._new_slot(np.zeros(aval.shape, aval.dtype))
+        return k
+
+    def _gen_eqn(self, g, d, prog, idx, e, pre, top=False):
+        inplace = dict(e.params.get("inplace", ()) or ())
+        outs = []
+        for j, v in enumerate(e.outputs):
+            if j in inplace:
+                self.slot_of[v] = self.slot_of[e.inputs[inplace[j]]]
+            else:
+                self.slot_of[v] = self._out_slot(v, pre, top)
+            outs.append(self.slot_of[v])
+        p = e.prim
+        if p is ir.call_p:
+            k = len(self.calls)
+            self.calls.append(("call", e.params["spec"], list(e.inputs), outs, e.params["n"]))
+            g.emit(d, f"c{k}()")
+        elif p is ir.opaque_p:
+            k = len(self.calls)
+            self.calls.append(("fn", e.params["fn"]))
+            g.emit(d, f"c{k}()")
+        elif p is ir.cell_not_p:
+            g.emit(d, f"b{outs[0]}[0] = {self.b(e.inputs[0])}[0] == 0")
+        elif p is ir.cell_and_p:
+            g.emit(d, f"b{outs[0]}[0] = ({self.b(e.inputs[0])}[0] != 0) & ({self.b(e.inputs[1])}[0] != 0)")
+        elif p is ir.cell_or_p:
+            g.emit(d, f"b{outs[0]}[0] = ({self.b(e.inputs[0])}[0] != 0) | ({self.b(e.inputs[1])}[0] != 0)")
+        elif p is ir.cond_p:
+            false_p, true_p = e.params["branches"]
+            g.emit(d, f"if {self.b(e.inputs[0])}[0]:")
+            self._gen_sub(g, d + 1, true_p, e.inputs[1:], outs)
+            g.emit(d, "else:")
+            self._gen_sub(g, d + 1, false_p, e.inputs[1:], outs)
+        elif p is ir.switch_p:
+            sel = f"s{g.turns}"
+            g.turns += 1
+            g.emit(d, f"{sel} = int({self.b(e.inputs[0])}[0])")
+            *arms, default = e.params["branches"]
+            for c, arm in zip(e.params["cases"], arms):
+                g.emit(d, f"{'if' if c == e.params['cases'][0] else 'elif'} {sel} == {c}:")
+                self._gen_sub(g, d + 1, arm, e.inputs[1:], outs)
+            g.emit(d, "else:" if arms else "if True:")
+            self._gen_sub(g, d + 1, default, e.inputs[1:], outs)
+        elif p is ir.while_p:
+            self._gen_while(g, d, e, outs)
+        else:
+            raise NotImplementedError(f"eagle numpy backend: no rule for primitive '{p}'")
+
+    def _gen_sub(self, g, d, sub: Program, operands, out_slots):
+        """Generate `sub` with its inputs bound to the operands' slots and its outputs landing in out_slots."""
+        for v, a in zip(sub.inputs, operands):
+            if isinstance(a, Literal):
+                self.slot_of[v] = self._sub_slot(v.aval)
+                g.emit(d, f"np.copyto(b{self.slot_of[v]}, {self.b(a)})")
+            else:
+                self.slot_of[v] = self.slot_of[a]
+        pre = {}
+        for j, (o, s) in enumerate(zip(sub.outputs, out_slots)):
+            if not isinstance(o, Var):
+                continue
+            root, at = _chain_root(sub, o)
+            if root is None or root in pre:
+                continue
+            occupants = {v for v in sub.inputs if self.slot_of.get(v) == s}
+            later = _reads_after(sub, at) | {x for k, x in enumerate(sub.outputs) if k != j}
+            if not (occupants & later):
+                pre[root] = s
+        start = len(g.lines)
+        for i, e in enumerate(sub.eqns):
+            self._gen_eqn(g, d, sub, i, e, pre)
+        self._gen_copies(g, d, sub.outputs, out_slots)
+        if len(g.lines) == start:
+            g.emit(d, "pass")
+
+    def _gen_copies(self, g, d, srcs, out_slots):
+        pending = [(s, a) for a, s in zip(srcs, out_slots)
+                   if isinstance(a, Literal) or self.slot_of[a] != s]
+        dests = {s for s, _ in pending}
+        staged = []
+        for s, a in pending:                     # a source that is also a destination: copy it aside first
+            if isinstance(a, Var) and self.slot_of[a] in dests:
+                t = self._sub_slot(a.aval)
+                g.emit(d, f"np.copyto(b{t}, b{self.slot_of[a]})")
+                staged.append((s, f"b{t}"))
+            else:
+                staged.append((s, self.b(a)))
+        for s, src in staged:
+            g.emit(d, f"np.copyto(b{s}, {src})")
+
+    def _gen_while(self, g, d, e, outs):
+        body, cond = e.params["body"], e.params["cond"]
+        cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
+        ops = list(e.inputs)
+        trip = ops.pop(0) if counted else None
+        consts, init = ops[:nc], ops[nc:]
+        self._gen_copies(g, d, init, outs)
+        t = f"t{g.turns}"
+        g.turns += 1
+        ctr = self._sub_slot(ir.U32_CELL)
+        g.emit(d, f"{t} = 0")
+        if counted:
+            g.emit(d, f"{t}_n = int({self.b(trip)}[0])")
+        g.emit(d, "while True:")
+        if cap is not None:
+            g.emit(d + 1, f"if {t} >= {cap}: break")
+        if counted:
+            g.emit(d + 1, f"if {t} >= {t}_n: break")
+        if cond is not None:
+            c_slot = self._sub_slot(ir.U32_CELL)
+            self._gen_sub(g, d + 1, cond, consts + [self._ref(s, a.aval) for s, a in zip(outs, init)], [c_slot])
+            g.emit(d + 1, f"if not b{c_slot}[0]: break")
+        g.emit(d + 1, f"b{ctr}[0] = {t}")
+        refs = [self._ref(ctr, ir.U32_CELL)] + consts + [self._ref(s, a.aval) for s, a in zip(outs, init)]
+        self._gen_sub(g, d + 1, body, refs, outs)
+        g.emit(d + 1, f"{t} += 1")
+
+    # -- binding and running ------------------------------------------------------------------
+    def _link(self):
+        ns = {"np": np}
+        for k, arr in enumerate(self.slots):
+            ns[f"b{k}"] = arr
+        for k, c in enumerate(self.consts):
+            ns[f"k{k}"] = c
+        for k, call in enumerate(self.calls):
+            if call[0] == "fn":
+                ns[f"c{k}"] = call[1]
+                continue
+            _, spec, inputs, outs, n = call
+            ins = tuple(a.value if isinstance(a, Literal) else self.slots[self.slot_of[a]] for a in inputs)
+            ns[f"c{k}"] = functools.partial(spec.compiled.run_fn, ins[:len(spec.kernel.param_names)],
+                                            tuple(self.slots[s] for s in outs), n, spec.compiled._uniform,
+                                            spec.compiled.scratch)
+        exec(self._code, ns)
+        self._replay = ns["replay"]
+
+    def rebind(self, input_index: int, arr: np.ndarray):
+        self.slots[self.input_slots[input_index]] = arr
+        self._link()
+
+    def replay(self, times: int = 1):
+        with self._lock:
+            self._replay(times)
+
+    def array_of(self, var):
+        k = self.slot_of.get(var)
+        return None if k is None else self.slots[k]

@@ -1,0 +1,329 @@
+"""eagle_fx.Graph: staging kernel calls into a Program, building it once, replaying it fast.
+
+A BUILDER (`@Graph.builder` on a function with no Graph parameter) makes `g = eagle.Graph()`,
+stages into it, sets `g.result` and returns `g`; calling the builder on arrays builds the graph.
+A BLOCK (a parameter annotated `eagle.Graph`) appends to the graph or branch it is given.
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+import typing
+
+import numpy as np
+
+from hawk_fx.kernel import GRAPH_STAGING
+from hawk_fx.tree import tree_flatten, tree_unflatten
+
+from . import staging
+from .analysis import count_nodes, count_stages
+from .autograph import convert_builder
+from .backends.numpy import NumpyExecutable
+from .staging import GraphTrace, Plane
+
+
+class OpaqueNode:
+    """A host function the graph calls as one node, with the arrays it reads and writes declared."""
+
+    def __init__(self, fn, reads=None, writes=None):
+        self.fn = fn
+        self.reads = dict(reads or {})
+        self.writes = dict(writes or {})
+
+
+def opaque(fn, reads=None, writes=None) -> OpaqueNode:
+    """A host node: `fn()` runs at its place in every replay; reads/writes name the arrays it touches,
+    so ordering and branch hazards are checked like any kernel's."""
+    return OpaqueNode(fn, reads, writes)
+
+
+class _BuildContext:
+    def __init__(self, builder, arg_names):
+        self.builder, self.arg_names, self.graph = builder, arg_names, None
+
+
+_building: list[_BuildContext] = []
+
+
+class Branch:
+    """One branch of a parallel region; `with p.branch() as b:`. Nodes staged inside run in order."""
+
+    def __init__(self, fork: "Fork", index: int):
+        self.fork, self.index = fork, index
+        self.graph = fork.graph
+        self.path = fork.path + ((fork.id, index),)
+        self._saved = None
+
+    def __enter__(self):
+        t = self.graph._trace
+        self._saved = t.branch
+        t.branch = self.path
+        return self
+
+    def __exit__(self, *exc):
+        self.graph._trace.branch = self._saved
+        return False
+
+    def parallel(self) -> "Fork":
+        """A fork inside this branch."""
+        return Fork(self.graph, self.path)
+
+    def wait(self, plane):
+        """This branch continues only after the node that last wrote `plane`."""
+        self.graph._trace.add_wait(self.path, plane)
+        return self
+
+
+class Fork:
+    """A parallel region: `with g.parallel() as p:`; leaving it joins its branches."""
+
+    def __init__(self, graph, path=()):
+        self.graph, self.path = graph, path
+        self.id = graph._trace.open_fork()
+        self.count = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.graph._trace.close_fork(self.id, len(self.path))
+        return False
+
+    def branch(self) -> Branch:
+        b = Branch(self, self.count)
+        self.count += 1
+        return b
+
+
+class Graph:
+    """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue."""
+
+    def __init__(self, record: bool = False):
+        self._record = bool(record)
+        self._trace = GraphTrace(self)
+        self._result_tree = None
+        self._has_result = False
+        self._exe: NumpyExecutable | None = None
+        self._program = None
+        self._worker: threading.Thread | None = None
+        self._worker_error = None
+        self._input_names: dict[str, int] = {}
+        if _building and _building[-1].graph is None:
+            ctx = _building[-1]
+            ctx.graph = self
+            self._trace.arg_names = ctx.arg_names
+            GRAPH_STAGING.append(self._trace)
+            self._builder = ctx.builder
+        else:
+            self._builder = None
+
+    builder = staticmethod(lambda fn: Builder(fn))
+
+    # -- staging -----------------------------------------------------------------------------
+    @property
+    def result(self):
+        """The declared result: staged planes while building, the arrays once built."""
+        if self._exe is None or not self._has_result:
+            return self._result_tree
+        leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, (Plane, np.ndarray)))
+        return tree_unflatten(tree, [self._leaf_array(x) for x in leaves])
+
+    @result.setter
+    def result(self, tree):
+        self._result_tree = tree
+        self._has_result = tree is not None
+
+    def _leaf_array(self, x):
+        if isinstance(x, Plane):
+            return self._array_of_plane(x)
+        return x
+
+    def add_node(self, node: OpaqueNode, name: str | None = None):
+        """Append a host node (see `opaque`)."""
+        if not isinstance(node, OpaqueNode):
+            raise TypeError(f"eagle.Graph.add_node: takes an opaque(...) node, got {type(node).__name__}")
+        with self._staging():
+            self._trace.stage_opaque(node, name)
+        return self
+
+    def parallel(self) -> Fork:
+        """A parallel region; its branches may run at the same time."""
+        return Fork(self)
+
+    def wait(self, plane):
+        raise RuntimeError("eagle.Graph.wait: only inside a parallel region, on a branch handle "
+                           "(`with g.parallel() as p:` / `with p.branch() as b:` / `b.wait(plane)`)")
+
+    def _staging(self):
+        graph = self
+
+        class _Ctx:
+            def __enter__(self):
+                self.pushed = not (GRAPH_STAGING and GRAPH_STAGING[-1] is graph._trace)
+                if self.pushed:
+                    if graph._exe is not None:
+                        raise RuntimeError("eagle.Graph: this graph is built; stage into a new graph")
+                    GRAPH_STAGING.append(graph._trace)
+
+            def __exit__(self, *exc):
+                if self.pushed:
+                    GRAPH_STAGING.pop()
+                return False
+        return _Ctx()
+
+    # -- building ----------------------------------------------------------------------------
+    def build(self) -> "Graph":
+        """Lower the staged Program for the NumPy backend and bind its arrays."""
+        if self._exe is not None:
+            return self
+        t = self._trace
+        leaves, _ = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, (Plane, np.ndarray)))
+        outs = []
+        for x in leaves:
+            if isinstance(x, Plane):
+                outs.append(t.root.read(x.key))
+            elif isinstance(x, np.ndarray):
+                outs.append(t.root.read(t.extern(x)))
+            else:
+                raise TypeError(f"eagle.Graph: g.result holds {type(x).__name__}; a result is a tree of arrays "
+                                "computed in the graph")
+        self._program = t.program(outs)
+        keep = {h.var for h in list(t.handles) if h.var is not None}
+        self._exe = NumpyExecutable(self._program, [e.array for e in t.input_planes], keep, t.n or 1)
+        self._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
+        return self
+
+    @property
+    def program(self):
+        """The staged Program (print it)."""
+        if self._program is None:
+            self.build()
+        return self._program
+
+    def _array_of_plane(self, h: Plane):
+        if self._exe is None:
+            return None
+        return self._exe.array_of(h.var)
+
+    # -- running -----------------------------------------------------------------------------
+    def __call__(self, n: int = 1):
+        """Replay n times and return the result (None when the graph has none)."""
+        self.launch(n)
+        return self.result if self._has_result else None
+
+    def launch(self, n: int = 1) -> "Graph":
+        """Replay n times and wait."""
+        self.synchronize()
+        self.build()._exe.replay(int(n))
+        return self
+
+    def enqueue(self, n: int = 1) -> "Graph":
+        """Replay n times on a worker thread and return at once; `synchronize()` waits."""
+        if self._record:
+            raise RuntimeError("eagle.Graph.enqueue: a record=True graph runs with launch(), which waits for the "
+                               "run its Record describes")
+        self.synchronize()
+        exe = self.build()._exe
+
+        def work():
+            try:
+                exe.replay(int(n))
+            except BaseException as e:   # surfaced by synchronize()
+                self._worker_error = e
+        self._worker = threading.Thread(target=work, daemon=True)
+        self._worker.start()
+        return self
+
+    def synchronize(self) -> "Graph":
+        """Wait for enqueued replays."""
+        w = self._worker
+        if w is not None:
+            w.join()
+            self._worker = None
+            if self._worker_error is not None:
+                e, self._worker_error = self._worker_error, None
+                raise e
+        return self
+
+    def bind(self, **arrays) -> "Graph":
+        """Swap the arrays of builder arguments (same shape, dtype and device); no re-trace."""
+        self.synchronize()
+        self.build()
+        for name, arr in arrays.items():
+            if name not in self._input_names:
+                known = ", ".join(self._input_names) or "none"
+                raise KeyError(f"eagle.Graph.bind: {name!r} is not an array argument of the builder (it has: {known})")
+            i = self._input_names[name]
+            old = self._trace.input_planes[i].array
+            if not isinstance(arr, np.ndarray) or arr.shape != old.shape or arr.dtype != old.dtype:
+                got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
+                raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
+                                 "call the builder again")
+        for name, arr in arrays.items():
+            i = self._input_names[name]
+            self._trace.input_planes[i].array = arr
+            self._exe.rebind(i, arr)
+        return self
+
+    def __repr__(self):
+        if self._exe is None and self._program is None:
+            return f"<eagle_fx.Graph (staging) {self._trace.seq} nodes, cpu>"
+        prog = self.program
+        return f"<eagle_fx.Graph {count_nodes(prog)} nodes, {count_stages(prog)} stages, cpu>"
+
+
+class Builder:
+    """`@eagle.Graph.builder`: a builder (makes its graph) or a block (appends to a given one)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__, self.__qualname__, self.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+        self.__wrapped__ = fn
+        self.signature = inspect.signature(fn)
+        try:
+            hints = typing.get_type_hints(fn)
+        except Exception:
+            hints = dict(getattr(fn, "__annotations__", {}))
+        self.graph_param = next((n for n in self.signature.parameters
+                                 if hints.get(n) is Graph or hints.get(n) == "eagle.Graph"), None)
+        self.converted, self.source = convert_builder(fn)
+
+    def __repr__(self):
+        return f"<eagle.Graph.{'block' if self.graph_param else 'builder'} {self.__name__}>"
+
+    def __call__(self, *args, **kwargs):
+        if self.graph_param is not None:
+            return self._call_block(args, kwargs)
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        names = {id(v): k for k, v in bound.arguments.items() if isinstance(v, np.ndarray)}
+        ctx = _BuildContext(self, names)
+        _building.append(ctx)
+        staging._source_stack.append(self.source)
+        depth = len(GRAPH_STAGING)
+        try:
+            ret = self.converted(*args, **kwargs)
+        finally:
+            staging._source_stack.pop()
+            _building.pop()
+            del GRAPH_STAGING[depth:]
+        if ctx.graph is None or ret is not ctx.graph:
+            raise TypeError(f"{self.__name__}: a builder returns its graph: `return g`; declare the arrays with "
+                            "`g.result = ...`" + ("" if ctx.graph is not None else
+                                                  " (and create it first: g = eagle.Graph())"))
+        return ret.build()
+
+    def _call_block(self, args, kwargs):
+        bound = self.signature.bind(*args, **kwargs)
+        handle = bound.arguments[self.graph_param]
+        graph = handle if isinstance(handle, Graph) else getattr(handle, "graph", None)
+        if not isinstance(graph, Graph):
+            raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "
+                            f"append to, got {type(handle).__name__}")
+        staging._source_stack.append(self.source)
+        try:
+            with graph._staging():
+                return self.converted(*args, **kwargs)
+        finally:
+            staging._source_stack.pop()

@@ -1,0 +1,113 @@
+"""Graph primitives: the operations a staged Program is made of.
+
+    call    a kernel body over planes (params: kernel, spec, n, inplace)
+    opaque  a host function with declared reads and writes
+    cond    if/else on a one-cell uint32 array: branches=(false_program, true_program)
+    switch  match on a cell: cases=(v0, v1, ...), branches=(program per case..., default)
+    while   a device loop: cond program (or None), body program, cap, counted (trip cell operand)
+    cell_not / cell_and / cell_or   logic on cells, for `not`, `and`, break and continue flags
+
+`inplace` is a tuple of (output index, input index) pairs: that output overwrites that input's
+buffer. It is how `Mutable` writes stay in the caller's array and a loop carry stays in one buffer.
+Sub-programs of cond/switch take the operands after the predicate; a while body takes
+(turn counter cell, consts..., carries...) and returns the carries; its cond takes (consts..., carries...).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hawk_fx.core import CELL, PLANE, AVal, Primitive, abstract_eval, pp_params_rules
+
+call_p = Primitive("call", multiple_results=True)
+opaque_p = Primitive("opaque", multiple_results=True)
+cond_p = Primitive("cond", multiple_results=True)
+switch_p = Primitive("switch", multiple_results=True)
+while_p = Primitive("while", multiple_results=True)
+cell_not_p = Primitive("cell_not")
+cell_and_p = Primitive("cell_and")
+cell_or_p = Primitive("cell_or")
+
+CONTROL = (cond_p, switch_p, while_p)
+U32_CELL = AVal((1,), np.uint32, CELL)
+
+
+def plane_aval(shape, dtype) -> AVal:
+    shape = tuple(shape)
+    return AVal(shape, dtype, CELL if shape == (1,) else PLANE)
+
+
+def is_cond_cell(aval: AVal) -> bool:
+    return aval.shape == (1,) and aval.dtype == np.uint32
+
+
+@abstract_eval.register(call_p)
+def _call_abstract(*avals, kernel, spec, n, inplace):
+    out = []
+    for j, a in enumerate(spec.prog.outputs[:spec.n_results]):
+        out.append(plane_aval(spec.result_shape(j, n), spec.result_dtype(j)))
+    for k in spec.commits:
+        out.append(avals[k])
+    return out
+
+
+@abstract_eval.register(opaque_p)
+def _opaque_abstract(*avals, fn, reads, writes, inplace):
+    return [avals[i] for _, i in inplace]
+
+
+def _branches_abstract(*avals, branches, inplace, **_):
+    outs = branches[0].out_avals
+    for b in branches[1:]:
+        if [(a.shape, a.dtype) for a in b.out_avals] != [(a.shape, a.dtype) for a in outs]:
+            raise TypeError(f"branches of one conditional return different types: {outs} and {b.out_avals}")
+    return list(outs)
+
+
+abstract_eval[cond_p] = _branches_abstract
+abstract_eval[switch_p] = _branches_abstract
+
+
+@abstract_eval.register(while_p)
+def _while_abstract(*avals, body, cond, cap, counted, n_consts, inplace):
+    return list(body.out_avals)
+
+
+for _p in (cell_not_p, cell_and_p, cell_or_p):
+    abstract_eval[_p] = lambda *avals: [U32_CELL]
+
+
+def _pp_call(params):
+    return {"kernel": params["kernel"].name, **({"inplace": params["inplace"]} if params["inplace"] else {})}
+
+
+def _pp_opaque(params):
+    return {"fn": getattr(params["fn"], "__name__", "fn"), "writes": tuple(params["writes"])}
+
+
+def _pp_while(params):
+    shown = {}
+    if params["cap"] is not None:
+        shown["cap"] = params["cap"]
+    if params["counted"]:
+        shown["counted"] = True
+    if params["inplace"]:
+        shown["inplace"] = params["inplace"]
+    if params["cond"] is not None:
+        shown["cond"] = params["cond"]
+    shown["body"] = params["body"]
+    return shown
+
+
+def _pp_branches(params):
+    shown = {k: v for k, v in params.items() if k not in ("inplace", "branches")}
+    if params["inplace"]:
+        shown["inplace"] = params["inplace"]
+    shown["branches"] = params["branches"]
+    return shown
+
+
+pp_params_rules[call_p] = _pp_call
+pp_params_rules[opaque_p] = _pp_opaque
+pp_params_rules[while_p] = _pp_while
+pp_params_rules[cond_p] = _pp_branches
+pp_params_rules[switch_p] = _pp_branches

@@ -1,0 +1,725 @@
+"""Staging: running a rewritten builder appends equations to scopes instead of computing.
+
+Planes are buffers: a builder argument, an array reached by closure, a kernel result. A plane has
+an SSA version per write: a `Mutable` write makes a new version of the same plane (in place), a
+name rebinding (`x = dbl(x)`) makes a new plane. A `Scope` maps planes to their current version;
+a sub-scope (an arm of a cond, a loop body) captures the versions it reads from its parent as its
+inputs, and reports the outer planes it writes, which become outputs of the cond/while equation.
+"""
+from __future__ import annotations
+
+import warnings
+import weakref
+
+import numpy as np
+
+from hawk_fx.core import CELL, PLANE, AVal, Eqn, EqnInfo, Literal, Program, Var
+from hawk_fx.kernel import GRAPH_STAGING
+from hawk_fx.source import SourceInfo, user_line
+from hawk_fx.trace import UNDEF
+
+from . import ir
+from .analysis import check_fork_hazards
+
+
+class UncappedLoopWarning(UserWarning):
+    """A device `while` with no cap: it returns only when its guard cell reads 0."""
+
+
+class Extern:
+    """A plane that is a user's array: a builder argument (named) or an array the builder reached."""
+
+    __slots__ = ("array", "name", "__weakref__")
+
+    def __init__(self, array, name=None):
+        self.array, self.name = array, name
+
+    def __repr__(self):
+        return f"<array {self.name or ''} {self.array.dtype}{list(self.array.shape)}>"
+
+
+class PlaneKey:
+    """The identity of a staged buffer. Scopes key versions by it, so they do not keep handles alive."""
+
+    __slots__ = ("__weakref__",)
+
+
+class Plane:
+    """A staged array in a graph. Once the graph is built it reads as its array (np.asarray, print)."""
+
+    __slots__ = ("graph", "aval", "key", "var", "label", "info", "kept", "__weakref__")
+
+    def __init__(self, graph, aval: AVal, key=None, info: EqnInfo | None = None, var: Var | None = None):
+        self.graph, self.aval = graph, aval
+        self.key = PlaneKey() if key is None else key
+        self.var = var          # a version of the plane; every version of a plane lives in one buffer
+        self.label, self.info, self.kept = None, info, False
+
+    # reading the value after the graph is built
+    def _array(self):
+        arr = self.graph._array_of_plane(self)
+        if arr is None:
+            raise RuntimeError(f"eagle: plane {self.label or ''!r} has no value yet: build the graph "
+                               "(`g.build()`, or call the builder) and launch it first")
+        return arr
+
+    def __array__(self, dtype=None, copy=None):
+        a = self._array()
+        return a if dtype is None else a.astype(dtype)
+
+    def __repr__(self):
+        arr = self.graph._array_of_plane(self)
+        if arr is None:
+            return f"<eagle plane {self.label or ''} {self.aval} (not built yet)>"
+        return repr(arr)
+
+    def __str__(self):
+        arr = self.graph._array_of_plane(self)
+        return str(arr) if arr is not None else repr(self)
+
+    @property
+    def shape(self):
+        return self.aval.shape
+
+    @property
+    def dtype(self):
+        return self.aval.dtype
+
+    def __bool__(self):
+        raise TypeError(f"eagle: plane {self.label or ''!r} ({self.aval}) is used as a Python bool outside a "
+                        "builder's if/while; device conditions are one-cell uint32 arrays inside a builder")
+
+    def __len__(self):
+        return self.aval.shape[0]
+
+
+def _arith(*_):
+    raise TypeError("eagle: arithmetic on a staged plane in a builder; do it in a kernel (@hawk.kernel)")
+
+
+for _op in ("add", "sub", "mul", "truediv", "pow", "neg", "radd", "rsub", "rmul", "rtruediv"):
+    setattr(Plane, f"__{_op}__", _arith)
+
+
+class Scope:
+    def __init__(self, trace: "GraphTrace", parent: "Scope | None"):
+        self.trace, self.parent = trace, parent
+        self.eqns: list[Eqn] = []
+        self.current: dict = {}        # plane key -> Var (its version in this scope)
+        self.captures: dict = {}       # plane key -> (inner Var, outer Var), in order of first read
+        self.written: list = []        # outer planes written here
+        self.local: set = set()
+
+    def read(self, key) -> Var:
+        v = self.current.get(key)
+        if v is not None:
+            return v
+        if self.parent is None:
+            v = self.trace.root_input(key)
+        else:
+            outer = self.parent.read(key)
+            v = Var(outer.aval, outer.hint)
+            self.captures[key] = (v, outer)
+        self.current[key] = v
+        return v
+
+    def define(self, key, var):
+        self.local.add(key)
+        self.current[key] = var
+
+    def write(self, key, var):
+        if key not in self.local and key not in self.written:
+            self.written.append(key)
+        self.current[key] = var
+
+
+class Access:
+    __slots__ = ("seq", "branch", "info", "reads", "writes")
+
+    def __init__(self, seq, branch, info, reads, writes):
+        self.seq, self.branch, self.info, self.reads, self.writes = seq, branch, info, reads, writes
+
+
+class Wait:
+    __slots__ = ("branch", "seq_at", "writer")
+
+    def __init__(self, branch, seq_at, writer: Access):
+        self.branch, self.seq_at, self.writer = branch, seq_at, writer
+
+
+def _proxy(aval: AVal):
+    """A zero-memory array with aval's shape and dtype, for role validation at staging time."""
+    return np.lib.stride_tricks.as_strided(np.zeros(1, aval.dtype), aval.shape, (0,) * len(aval.shape))
+
+
+class GraphTrace:
+    """The stager of one Graph: its root scope, inputs, forks and accesses."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.root = Scope(self, None)
+        self.scope = self.root
+        self.inputs: list[Var] = []
+        self.input_planes: list[Extern] = []
+        self.externs: dict[int, Extern] = {}
+        self.arg_names: dict[int, str] = {}
+        self.n: int | None = None
+        self.handles = weakref.WeakSet()
+        self.accesses: list[Access] = []
+        self.waits: list[Wait] = []
+        self.branch: tuple = ()
+        self.fork_ids = 0
+        self.seq = 0
+
+    # -- planes ------------------------------------------------------------------------------
+    def extern(self, arr: np.ndarray) -> Extern:
+        e = self.externs.get(id(arr))
+        if e is None or e.array is not arr:
+            e = self.externs[id(arr)] = Extern(arr, self.arg_names.get(id(arr)))
+        return e
+
+    def root_input(self, key) -> Var:
+        if isinstance(key, Extern):
+            v = Var(ir.plane_aval(key.array.shape, key.array.dtype), key.name)
+            self.inputs.append(v)
+            self.input_planes.append(key)
+            return v
+        raise ValueError("eagle.Graph: a plane computed inside a device if/loop body is read outside it; assign "
+                         "it to a name that exists before the if/loop, so the construct carries it out")
+
+    def key_of(self, value, api, what):
+        if isinstance(value, Plane):
+            if value.graph is not self.graph:
+                raise ValueError(f"{api}: {what} belongs to another graph; pass arrays between graphs as NumPy arrays")
+            return value.key
+        if isinstance(value, np.ndarray):
+            return self.extern(value)
+        if type(value).__module__.split(".")[0] in ("cupy", "jax", "jaxlib"):
+            raise NotImplementedError(f"{api}: {what} is a {type(value).__module__}.{type(value).__name__}: graphs run "
+                                      "on NumPy arrays in this version; pass a NumPy array")
+        return None
+
+    def new_plane(self, aval, info=None, var=None) -> Plane:
+        h = Plane(self.graph, aval, info=info, var=var)
+        self.handles.add(h)
+        return h
+
+    # -- equations ---------------------------------------------------------------------------
+    def info(self, name=None) -> EqnInfo:
+        src = _current_source()
+        where = None
+        if src is not None:
+            line = user_line(src.filename)
+            where = src.where(line) if line else None
+        return EqnInfo(name=name, where=where, branch=self.branch)
+
+    def add_access(self, info, reads, writes):
+        self.accesses.append(Access(self.seq, self.branch, info, reads, writes))
+        self.seq += 1
+
+    def stage_call(self, kernel, args, kwargs, buffer):
+        api = f"hawk.kernel {kernel.name}"
+        scope = self.scope
+        values = kernel.bind_arguments(args, kwargs)
+        atoms, proxies, reads, keys = [], [], [], {}
+        for k, (name, role, v) in enumerate(zip(kernel.param_names, kernel.roles, values)):
+            key = self.key_of(v, api, f"argument '{name}'")
+            if key is not None:
+                var = scope.read(key)
+                atoms.append(var)
+                proxies.append(_proxy(var.aval))
+                reads.append((key, name))
+                keys[k] = key
+            elif isinstance(v, (bool, int, float, np.number)):
+                atoms.append(Literal(v))
+                proxies.append(v)
+            else:
+                raise TypeError(f"{api}: argument '{name}' ({role!r}) is {type(v).__name__} {v!r:.60}; in a graph, "
+                                "pass arrays, staged planes or Python numbers")
+        layout, n = kernel.layout_of(proxies)
+        if any(kind == "sample" for kind, *_ in layout):
+            if self.n is None:
+                self.n = n
+            elif n != self.n and n != 1:
+                raise ValueError(f"{api}: called on planes of {n} samples in a graph of {self.n}; "
+                                 "every plane of one graph has the same sample count")
+        spec = kernel.specialize(layout)
+        info = self.info()
+        out_vars = [Var(ir.plane_aval(spec.result_shape(j, n), spec.result_dtype(j))) for j in range(spec.n_results)]
+        handles = [self.new_plane(v.aval, info, v) for v in out_vars]
+        inplace, commits = [], []
+        for k in spec.commits:
+            out_vars.append(Var(atoms[k].aval))
+            inplace.append((len(out_vars) - 1, k))
+            commits.append((keys[k], kernel.param_names[k], out_vars[-1]))
+        if buffer is not None and buffer is not False:
+            if spec.n_results != 1:
+                raise TypeError(f"{api}: buffer= needs a kernel with one returned plane; it returns {spec.n_results}")
+            if buffer is True:
+                handles[0].kept = True
+            else:
+                key = self.key_of(buffer, api, "buffer=")
+                if key is None:
+                    raise TypeError(f"{api}: buffer= takes True or an array, got {type(buffer).__name__}")
+                want, have = out_vars[0].aval, scope.read(key)
+                if have.aval.shape != want.shape or have.aval.dtype != want.dtype:
+                    raise ValueError(f"{api}: buffer= has shape {have.aval.shape} and dtype {have.aval.dtype}; "
+                                     f"the result is {want.shape} {want.dtype}")
+                atoms.append(have)
+                inplace.insert(0, (0, len(atoms) - 1))
+                handles[0] = Plane(self.graph, want, key=key, info=info, var=out_vars[0])
+                handles[0].kept = True
+                self.handles.add(handles[0])
+        writes = []
+        for h, v in zip(handles, out_vars):
+            if isinstance(h.key, PlaneKey):
+                scope.define(h.key, v)
+            else:
+                scope.write(h.key, v)
+            writes.append((h.key, "out"))
+        for key, name, v in commits:
+            scope.write(key, v)
+            writes.append((key, name))
+        params = dict(kernel=kernel, spec=spec, n=n, inplace=tuple(inplace))
+        scope.eqns.append(Eqn(ir.call_p, atoms, out_vars, params, info))
+        self.add_access(info, reads, writes)
+        from hawk_fx.tree import tree_unflatten
+        return tree_unflatten(spec.tree, handles)
+
+    def stage_opaque(self, node, name):
+        scope = self.scope
+        atoms, reads, writes, inplace = [], [], [], []
+        for nm, arr in node.reads.items():
+            key = self.key_of(arr, "eagle.graph.opaque", f"reads[{nm!r}]")
+            atoms.append(scope.read(key))
+            reads.append((key, nm))
+        outs = []
+        for nm, arr in node.writes.items():
+            key = self.key_of(arr, "eagle.graph.opaque", f"writes[{nm!r}]")
+            atoms.append(scope.read(key))
+            outs.append(Var(atoms[-1].aval))
+            inplace.append((len(outs) - 1, len(atoms) - 1))
+            writes.append((key, nm))
+        info = self.info(name)
+        for (j, _), (key, _) in zip(inplace, writes):
+            scope.write(key, outs[j])
+        params = dict(fn=node.fn, reads=tuple(node.reads), writes=tuple(node.writes), inplace=tuple(inplace))
+        scope.eqns.append(Eqn(ir.opaque_p, atoms, outs, params, info))
+        self.add_access(info, reads, writes)
+
+    def stage_cell_op(self, prim, *cells):
+        ins = [self.scope.read(c.key) if isinstance(c, Plane) else self.scope.read(self.extern(c)) for c in cells]
+        v = Var(ir.U32_CELL)
+        self.scope.eqns.append(Eqn(prim, ins, [v], {}, self.info()))
+        h = self.new_plane(ir.U32_CELL, var=v)
+        self.scope.define(h.key, v)
+        return h
+
+    # -- forks -------------------------------------------------------------------------------
+    def open_fork(self):
+        self.fork_ids += 1
+        return self.fork_ids
+
+    def close_fork(self, fork_id, depth):
+        check_fork_hazards(self, fork_id, depth)
+
+    def add_wait(self, branch_path, value):
+        key = self.key_of(value, "eagle.Graph.wait", "the plane")
+        for acc in reversed(self.accesses):
+            if any(k is key for k, _ in acc.writes):
+                self.waits.append(Wait(branch_path, self.seq, acc))
+                return
+
+    # -- finishing ---------------------------------------------------------------------------
+    def program(self, outputs) -> Program:
+        written = [k for k in self.root.current if isinstance(k, Extern)
+                   and self.root.current[k] not in self.inputs]
+        outs = list(outputs) + [self.root.current[k] for k in written]
+        return Program(self.inputs, self.root.eqns, outs)
+
+
+_source_stack: list[SourceInfo] = []
+
+
+def _current_source():
+    return _source_stack[-1] if _source_stack else None
+
+
+def active_trace() -> GraphTrace | None:
+    t = GRAPH_STAGING[-1] if GRAPH_STAGING else None
+    return t if isinstance(t, GraphTrace) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# the runtime the rewritten builder calls
+
+class DeviceRange:
+    __slots__ = ("trip",)
+
+    def __init__(self, trip):
+        self.trip = trip
+
+
+class _LoopLocal:
+    """A name assigned only inside a device loop/if body: it has no value after the construct."""
+
+    def __init__(self, name, where):
+        self.name, self.where = name, where
+
+    def _fail(self, *a, **k):
+        raise NameError(f"eagle: {self.name!r} is assigned only inside a device if/loop at {self.where}; "
+                        "assign it before the construct so it is carried out of it")
+
+    __bool__ = __array__ = __iter__ = __getattr__ = _fail
+
+
+def _is_device(v) -> bool:
+    if isinstance(v, Plane):
+        return True
+    return isinstance(v, np.ndarray)
+
+
+def _is_cell(v) -> bool:
+    if isinstance(v, Plane):
+        return ir.is_cond_cell(v.aval)
+    return isinstance(v, np.ndarray) and v.shape == (1,) and v.dtype == np.uint32
+
+
+class Runtime:
+    """Bound to one builder function (for its name and lines in messages)."""
+
+    def __init__(self, info: SourceInfo):
+        self.info = info
+
+    def where(self, line):
+        return self.info.where(line)
+
+    @staticmethod
+    def load(scope, names):
+        return tuple(scope.get(n, UNDEF) for n in names)
+
+    @staticmethod
+    def label(value, name):
+        if isinstance(value, Plane) and value.label is None:
+            value.label = name
+            if value.info is not None and value.info.name is None:
+                value.info.name = name
+        return value
+
+    def label_all(self, value, names):
+        if isinstance(value, (tuple, list)) and len(value) == len(names):
+            for v, n in zip(value, names):
+                self.label(v, n)
+        return value
+
+    # -- conditions --------------------------------------------------------------------------
+    def device_condition(self, test, line):
+        """The cell's current Var when `test` is device control flow, else None (Python)."""
+        if _is_cell(test):
+            trace = active_trace()
+            if trace is None:
+                raise RuntimeError(f"eagle.Graph.builder {self.where(line)}: a device condition outside a graph; "
+                                   "create the graph first: g = eagle.Graph()")
+            return trace.scope.read(trace.key_of(test, "eagle", "the condition"))
+        if _is_device(test):
+            shape = test.shape
+            dt = test.dtype
+            raise TypeError(f"eagle.Graph.builder {self.where(line)}: an array of shape {tuple(shape)} and dtype {dt} "
+                            "is used as a condition; device conditions are one-cell uint32 arrays, "
+                            "e.g. np.array([1], dtype=np.uint32) written by a kernel's Mutable[UInt32]")
+        return None
+
+    def python_test(self, test, line):
+        if _is_device(test):
+            raise TypeError(f"eagle.Graph.builder {self.where(line)}: an `if` that contains `return` is decided in "
+                            "Python, but its condition is an array; move the `return` after the if")
+        return test
+
+    def not_(self, x):
+        if _is_cell(x):
+            return active_trace().stage_cell_op(ir.cell_not_p, x)
+        if _is_device(x):
+            raise TypeError(f"eagle.Graph.builder {self.info.name}: `not` of an array of shape {tuple(x.shape)} and "
+                            f"dtype {x.dtype}; device conditions are one-cell uint32 arrays")
+        return not x
+
+    def _logic(self, thunks, prim, is_and):
+        device = []
+        for t in thunks:
+            v = t()
+            if _is_cell(v):
+                device.append(v)
+            elif _is_device(v):
+                raise TypeError("eagle: an array that is not a one-cell uint32 array in `and`/`or`")
+            elif bool(v) != is_and:          # a Python value that decides the whole expression
+                return v
+        if not device:
+            return v
+        out = device[0]
+        for d in device[1:]:
+            out = active_trace().stage_cell_op(prim, out, d)
+        return out
+
+    def and_(self, *thunks):
+        return self._logic(thunks, ir.cell_and_p, True)
+
+    def or_(self, *thunks):
+        return self._logic(thunks, ir.cell_or_p, False)
+
+    # -- if / match --------------------------------------------------------------------------
+    def if_stmt(self, test, true_fn, false_fn, state, names, line):
+        c = self.device_condition(test, line)
+        if c is None:
+            return true_fn(*state) if test else false_fn(*state)
+        return self._stage_branches(ir.cond_p, c, (false_fn, true_fn), state, names, line, {})
+
+    def match_stmt(self, subject, values, fns, default, state, names, line):
+        c = self.device_condition(subject, line)
+        if c is None:
+            for v, fn in zip(values, fns):
+                if subject == v:
+                    return fn(*state)
+            return default(*state) if default is not None else state
+        arms = tuple(fns) + ((default,) if default is not None else ((lambda *s: s),))
+        return self._stage_branches(ir.switch_p, c, arms, state, names, line, {"cases": tuple(values)})
+
+    def _stage_branches(self, prim, pred, fns, state, names, line, params):
+        trace = active_trace()
+        parent = trace.scope
+        scopes, outs = [], []
+        for fn in fns:
+            s = Scope(trace, parent)
+            trace.scope = s
+            try:
+                outs.append(tuple(fn(*state)))
+            finally:
+                trace.scope = parent
+            scopes.append(s)
+        new_state = list(state)
+        name_outs = []      # (state index, per-arm atoms, aval)
+        for i, name in enumerate(names):
+            vals = [o[i] for o in outs]
+            if all(v is vals[0] for v in vals):
+                new_state[i] = vals[0]
+                continue
+            if any(v is UNDEF or isinstance(v, _LoopLocal) for v in vals) or any(callable(v) and not _is_device(v) for v in vals):
+                new_state[i] = _LoopLocal(name, self.where(line))
+                continue
+            if all(_is_device(v) or isinstance(v, (bool, int, np.bool_)) for v in vals):
+                # arrays, or flags: a Python bool/int that differs by arm becomes a literal cell
+                atoms = [s.read(trace.key_of(v, "eagle", name)) if _is_device(v)
+                         else Literal(np.array([int(v)], np.uint32), ir.U32_CELL) for s, v in zip(scopes, vals)]
+                avals = {(a.aval.shape, a.aval.dtype) for a in atoms}
+                if len(avals) > 1:
+                    raise TypeError(f"eagle.Graph.builder {self.where(line)}: {name!r} has different shapes/dtypes "
+                                    f"in the arms of a device conditional: {[str(a.aval) for a in atoms]}; "
+                                    "give it one shape and dtype in every arm")
+                name_outs.append((i, atoms, atoms[0].aval))
+                continue
+            raise TypeError(f"eagle.Graph.builder {self.where(line)}: {name!r} is set to different Python values in "
+                            f"the arms of a device conditional ({', '.join(repr(v)[:30] for v in vals)}); only "
+                            "arrays and bools/ints can differ by arm; decide Python values outside the if")
+        written = []
+        for s in scopes:
+            for k in s.written:
+                if k not in written:
+                    written.append(k)
+        arm_outs = [[a[j] for _, a, _ in name_outs] + [s.read(k) for k in written] for j, s in enumerate(scopes)]
+        operands = []
+        for s in scopes:
+            for k in s.captures:
+                if k not in operands:
+                    operands.append(k)
+        progs = []
+        for s, o in zip(scopes, arm_outs):
+            ins = [s.captures[k][0] if k in s.captures else Var(parent.read(k).aval) for k in operands]
+            progs.append(Program(ins, s.eqns, o))
+        in_atoms = [pred] + [parent.read(k) for k in operands]
+        out_vars = [Var(av) for _, _, av in name_outs] + [Var(parent.read(k).aval) for k in written]
+        inplace = tuple((len(name_outs) + j, 1 + operands.index(k)) for j, k in enumerate(written))
+        info = trace.info()
+        parent.eqns.append(Eqn(prim, in_atoms, out_vars, dict(params, branches=tuple(progs), inplace=inplace), info))
+        for (i, _, av), v in zip(name_outs, out_vars):
+            h = trace.new_plane(av, info, v)
+            h.label = names[i]
+            parent.define(h.key, v)
+            new_state[i] = h
+        for k, v in zip(written, out_vars[len(name_outs):]):
+            parent.write(k, v)
+        return tuple(new_state)
+
+    # -- loops -------------------------------------------------------------------------------
+    def range_(self, *args):
+        if any(_is_device(a) for a in args):
+            if len(args) != 1 or not _is_cell(args[0]):
+                raise TypeError("eagle.Graph.builder: a device trip count is `range(cell)` with one one-cell uint32 "
+                                "array; start and step are not supported on the device")
+            return DeviceRange(args[0])
+        return range(*args)
+
+    def _decide_device(self, cond_fn, body_fn, state, target, line):
+        c = cond_fn(*state)
+        if _is_device(c):
+            return True
+        if not c:
+            return False
+        trace = active_trace()
+        if trace is None:
+            return False
+        trial = Scope(trace, trace.scope)
+        saved = trace.scope
+        trace.scope = trial
+        try:
+            out = body_fn(target, *state) if target is not None else body_fn(*state)
+            return _is_device(cond_fn(*out))
+        finally:
+            trace.scope = saved
+
+    def for_stmt(self, iterable, cond_fn, body_fn, state, names, line):
+        if isinstance(iterable, DeviceRange):
+            return self._stage_loop(cond_fn, body_fn, state, names, line, cap=None, trip=iterable.trip, target=True)
+        if isinstance(iterable, range) and len(iterable) and active_trace() is not None:
+            if self._decide_device(cond_fn, body_fn, state, iterable[0], line):
+                if (iterable.start, iterable.step) != (0, 1):
+                    raise TypeError(f"eagle.Graph.builder {self.where(line)}: a device loop over {iterable!r}; "
+                                    "device loops count from 0 by 1: use range(N)")
+                return self._stage_loop(cond_fn, body_fn, state, names, line, cap=len(iterable), trip=None, target=True)
+        for v in iterable:
+            c = cond_fn(*state)
+            if _is_device(c):
+                raise TypeError(f"eagle.Graph.builder {self.where(line)}: a device break in a Python loop over "
+                                f"{type(iterable).__name__}; device loops run over range(N) or range(cell)")
+            if not c:
+                break
+            state = body_fn(v, *state)
+        return state
+
+    def while_stmt(self, cond_fn, body_fn, state, names, line):
+        if self._decide_device(cond_fn, body_fn, state, None, line):
+            trace = active_trace()
+            if trace.graph._record:
+                raise ValueError(f"{self.where(line)}: an uncapped device loop cannot be recorded (record=True): "
+                                 "cap it: for _ in range(N): if not cell: break")
+            warnings.warn_explicit(UncappedLoopWarning(
+                f"uncapped device loop at {self.where(line)}: a body that never clears its guard never returns; "
+                "cap it with for _ in range(N): if not cell: break"), UncappedLoopWarning, self.info.filename, line)
+            return self._stage_loop(cond_fn, body_fn, state, names, line, cap=None, trip=None, target=False)
+        while True:
+            c = cond_fn(*state)
+            if _is_device(c):
+                raise TypeError(f"eagle.Graph.builder {self.where(line)}: the loop condition became a device value "
+                                "after the first turn; make it a cell from the start")
+            if not c:
+                return state
+            state = body_fn(*state)
+
+    def _stage_loop(self, cond_fn, body_fn, state, names, line, cap, trip, target):
+        trace = active_trace()
+        parent = trace.scope
+        carried: list[int] = [i for i, v in enumerate(state) if _is_device(v)]
+        inplace: list = []
+        for _ in range(8):
+            body = Scope(trace, parent)
+            counter = Var(ir.U32_CELL, "turn")
+            counter_h = trace.new_plane(ir.U32_CELL, var=counter)
+            body.define(counter_h.key, counter)
+            carry_in, body_state = self._seed(trace, body, state, carried, inplace)
+            trace.scope = body
+            try:
+                out = tuple(body_fn(counter_h, *body_state) if target else body_fn(*body_state))
+            finally:
+                trace.scope = parent
+            new_carried = list(carried)
+            for i, (v0, v1) in enumerate(zip(state, out)):
+                if i in carried or v1 is v0 or v0 is UNDEF or isinstance(v0, _LoopLocal):
+                    continue
+                if _is_device(v1) or isinstance(v1, (bool, int, np.bool_)):
+                    new_carried.append(i)
+                elif not callable(v1):
+                    raise TypeError(f"eagle.Graph.builder {self.where(line)}: {names[i]!r} is a Python value that "
+                                    "changes in a device loop; a device loop carries arrays and cells only")
+            new_inplace = inplace + [k for k in body.written if k not in inplace]
+            if sorted(new_carried) == sorted(carried) and new_inplace == inplace:
+                break
+            carried, inplace = sorted(new_carried), new_inplace
+        # the guard, in its own scope over the same carries
+        cscope = Scope(trace, parent)
+        c_in, c_state = self._seed(trace, cscope, state, carried, inplace)
+        trace.scope = cscope
+        try:
+            c = cond_fn(*c_state)
+            cond_var = cscope.read(trace.key_of(c, "eagle", "the loop guard")) if _is_device(c) else None
+        finally:
+            trace.scope = parent
+        if cond_var is None and not c:
+            return state
+        body_out = []
+        for i in carried:
+            v = out[i]
+            if _is_device(v):
+                body_out.append(body.read(trace.key_of(v, "eagle", names[i])))
+            else:
+                body_out.append(Literal(np.array([int(v)], np.uint32), ir.U32_CELL))
+        body_out += [body.read(k) for k in inplace]
+        consts = []
+        for s in (body, cscope):
+            for k in s.captures:
+                if k not in consts:
+                    consts.append(k)
+
+        def ins(s, seeded):
+            return [s.captures[k][0] if k in s.captures else Var(parent.read(k).aval) for k in consts] + seeded
+
+        body_prog = Program([counter] + ins(body, carry_in), body.eqns, body_out)
+        cond_prog = Program(ins(cscope, c_in), cscope.eqns, [cond_var]) if cond_var is not None else None
+        init = []
+        for i in carried:
+            v = state[i]
+            init.append(parent.read(trace.key_of(v, "eagle", names[i])) if _is_device(v)
+                        else Literal(np.array([int(v)], np.uint32), ir.U32_CELL))
+        init += [parent.read(k) for k in inplace]
+        for a, b in zip(init, body_out):
+            if (a.aval.shape, a.aval.dtype) != (b.aval.shape, b.aval.dtype):
+                raise TypeError(f"eagle.Graph.builder {self.where(line)}: a loop-carried value changes type in the "
+                                f"body: {a.aval} on entry, {b.aval} after a turn; keep its shape and dtype")
+        head = [parent.read(trace.key_of(trip, "eagle", "the trip count"))] if trip is not None else []
+        operands = head + [parent.read(k) for k in consts] + init
+        base = len(head) + len(consts)
+        out_vars = [Var(a.aval) for a in init]
+        n_names = len(carried)
+        inplace_pairs = tuple((n_names + j, base + n_names + j) for j in range(len(inplace)))
+        info = trace.info()
+        params = dict(body=body_prog, cond=cond_prog, cap=cap, counted=trip is not None, n_consts=len(consts),
+                      inplace=inplace_pairs)
+        parent.eqns.append(Eqn(ir.while_p, operands, out_vars, params, info))
+        new_state = list(state)
+        for i, name in enumerate(names):
+            if state[i] is UNDEF and out[i] is not UNDEF:
+                new_state[i] = _LoopLocal(name, self.where(line))
+        for j, i in enumerate(carried):
+            h = trace.new_plane(out_vars[j].aval, info, out_vars[j])
+            h.label = names[i]
+            parent.define(h.key, out_vars[j])
+            new_state[i] = h
+        for k, v in zip(inplace, out_vars[n_names:]):
+            parent.write(k, v)
+        return tuple(new_state)
+
+    @staticmethod
+    def _seed(trace, scope, state, carried, inplace):
+        """Fresh carry inputs: carried names become new planes, in-place planes are pre-seeded."""
+        seeded, st = [], list(state)
+        for i in carried:
+            v = state[i]
+            aval = (scope.parent.read(trace.key_of(v, "eagle", "a carry")).aval if _is_device(v) else ir.U32_CELL)
+            var = Var(aval)
+            h = trace.new_plane(aval, var=var)
+            scope.define(h.key, var)
+            st[i] = h
+            seeded.append(var)
+        for k in inplace:
+            var = Var(scope.parent.read(k).aval)
+            scope.current[k] = var
+            scope.local.add(k)
+            seeded.append(var)
+        return seeded, st
