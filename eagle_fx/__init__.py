@@ -9,9 +9,10 @@
     g = chain(x)        # build once
     g()                 # replay
 """
+from . import diff
 from .graph import Branch, Fork, Graph, opaque
 from .staging import UncappedLoopWarning
 
 __version__ = "0.1.0"
 
-__all__ = ["Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning"]
+__all__ = ["diff", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning"]

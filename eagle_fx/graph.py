@@ -20,6 +20,7 @@ from .analysis import count_nodes, count_stages
 from .autograph import convert_builder
 from .backends.numpy import NumpyExecutable
 from .staging import GraphTrace, Plane
+from .transforms.vjp import forward_with_residuals
 
 
 class OpaqueNode:
@@ -109,6 +110,8 @@ class Graph:
         self._worker: threading.Thread | None = None
         self._worker_error = None
         self._input_names: dict[str, int] = {}
+        self._generation = 0
+        self._residuals = None
         if _building and _building[-1].graph is None:
             ctx = _building[-1]
             ctx.graph = self
@@ -189,10 +192,54 @@ class Graph:
                 raise TypeError(f"eagle.Graph: g.result holds {type(x).__name__}; a result is a tree of arrays "
                                 "computed in the graph")
         self._program = t.program(outs)
-        keep = {h.var for h in list(t.handles) if h.var is not None}
-        self._exe = NumpyExecutable(self._program, [e.array for e in t.input_planes], keep, t.n or 1)
+        keep = {h.var for h in list(t.handles) + t.buffers if h.var is not None}
+        arrays = [e.array for e in t.input_planes]
+        if self._record:
+            fwd, self._residuals = forward_with_residuals(self._program, self._loop_capacity)
+            self._exe = NumpyExecutable(fwd, arrays, keep, t.n or 1, records=self._residuals.allocate())
+        else:
+            self._exe = NumpyExecutable(self._program, arrays, keep, t.n or 1)
         self._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
         return self
+
+    def _loop_capacity(self, e):
+        if e.params["cap"] is not None:
+            return e.params["cap"]
+        trip = e.inputs[0]
+        if e.params["counted"] and trip in self._program.inputs:
+            return max(1, int(self._trace.input_planes[self._program.inputs.index(trip)].array[0]))
+        raise ValueError(f"eagle.Graph: a counted loop whose trip count is computed in the graph ({e.info.where}) "
+                         "cannot be recorded (record=True); cap it: for _ in range(N): if not cell: break")
+
+    # -- gradients ---------------------------------------------------------------------------
+    @property
+    def record(self):
+        """The record of the last launch (record=True graphs): pass it to eagle_fx.diff.reverse."""
+        if not self._record:
+            raise RuntimeError("eagle.Graph.record: this graph was built without record=True; build a recorded "
+                               "twin: g = builder(..., record=True) with eagle.Graph(record=record) inside")
+        if self._generation == 0:
+            raise RuntimeError("eagle.Graph.record: the graph has not run yet; launch it (g() or g.launch()) first")
+        from .diff import Record
+        return Record(self, self._generation)
+
+    def _result_vars(self):
+        leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, (Plane, np.ndarray)))
+        return list(self._program.outputs[:len(leaves)]), tree
+
+    def _gradient_names(self):
+        """name -> (kind, (Var on entry / of the buffer, Var on exit))."""
+        t, prog = self._trace, self._program
+        names = {}
+        for v, e in zip(prog.inputs, t.input_planes):
+            if e.name:
+                final = t.root.current.get(e, v)
+                names[e.name] = ("written" if final is not v else "arg", (v, final))
+        for h in t.buffers:
+            if h.label and h.label not in names and h.var is not None:
+                names[h.label] = ("buffer", (h.var, h.var))
+        names["result"] = ("result", (None, None))
+        return names
 
     @property
     def program(self):
@@ -216,6 +263,7 @@ class Graph:
         """Replay n times and wait."""
         self.synchronize()
         self.build()._exe.replay(int(n))
+        self._generation += 1
         return self
 
     def enqueue(self, n: int = 1) -> "Graph":
@@ -264,6 +312,7 @@ class Graph:
             i = self._input_names[name]
             self._trace.input_planes[i].array = arr
             self._exe.rebind(i, arr)
+        self._generation += 1 if self._generation else 0
         return self
 
     def __repr__(self):

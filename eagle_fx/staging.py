@@ -165,6 +165,7 @@ class GraphTrace:
         self.arg_names: dict[int, str] = {}
         self.n: int | None = None
         self.handles = weakref.WeakSet()
+        self.buffers: list[Plane] = []     # buffer= planes: nameable for gradients, kept by the graph
         self.accesses: list[Access] = []
         self.waits: list[Wait] = []
         self.branch: tuple = ()
@@ -255,6 +256,7 @@ class GraphTrace:
         if buffer is not None and buffer is not False:
             if spec.n_results != 1:
                 raise TypeError(f"{api}: buffer= needs a kernel with one returned plane; it returns {spec.n_results}")
+            self.buffers.append(handles[0])
             if buffer is True:
                 handles[0].kept = True
             else:
@@ -270,6 +272,7 @@ class GraphTrace:
                 handles[0] = Plane(self.graph, want, key=key, info=info, var=out_vars[0])
                 handles[0].kept = True
                 self.handles.add(handles[0])
+                self.buffers[-1] = handles[0]
         writes = []
         for h, v in zip(handles, out_vars):
             if isinstance(h.key, PlaneKey):

@@ -25,6 +25,10 @@ class _Gen:
         self.exe = exe
         self.lines: list[str] = []
         self.turns = 0
+        self.loop_vars: list[str] = []      # turn counters of the enclosing device loops
+
+    def at(self) -> str:
+        return "[" + ", ".join(self.loop_vars) + "]" if self.loop_vars else ""
 
     def emit(self, depth, line):
         self.lines.append("    " * depth + line)
@@ -56,9 +60,11 @@ def _chain_root(prog: Program, v: Var):
 
 
 class NumpyExecutable:
-    def __init__(self, prog: Program, input_arrays, keep: set, n: int):
+    def __init__(self, prog: Program, input_arrays, keep: set, n: int, records=None):
         self.prog = prog
         self.n = n
+        self.records = list(records or [])    # record buffers of a record=True forward
+        self.reuse = records is None           # a recorded forward keeps every value for the reverse
         self.slots: list[np.ndarray] = []
         self.slot_of: dict[Var, int] = {}
         self.calls: list = []           # (kind, payload) per bound callable c{k}
@@ -92,7 +98,7 @@ class NumpyExecutable:
         return k
 
     def _free(self, k):
-        if k in self.pooled:
+        if k in self.pooled and self.reuse:
             arr = self.slots[k]
             self.pool.setdefault((arr.shape, arr.dtype), []).append(k)
 
@@ -159,6 +165,8 @@ class NumpyExecutable:
             k = len(self.calls)
             self.calls.append(("fn", e.params["fn"]))
             g.emit(d, f"c{k}()")
+        elif p is ir.record_p:
+            g.emit(d, f"np.copyto(R{e.params['slot']}{g.at()}, {self.b(e.inputs[0])})")
         elif p is ir.cell_not_p:
             g.emit(d, f"b{outs[0]}[0] = {self.b(e.inputs[0])}[0] == 0")
         elif p is ir.cell_and_p:
@@ -240,6 +248,11 @@ class NumpyExecutable:
         g.emit(d, f"{t} = 0")
         if counted:
             g.emit(d, f"{t}_n = int({self.b(trip)}[0])")
+            if e.params.get("record_turns") is not None:
+                cap_r = e.params["record_cap"]
+                g.emit(d, f"if {t}_n > {cap_r}: raise RuntimeError('eagle: a recorded counted loop asks for ' "
+                          f"+ str({t}_n) + ' turns; its record holds {cap_r} (the trip count at build): "
+                          f"call the builder again with the larger count')")
         g.emit(d, "while True:")
         if cap is not None:
             g.emit(d + 1, f"if {t} >= {cap}: break")
@@ -251,8 +264,12 @@ class NumpyExecutable:
             g.emit(d + 1, f"if not b{c_slot}[0]: break")
         g.emit(d + 1, f"b{ctr}[0] = {t}")
         refs = [self._ref(ctr, ir.U32_CELL)] + consts + [self._ref(s, a.aval) for s, a in zip(outs, init)]
+        g.loop_vars.append(t)
         self._gen_sub(g, d + 1, body, refs, outs)
+        g.loop_vars.pop()
         g.emit(d + 1, f"{t} += 1")
+        if e.params.get("record_turns") is not None:
+            g.emit(d, f"R{e.params['record_turns']}{g.at()}[0] = {t}")
 
     # -- binding and running ------------------------------------------------------------------
     def _link(self):
@@ -261,6 +278,8 @@ class NumpyExecutable:
             ns[f"b{k}"] = arr
         for k, c in enumerate(self.consts):
             ns[f"k{k}"] = c
+        for k, r in enumerate(self.records):
+            ns[f"R{k}"] = r
         for k, call in enumerate(self.calls):
             if call[0] == "fn":
                 ns[f"c{k}"] = call[1]

@@ -1,0 +1,125 @@
+"""Gradients of graphs: `Graph(record=True)` records a run; `reverse` runs its backward half.
+
+    gr = model(x, y, record=True); gr()
+    grads = eagle_fx.diff.reverse(gr.record, {"result": ones}, wrt=("x",))
+
+Names are the arrays that enter and leave the graph: builder arguments (`wrt='y'` is y's value
+on entry; seeding `'y'` seeds its value on exit when a kernel writes it), `'result'` (a tree
+result takes a seed tree of the same structure) and `buffer=` labels.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hawk_fx.tree import tree_flatten
+
+from .transforms.vjp import Backward
+
+
+class Record:
+    """What the last launch of a record=True graph saved. Valid until the graph launches again;
+    `copy()` keeps one for later."""
+
+    def __init__(self, graph, generation, buffers=None, forward=None):
+        self.graph, self.generation = graph, generation
+        self._buffers, self._forward = buffers, forward
+
+    def copy(self) -> "Record":
+        g = self.graph
+        _check_fresh(self, "eagle.diff.Record.copy")
+        exe = g._exe
+        kept = {id(v): exe.array_of(v).copy() for v in _all_vars(g._program) if exe.array_of(v) is not None}
+        bufs = [r.copy() for r in exe.records]
+        return Record(g, None, bufs, lambda v: kept[id(v)])
+
+    def buffers(self):
+        return self._buffers if self._buffers is not None else self.graph._exe.records
+
+    def forward_value(self, v):
+        return self._forward(v) if self._forward is not None else self.graph._exe.array_of(v)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the record buffers (what this run saved for the reverse)."""
+        return sum(r.nbytes for r in self.buffers())
+
+    def __repr__(self):
+        return f"<eagle_fx.diff.Record of {self.graph!r}, {self.nbytes} bytes saved>"
+
+
+def _all_vars(prog):
+    out = list(prog.inputs)
+    todo = [prog]
+    while todo:
+        p = todo.pop()
+        for e in p.eqns:
+            out.extend(e.outputs)
+            for q in e.params.values():
+                if hasattr(q, "eqns"):
+                    todo.append(q)
+                elif isinstance(q, tuple):
+                    todo.extend(x for x in q if hasattr(x, "eqns"))
+    return out
+
+
+def _check_fresh(record, api):
+    g = record.graph
+    if record.generation is not None and record.generation != g._generation:
+        raise RuntimeError(f"{api}: this record was overwritten by a later launch of the graph; reverse right after "
+                           "the launch it describes, or keep it with `rec = g.record.copy()`")
+
+
+def reverse(record: Record, seeds: dict, wrt=None) -> dict:
+    """Reverse-mode gradients of a recorded run: {name in wrt: d(sum of seed * output)/d(name)}."""
+    api = "eagle.diff.reverse"
+    if not isinstance(record, Record):
+        raise TypeError(f"{api}: takes g.record of a graph built with record=True, got {type(record).__name__}")
+    g = record.graph
+    names = g._gradient_names()
+    args = [n for n, (kind, _) in names.items() if kind in ("arg", "written")]
+    if wrt is None:
+        raise ValueError(f"{api}: a builder graph has no default gradients: pass wrt=(...) naming the arguments "
+                         f"it could take: {', '.join(args)}")
+    wrt = (wrt,) if isinstance(wrt, str) else tuple(wrt)
+    _check_fresh(record, api)
+    for w in wrt:
+        if w not in names or names[w][0] == "result":
+            raise KeyError(_unknown(api, w))
+    ct: dict = {}
+    for key, seed in seeds.items():
+        if key == "result":
+            leaves, tree = tree_flatten(seed, is_leaf=lambda x: isinstance(x, np.ndarray))
+            want_leaves, want_tree = g._result_vars()
+            if tree != want_tree:
+                raise ValueError(f"{api}: the 'result' seed has structure {tree}; the result is {want_tree}")
+            for v, s in zip(want_leaves, leaves):
+                _seed(ct, v, s, api, "result")
+            continue
+        if key not in names:
+            raise KeyError(_unknown(api, key))
+        kind, (v_in, v_out) = names[key]
+        _seed(ct, v_out, seed, api, key)
+    want = {names[w][1][0] for w in wrt if names[w][0] == "buffer"}
+    bw = Backward(g._residuals, record.buffers(), record.forward_value, want)
+    ct = bw.run(g._program, ct)
+    out = {}
+    for w in wrt:
+        kind, (v_in, _) = names[w]
+        grad = bw.got.get(v_in) if kind == "buffer" else ct.get(v_in)
+        out[w] = np.zeros(v_in.aval.shape, v_in.aval.dtype if v_in.aval.dtype.kind == "f" else np.float64) \
+            if grad is None else np.array(grad)
+    return out
+
+
+def _seed(ct, v, s, api, name):
+    s = np.asarray(s)
+    if s.shape != v.aval.shape or s.dtype != v.aval.dtype:
+        raise ValueError(f"{api}: the seed for {name!r} has shape {s.shape} and dtype {s.dtype}; {name!r} is "
+                         f"{v.aval.shape} {v.aval.dtype}: pass an array of that shape and dtype")
+    ct[v] = s if v not in ct else ct[v] + s
+
+
+def _unknown(api, name):
+    return (f"{api}: {name!r} is not a builder argument, 'result' or a buffer= label: gradients flow through the "
+            "arrays that enter and leave the graph. For a temporary, give it a dedicated buffer: "
+            f"`{name} = kernel(..., buffer=True)` (or pass an array), then use that name")
