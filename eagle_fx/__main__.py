@@ -1,15 +1,4 @@
-"""`python -m eagle_fx`: a short demo on the NumPy backend."""
-import numpy as np
+"""`python -m eagle_fx`: run the builder tour on the NumPy backend and print what it shows."""
+import runpy
 
-import hawk_fx as hawk
-from hawk_fx import Param, Scalar
-
-
-@hawk.kernel
-def scale(x: Scalar, a: Param, b: Param) -> Scalar:
-    return a * x + b
-
-
-x = np.arange(4.0)
-print("scale(x, 2.0, 1.0) =", scale(x, 2.0, 1.0))
-print(scale.ir)
+runpy.run_module("eagle_fx.tour", run_name="__main__")

@@ -204,7 +204,8 @@ class _Pass(ast.NodeTransformer):
         first = body[0] if body else None
         if (isinstance(first, ast.If) and not first.orelse and len(first.body) == 1
                 and isinstance(first.body[0], ast.Break)):
-            guard = _call("not_", first.test)                 # `if T: break` first: the loop's guard
+            t = first.test                                     # `if T: break` first: the loop's guard
+            guard = t.operand if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) else _call("not_", t)
             body = body[1:]
         uses_brk = any(_loop_jumps(s) and any(isinstance(n, ast.Break) for n in ast.walk(s)) for s in body)
         body = self._canon(body, brk)

@@ -13,6 +13,7 @@ import numpy as np
 
 from hawk_fx.tree import tree_flatten
 
+from .transforms.jvp import Forward
 from .transforms.vjp import Backward
 
 
@@ -123,3 +124,43 @@ def _unknown(api, name):
     return (f"{api}: {name!r} is not a builder argument, 'result' or a buffer= label: gradients flow through the "
             "arrays that enter and leave the graph. For a temporary, give it a dedicated buffer: "
             f"`{name} = kernel(..., buffer=True)` (or pass an array), then use that name")
+
+
+def forward(record: Record, tangents: dict, of=None) -> dict:
+    """Forward-mode derivatives of a recorded run: {name in of: tangent of that output}.
+
+    `tangents` maps builder arguments (their values on entry) and buffer labels to tangents;
+    `of` names outputs: 'result' (a tree), arguments a kernel writes (their values on exit), labels."""
+    api = "eagle.diff.forward"
+    if not isinstance(record, Record):
+        raise TypeError(f"{api}: takes g.record of a graph built with record=True, got {type(record).__name__}")
+    g = record.graph
+    names = g._gradient_names()
+    if of is None:
+        of = ("result",) if g._has_result else tuple(n for n, (k, _) in names.items() if k == "written")
+    of = (of,) if isinstance(of, str) else tuple(of)
+    _check_fresh(record, api)
+    tan: dict = {}
+    for key, t in tangents.items():
+        if key not in names or key == "result":
+            raise KeyError(_unknown(api, key))
+        _seed(tan, names[key][1][0], t, api, key)
+    for o in of:
+        if o not in names:
+            raise KeyError(_unknown(api, o))
+    fw = Forward(g._residuals, record.buffers(), record.forward_value)
+    tan = fw.run(g._program, tan)
+    out = {}
+    for o in of:
+        if o == "result":
+            leaves, tree = g._result_vars()
+            from hawk_fx.tree import tree_unflatten
+            out[o] = tree_unflatten(tree, [_tangent(tan, v) for v in leaves])
+        else:
+            out[o] = _tangent(tan, names[o][1][1])
+    return out
+
+
+def _tangent(tan, v):
+    t = tan.get(v)
+    return np.zeros(v.aval.shape, v.aval.dtype if v.aval.dtype.kind == "f" else np.float64) if t is None else np.array(t)

@@ -561,18 +561,17 @@ class Runtime:
         return range(*args)
 
     def _decide_device(self, cond_fn, body_fn, state, target, line):
-        c = cond_fn(*state)
-        if _is_device(c):
-            return True
-        if not c:
-            return False
+        """Is this loop device control flow? Its guard is a cell, or becomes one after a turn.
+        Both are tried in a throwaway scope, so nothing is staged twice."""
         trace = active_trace()
         if trace is None:
-            return False
-        trial = Scope(trace, trace.scope)
+            return _is_device(cond_fn(*state))
         saved = trace.scope
-        trace.scope = trial
+        trace.scope = Scope(trace, saved)
         try:
+            c = cond_fn(*state)
+            if _is_device(c) or not c:
+                return _is_device(c)
             out = body_fn(target, *state) if target is not None else body_fn(*state)
             return _is_device(cond_fn(*out))
         finally:

@@ -259,10 +259,16 @@ class NumpyExecutable:
         if counted:
             g.emit(d + 1, f"if {t} >= {t}_n: break")
         if cond is not None:
-            c_slot = self._sub_slot(ir.U32_CELL)
-            self._gen_sub(g, d + 1, cond, consts + [self._ref(s, a.aval) for s, a in zip(outs, init)], [c_slot])
-            g.emit(d + 1, f"if not b{c_slot}[0]: break")
-        g.emit(d + 1, f"b{ctr}[0] = {t}")
+            c_ops = consts + [self._ref(s, a.aval) for s, a in zip(outs, init)]
+            if not cond.eqns and cond.outputs[0] in cond.inputs:     # the guard is a carried cell itself
+                a = c_ops[cond.inputs.index(cond.outputs[0])]
+                g.emit(d + 1, f"if not {self.b(a)}[0]: break")
+            else:
+                c_slot = self._sub_slot(ir.U32_CELL)
+                self._gen_sub(g, d + 1, cond, c_ops, [c_slot])
+                g.emit(d + 1, f"if not b{c_slot}[0]: break")
+        if any(body.inputs[0] in e.inputs for e in body.eqns) or body.inputs[0] in body.outputs:
+            g.emit(d + 1, f"b{ctr}[0] = {t}")          # the body reads its turn counter
         refs = [self._ref(ctr, ir.U32_CELL)] + consts + [self._ref(s, a.aval) for s, a in zip(outs, init)]
         g.loop_vars.append(t)
         self._gen_sub(g, d + 1, body, refs, outs)
