@@ -506,3 +506,35 @@ def jvp(kernel, wrt=None):
         k = len(spec.prog.outputs)
         return outs[:k], outs[k:]
     return f
+
+
+class KernelJVP:
+    """The forward derivative of one kernel Specialization: (param values, param tangents) -> output tangents."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        prog = spec.prog
+        self.flags = [_is_float(v.aval) and not v.aval.weak for v in prog.inputs]
+        self.prog = jvp_program(prog, self.flags)
+        self.t_avals = [_ct_aval(v.aval) for v, f in zip(prog.inputs, self.flags) if f]
+        self.out_avals = [a.aval for a in self.prog.outputs]
+        self.compiled = NumpyKernel(self.prog, [a.kind == SAMPLE for a in self.out_avals])
+        self.n_primal = len(prog.outputs)
+
+    def __call__(self, values, tangents, n):
+        """tangents: per param (array or None); returns the tangent of each output."""
+        ts = []
+        for t, f, v in zip(tangents, self.flags, self.spec.prog.inputs):
+            if f:
+                a = _ct_aval(v.aval)
+                ts.append(np.zeros(a.shape + ((n,) if a.kind == SAMPLE else (1,)), a.dtype) if t is None else t)
+        outs = [np.empty(a.shape + ((n,) if a.kind == SAMPLE else (1,)), a.dtype) for a in self.out_avals]
+        self.compiled(list(values) + ts, outs, n)
+        return outs[self.n_primal:]
+
+
+def kernel_jvp(spec) -> KernelJVP:
+    jvp_ = getattr(spec, "_jvp", None)
+    if jvp_ is None:
+        jvp_ = spec._jvp = KernelJVP(spec)
+    return jvp_
