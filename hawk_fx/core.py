@@ -369,11 +369,22 @@ def pprint(prog: Program, indent: int = 0, namer: _Namer | None = None) -> str:
         params, subs = _pp_params(e, namer, indent + 4)
         args = " ".join(namer(a) for a in e.inputs)
         head = f"    {outs} = {e.prim.name}{params} {args}".rstrip()
-        lines.append(head)
+        note = _pp_info(e.info)
+        lines.append(f"{head}  # {note}" if note else head)
         lines.extend(subs)
     outs = ", ".join(namer(a) for a in prog.outputs)
     lines.append(f"  in ({outs}) }}")
     return "\n".join(pad + ln if i else ln for i, ln in enumerate(lines))
+
+
+def _pp_info(info: EqnInfo) -> str:
+    """The user's name for a node and the branch it runs on, as a trailing comment."""
+    parts = []
+    if info.name:
+        parts.append(info.name)
+    if info.branch:
+        parts.append("branch " + ".".join(f"{f}:{b}" for f, b in info.branch))
+    return ", ".join(parts)
 
 
 def _pp_params(e: Eqn, namer, indent):
