@@ -36,11 +36,11 @@ def check_fork_hazards(trace, fork_id, depth) -> None:
             if found is None or _ordered(a, b, trace.waits, depth):
                 continue
             kind, pa, pb = found
-            na, nb = a.info.name or "?", b.info.name or "?"
+            na, nb = a.info.name or a.what or "?", b.info.name or b.what or "?"
             raise ValueError(
                 "eagle.Graph.build: two branches of one parallel region touch one plane and one writes it: "
                 "put them in one branch, or order them with <branch>.wait(plane) "
-                f"[{na!r} (node {a.seq}) and {nb!r} (node {b.seq}) are in sibling branches but overlap ({kind}): "
+                f"[{a.describe()} and {b.describe()} are in sibling branches but overlap ({kind}): "
                 f"{na!r} plane {pa!r} and {nb!r} plane {pb!r} share memory; give each branch its own planes "
                 f"or make the later branch wait for {na!r}]")
 

@@ -89,9 +89,10 @@ class _Pass(ast.NodeTransformer):
 
     # -- expressions -------------------------------------------------------------------------
     def visit_UnaryOp(self, node):
-        self.generic_visit(node)
         if isinstance(node.op, ast.Not):
-            return ast.copy_location(_call("not_", node.operand), node)
+            # `not (a or b)`: the operand is a test too, so its and/or stay on the device
+            return ast.copy_location(_call("not_", self._test(node.operand)), node)
+        self.generic_visit(node)
         return node
 
     def _test(self, test):
@@ -205,7 +206,8 @@ class _Pass(ast.NodeTransformer):
         if (isinstance(first, ast.If) and not first.orelse and len(first.body) == 1
                 and isinstance(first.body[0], ast.Break)):
             t = first.test                                     # `if T: break` first: the loop's guard
-            guard = t.operand if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) else _call("not_", t)
+            guard = (t.operand if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not)
+                     else ast.UnaryOp(op=ast.Not(), operand=t))   # a test: its and/or stay on the device
             body = body[1:]
         uses_brk = any(_loop_jumps(s) and any(isinstance(n, ast.Break) for n in ast.walk(s)) for s in body)
         body = self._canon(body, brk)

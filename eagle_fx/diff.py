@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hawk_fx.diff import match_tree
 from hawk_fx.tree import tree_flatten
 
 from .transforms.jvp import Forward
@@ -86,12 +87,14 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
     for w in wrt:
         if w not in names or names[w][0] == "result":
             raise KeyError(_unknown(api, w))
+    _top_level_buffers(api, g, names, list(wrt) + [k for k in seeds if k != "result"])
     ct: dict = {}
     for key, seed in seeds.items():
         if key == "result":
-            leaves, tree = tree_flatten(seed, is_leaf=lambda x: isinstance(x, np.ndarray))
             want_leaves, want_tree = g._result_vars()
-            if tree != want_tree:
+            leaves = match_tree(seed, want_tree)        # dicts by key, in any order
+            if leaves is None:
+                tree = tree_flatten(seed, is_leaf=lambda x: isinstance(x, np.ndarray))[1]
                 raise ValueError(f"{api}: the 'result' seed has structure {tree}; the result is {want_tree}")
             for v, s in zip(want_leaves, leaves):
                 _seed(ct, v, s, api, "result")
@@ -118,6 +121,15 @@ def _seed(ct, v, s, api, name):
         raise ValueError(f"{api}: the seed for {name!r} has shape {s.shape} and dtype {s.dtype}; {name!r} is "
                          f"{v.aval.shape} {v.aval.dtype}: pass an array of that shape and dtype")
     ct[v] = s if v not in ct else ct[v] + s
+
+
+def _top_level_buffers(api, g, names, keys):
+    top = set(g._program.inputs) | {v for e in g._program.eqns for v in e.outputs}
+    for k in keys:
+        if k in names and names[k][0] == "buffer" and names[k][1][0] not in top:
+            raise ValueError(f"{api}: {k!r} is a buffer= made inside a device if/loop body, a value of one arm or "
+                             "turn, not of the run: gradients take top-level buffers; carry the value out of the "
+                             f"construct and give it its buffer there (`{k} = kernel(..., buffer=True)` after it)")
 
 
 def _unknown(api, name):

@@ -130,17 +130,18 @@ class Graph:
         if self._exe is None or not self._has_result:
             return self._result_tree
         leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, (Plane, np.ndarray)))
-        return tree_unflatten(tree, [self._leaf_array(x) for x in leaves])
+        return tree_unflatten(tree, [self._leaf_array(x, v) for x, v in zip(leaves, self._program.outputs)])
 
     @result.setter
     def result(self, tree):
         self._result_tree = tree
         self._has_result = tree is not None
 
-    def _leaf_array(self, x):
+    def _leaf_array(self, x, out_var):
         if isinstance(x, Plane):
             return self._array_of_plane(x)
-        return x
+        arr = self._exe.array_of(out_var)         # a user's array in the result: the one bound now
+        return x if arr is None else arr
 
     def add_node(self, node: OpaqueNode, name: str | None = None):
         """Append a host node (see `opaque`)."""
@@ -188,6 +189,8 @@ class Graph:
                 outs.append(t.root.read(x.key))
             elif isinstance(x, np.ndarray):
                 outs.append(t.root.read(t.extern(x)))
+            elif isinstance(x, staging._LoopLocal):
+                x._fail()
             else:
                 raise TypeError(f"eagle.Graph: g.result holds {type(x).__name__}; a result is a tree of arrays "
                                 "computed in the graph")

@@ -134,10 +134,16 @@ class Scope:
 
 
 class Access:
-    __slots__ = ("seq", "branch", "info", "reads", "writes")
+    __slots__ = ("seq", "branch", "info", "reads", "writes", "what")
 
-    def __init__(self, seq, branch, info, reads, writes):
+    def __init__(self, seq, branch, info, reads, writes, what=None):
         self.seq, self.branch, self.info, self.reads, self.writes = seq, branch, info, reads, writes
+        self.what = what        # the kernel or host function, naming a node the builder did not assign
+
+    def describe(self) -> str:
+        """`'u' (node 1, at bad:6)`: the node's name (its kernel's when unassigned), number and line."""
+        at = f", at {self.info.where}" if self.info.where else ""
+        return f"{self.info.name or self.what or '?'!r} (node {self.seq}{at})"
 
 
 class Wait:
@@ -189,6 +195,8 @@ class GraphTrace:
                          "it to a name that exists before the if/loop, so the construct carries it out")
 
     def key_of(self, value, api, what):
+        if isinstance(value, _LoopLocal):
+            value._fail()
         if isinstance(value, Plane):
             if value.graph is not self.graph:
                 raise ValueError(f"{api}: {what} belongs to another graph; pass arrays between graphs as NumPy arrays")
@@ -214,11 +222,20 @@ class GraphTrace:
             where = src.where(line) if line else None
         return EqnInfo(name=name, where=where, branch=self.branch)
 
-    def add_access(self, info, reads, writes):
-        self.accesses.append(Access(self.seq, self.branch, info, reads, writes))
+    def add_access(self, info, reads, writes, what=None):
+        self.accesses.append(Access(self.seq, self.branch, info, reads, writes, what))
         self.seq += 1
 
     def stage_call(self, kernel, args, kwargs, buffer):
+        try:
+            return self._stage_call(kernel, args, kwargs, buffer)
+        except (TypeError, ValueError) as e:     # a refused call: say which builder line made it
+            where = self.info().where
+            if where and e.args and isinstance(e.args[0], str) and f" {where}" not in e.args[0]:
+                e.args = (f"{e.args[0]} [called at eagle.Graph.builder {where}]",) + e.args[1:]
+            raise
+
+    def _stage_call(self, kernel, args, kwargs, buffer):
         api = f"hawk.kernel {kernel.name}"
         scope = self.scope
         values = kernel.bind_arguments(args, kwargs)
@@ -285,9 +302,13 @@ class GraphTrace:
             writes.append((key, name))
         params = dict(kernel=kernel, spec=spec, n=n, inplace=tuple(inplace))
         scope.eqns.append(Eqn(ir.call_p, atoms, out_vars, params, info))
-        self.add_access(info, reads, writes)
+        self.add_access(info, reads, writes, kernel.name)
         from hawk_fx.tree import tree_unflatten
-        return tree_unflatten(spec.tree, handles)
+        result = tree_unflatten(spec.tree, handles)
+        # tree_unflatten's closures form a cycle that holds `handles` until a garbage collection; a
+        # plane alive at build keeps its buffer, so empty the list: the planes live as long as the user's names
+        handles.clear()
+        return result
 
     def stage_opaque(self, node, name):
         scope = self.scope
@@ -308,7 +329,7 @@ class GraphTrace:
             scope.write(key, outs[j])
         params = dict(fn=node.fn, reads=tuple(node.reads), writes=tuple(node.writes), inplace=tuple(inplace))
         scope.eqns.append(Eqn(ir.opaque_p, atoms, outs, params, info))
-        self.add_access(info, reads, writes)
+        self.add_access(info, reads, writes, getattr(node.fn, "__name__", "opaque"))
 
     def stage_cell_op(self, prim, *cells):
         ins = [self.scope.read(c.key) if isinstance(c, Plane) else self.scope.read(self.extern(c)) for c in cells]
@@ -397,6 +418,11 @@ class Runtime:
     def where(self, line):
         return self.info.where(line)
 
+    def here(self) -> str:
+        """`name:line` of the builder line being staged now (found on the stack)."""
+        line = user_line(self.info.filename)
+        return self.where(line) if line else self.info.name
+
     @staticmethod
     def load(scope, names):
         return tuple(scope.get(n, UNDEF) for n in names)
@@ -442,7 +468,7 @@ class Runtime:
         if _is_cell(x):
             return active_trace().stage_cell_op(ir.cell_not_p, x)
         if _is_device(x):
-            raise TypeError(f"eagle.Graph.builder {self.info.name}: `not` of an array of shape {tuple(x.shape)} and "
+            raise TypeError(f"eagle.Graph.builder {self.here()}: `not` of an array of shape {tuple(x.shape)} and "
                             f"dtype {x.dtype}; device conditions are one-cell uint32 arrays")
         return not x
 
@@ -453,7 +479,8 @@ class Runtime:
             if _is_cell(v):
                 device.append(v)
             elif _is_device(v):
-                raise TypeError("eagle: an array that is not a one-cell uint32 array in `and`/`or`")
+                raise TypeError(f"eagle.Graph.builder {self.here()}: an array of shape {tuple(v.shape)} and dtype "
+                                f"{v.dtype} in `and`/`or`; device conditions are one-cell uint32 arrays")
             elif bool(v) != is_and:          # a Python value that decides the whole expression
                 return v
         if not device:
@@ -555,37 +582,56 @@ class Runtime:
     def range_(self, *args):
         if any(_is_device(a) for a in args):
             if len(args) != 1 or not _is_cell(args[0]):
-                raise TypeError("eagle.Graph.builder: a device trip count is `range(cell)` with one one-cell uint32 "
+                raise TypeError(f"eagle.Graph.builder {self.here()}: a device trip count is `range(cell)` with one one-cell uint32 "
                                 "array; start and step are not supported on the device")
             return DeviceRange(args[0])
         return range(*args)
 
     def _decide_device(self, cond_fn, body_fn, state, target, line):
         """Is this loop device control flow? Its guard is a cell, or becomes one after a turn.
-        Both are tried in a throwaway scope, so nothing is staged twice."""
+        Returns (device, state, turns): the first turn is tried in a throwaway scope; when the loop
+        stays Python, that turn is kept (its nodes move to the open scope) rather than run again,
+        so a Python loop's body runs once per turn at build (a list it appends to stays right)."""
         trace = active_trace()
         if trace is None:
-            return _is_device(cond_fn(*state))
+            return _is_device(cond_fn(*state)), state, 0
         saved = trace.scope
-        trace.scope = Scope(trace, saved)
+        trial = trace.scope = Scope(trace, saved)
         try:
             c = cond_fn(*state)
             if _is_device(c) or not c:
-                return _is_device(c)
-            out = body_fn(target, *state) if target is not None else body_fn(*state)
-            return _is_device(cond_fn(*out))
+                return _is_device(c), state, 0
+            out = tuple(body_fn(target, *state) if target is not None else body_fn(*state))
+            if _is_device(cond_fn(*out)):
+                return True, state, 0
         finally:
             trace.scope = saved
+        self._adopt(trial, saved)
+        return False, out, 1
+
+    @staticmethod
+    def _adopt(trial: Scope, parent: Scope):
+        """Keep what a trial scope staged: its equations, reading the parent's versions, join the parent."""
+        outer = {inner: v for inner, v in trial.captures.values()}
+        for e in trial.eqns:
+            parent.eqns.append(e.replace(inputs=[outer.get(a, a) if isinstance(a, Var) else a for a in e.inputs]))
+        for k, v in trial.current.items():
+            if k in trial.local:
+                parent.define(k, v)
+            elif k in trial.written:
+                parent.write(k, v)
 
     def for_stmt(self, iterable, cond_fn, body_fn, state, names, line):
         if isinstance(iterable, DeviceRange):
             return self._stage_loop(cond_fn, body_fn, state, names, line, cap=None, trip=iterable.trip, target=True)
         if isinstance(iterable, range) and len(iterable) and active_trace() is not None:
-            if self._decide_device(cond_fn, body_fn, state, iterable[0], line):
+            device, state, done = self._decide_device(cond_fn, body_fn, state, iterable[0], line)
+            if device:
                 if (iterable.start, iterable.step) != (0, 1):
                     raise TypeError(f"eagle.Graph.builder {self.where(line)}: a device loop over {iterable!r}; "
                                     "device loops count from 0 by 1: use range(N)")
                 return self._stage_loop(cond_fn, body_fn, state, names, line, cap=len(iterable), trip=None, target=True)
+            iterable = iterable[done:]
         for v in iterable:
             c = cond_fn(*state)
             if _is_device(c):
@@ -597,7 +643,8 @@ class Runtime:
         return state
 
     def while_stmt(self, cond_fn, body_fn, state, names, line):
-        if self._decide_device(cond_fn, body_fn, state, None, line):
+        device, state, _ = self._decide_device(cond_fn, body_fn, state, None, line)
+        if device:
             trace = active_trace()
             if trace.graph._record:
                 raise ValueError(f"{self.where(line)}: an uncapped device loop cannot be recorded (record=True): "
@@ -650,7 +697,7 @@ class Runtime:
         trace.scope = cscope
         try:
             c = cond_fn(*c_state)
-            cond_var = cscope.read(trace.key_of(c, "eagle", "the loop guard")) if _is_device(c) else None
+            cond_var = self.device_condition(c, line)       # a cell's Var, or None for a Python value
         finally:
             trace.scope = parent
         if cond_var is None and not c:

@@ -447,6 +447,30 @@ class KernelVJP:
         return [next(it) if w else None for w in self.wrt]
 
 
+def match_tree(value, tree):
+    """The leaves of `value` in the order of TreeDef `tree` (a dict matches by its keys, in any
+    order), or None when the structures differ."""
+    leaves = []
+
+    def container(v):
+        return isinstance(v, (list, dict)) or (isinstance(v, tuple) and not hasattr(v, "_fields"))
+
+    def go(v, t):
+        if t.kind == "leaf":
+            leaves.append(v)
+            return not container(v)
+        if t.kind == "none":
+            return v is None
+        if t.kind == "dict":
+            return (isinstance(v, dict) and set(v) == set(t.meta)
+                    and all(go(v[k], c) for k, c in zip(t.meta, t.children)))
+        kind = tuple if t.kind == "tuple" else list
+        return (isinstance(v, kind) and container(v) and len(v) == len(t.children)
+                and all(go(x, c) for x, c in zip(v, t.children)))
+
+    return leaves if go(value, tree) else None
+
+
 def kernel_vjp(spec) -> KernelVJP:
     vjp = getattr(spec, "_vjp", None)
     if vjp is None:
@@ -469,13 +493,16 @@ def vjp(kernel, wrt=None):
         values = kernel.bind_arguments(args, {})
         layout, n = kernel.layout_of(values)
         spec = kernel.specialize(layout)
-        leaves, _ = tree_flatten(cotangent)
-        if len(leaves) != len(spec.prog.outputs):
-            if isinstance(cotangent, dict) and not spec.n_results:
-                leaves = [cotangent.get(names[k]) for k in spec.commits]
-            else:
-                raise ValueError(f"hawk.diff.vjp: {kernel.name} has {len(spec.prog.outputs)} output(s); "
-                                 f"the cotangent tree has {len(leaves)} leaves")
+        leaves = match_tree(cotangent, spec.tree)      # dicts by key: their order is not the return's
+        if leaves is not None:
+            leaves += [None] * len(spec.commits)
+        elif isinstance(cotangent, dict) and not spec.n_results:
+            leaves = [cotangent.get(names[k]) for k in spec.commits]
+        else:
+            leaves, _ = tree_flatten(cotangent)      # results and Mutables, flat
+            if not spec.commits or len(leaves) != len(spec.prog.outputs):
+                raise ValueError(f"hawk.diff.vjp: {kernel.name} returns {spec.tree} ({len(spec.prog.outputs)} "
+                                 f"output(s) with its Mutables); the cotangent tree has {len(leaves)} leaves")
         cts = kernel_vjp(spec)([np.asarray(v) if isinstance(v, np.ndarray) else v for v in values],
                                [None if c is None else np.asarray(c) for c in leaves], n)
         out = {}
@@ -497,13 +524,14 @@ def jvp(kernel, wrt=None):
         spec = kernel.specialize(layout)
         flags = [nm in wrt and nm in tangents and _is_float(v.aval) for nm, v in zip(names, spec.prog.inputs)]
         prog = jvp_program(spec.prog, flags)
-        outs_avals = [a.aval for a in prog.outputs]
+        k = len(spec.prog.outputs)
+        # a tangent has its output's shape and kind, even where it is a (uniform) zero
+        outs_avals = [a.aval for a in prog.outputs[:k]] + [_ct_aval(a.aval) for a in spec.prog.outputs]
         kinds = [a.kind == SAMPLE for a in outs_avals]
         compiled = NumpyKernel(prog, kinds)
         tans = [np.asarray(tangents[nm], dtype=_ct_aval(v.aval).dtype) for nm, v, fl in zip(names, spec.prog.inputs, flags) if fl]
         outs = [np.empty(a.shape + ((n,) if a.kind == SAMPLE else (1,)), a.dtype) for a in outs_avals]
         compiled(list(values) + tans, outs, n)
-        k = len(spec.prog.outputs)
         return outs[:k], outs[k:]
     return f
 

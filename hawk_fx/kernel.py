@@ -2,8 +2,10 @@
 
 A call binds arguments to roles (validating everything before anything runs), picks the
 specialisation for the arguments' dtypes and layouts (tracing it the first time), and runs the
-compiled body. Inside a graph builder the same call stages a node instead (eagle_fx registers
-itself in GRAPH_STAGING).
+compiled body. A positional call whose arguments match the last layout exactly takes a generated
+fast entry instead, which tests only types, dtypes and shapes (what matters at small n).
+Inside a graph builder the same call stages a node instead (eagle_fx registers itself in
+GRAPH_STAGING).
 """
 from __future__ import annotations
 
@@ -46,14 +48,15 @@ class Specialization:
                 continue
             kind, dt, shape, _ = layout[k]
             v_aval = value.aval if isinstance(value, Tracer) else None
+            where = f"hawk.kernel {trace.where_made(value)}"
             if v_aval is not None and v_aval.kind == SAMPLE and kind == UNIFORM:
-                raise TraceError(f"hawk.kernel {kernel.name}: a per-sample value is written to the one-cell Mutable "
-                                 f"'{name}'; reduce it first (hawk.sum/max/min/mean) or pass a per-sample plane "
-                                 f"of shape {kernel.roles[k].plane_shape()}")
-            v_shape = v_aval.shape if v_aval is not None else ()
-            if np.broadcast_shapes(v_shape, shape) != shape:
-                raise TraceError(f"hawk.kernel {kernel.name}: the value written to '{name}' has per-sample shape "
-                                 f"{v_shape}, its plane {shape}")
+                raise TraceError(f"{where}: a per-sample value is written to the one-cell Mutable '{name}'; reduce "
+                                 "it first (hawk.sum/max/min/mean) or pass a per-sample plane of shape "
+                                 f"{kernel.roles[k].plane_shape()}")
+            v_shape = v_aval.shape if v_aval is not None else np.shape(value)
+            if not _broadcasts_to(v_shape, shape):
+                raise TraceError(f"{where}: the value written to '{name}' has per-sample shape {v_shape}, "
+                                 f"its plane {shape}")
             src_dt = v_aval.dtype if v_aval is not None else literal_aval(value).dtype
             if v_aval is None or src_dt != dt or v_aval.weak:
                 value = trace.process(prims.convert_p, [value], {"dtype": dt})[0]
@@ -64,6 +67,7 @@ class Specialization:
         self.result_kinds = [a.aval.kind for a in self.prog.outputs[:self.n_results]]
         out_sample = self.result_kinds + [layout[k][0] for k in self.commits]
         self.compiled = NumpyKernel(self.prog, [k == SAMPLE for k in out_sample])
+        self.fast = _fast_entry(self)
 
     def result_shape(self, j, n):
         aval = self.prog.outputs[j].aval
@@ -71,6 +75,96 @@ class Specialization:
 
     def result_dtype(self, j):
         return self.prog.outputs[j].aval.dtype
+
+
+def _broadcasts_to(src, dst) -> bool:
+    try:
+        return np.broadcast_shapes(src, dst) == dst
+    except ValueError:
+        return False
+
+
+MISS = object()     # a fast entry's answer for arguments that do not match its layout exactly
+_PY_TYPE = {"b": bool, "i": int, "f": float}
+
+
+def _fast_entry(spec: Specialization):
+    """A generated function for positional calls that match spec.layout exactly: a few type, dtype
+    and shape tests, the result arrays, the compiled run and the result tree, nothing generic.
+    Anything it does not recognise returns MISS, and the full binding path decides."""
+    kernel, layout, nk = spec.kernel, spec.layout, spec.compiled
+    g = {"nd": np.ndarray, "MISS": MISS, "empty": np.empty, "may_share": np.may_share_memory,
+         "run": nk.run_flat}
+    args = [f"a{k}" for k in range(len(layout))]
+    types, dtypes, shapes = [], [], []
+    first = next((k for k, entry in enumerate(layout) if entry[0] == SAMPLE), None)
+    for k, (kind, dt, shape, weak) in enumerate(layout):
+        if weak:
+            if dt.kind not in _PY_TYPE:
+                return _no_fast          # a Python int beyond int64: rare enough to bind in full
+            types.append(f"type(a{k}) is {_PY_TYPE[dt.kind].__name__}")
+            if dt.kind == "i":           # a bigger int would be uint64, another layout
+                types.append(f"{-2 ** 63} <= a{k} < {2 ** 63}")
+            continue
+        g[f"d{k}"] = dt
+        types.append(f"type(a{k}) is nd")
+        dtypes.append(f"a{k}.dtype is d{k}")
+        if kernel.roles[k].mutable:
+            dtypes.append(f"a{k}.flags.writeable")
+        if k == first and not shape:
+            continue                   # its rank is tested where n is read
+        last = "n" if kind == SAMPLE else "1"
+        shapes.append(f"a{k}.shape == ({', '.join([str(d) for d in shape] + [last])},)")
+    for a in range(len(spec.commits)):
+        for b in range(a):
+            shapes.append(f"not may_share(a{spec.commits[a]}, a{spec.commits[b]})")
+    lines = [f"def fast({', '.join(args)}):",
+             f"    if not ({' and '.join(types + dtypes) or 'True'}):",
+             f"        return MISS"]
+    if first is None:
+        lines.append("    n = 1")
+    else:
+        lines += [f"    s = a{first}.shape",
+                  f"    if len(s) != {len(layout[first][2]) + 1}:",
+                  f"        return MISS",
+                  f"    n = s[-1]",
+                  f"    if n == 1:",
+                  f"        return MISS"]
+    if shapes:
+        lines += [f"    if not ({' and '.join(shapes)}):", "        return MISS"]
+    outs = []
+    for j in range(spec.n_results):
+        aval = spec.prog.outputs[j].aval
+        g[f"r{j}"] = aval.dtype
+        last = "n" if aval.kind == SAMPLE else "1"
+        lines.append(f"    o{j} = empty(({', '.join([str(d) for d in aval.shape] + [last])},), r{j})")
+        outs.append(f"o{j}")
+    outs += [f"a{k}" for k in spec.commits]
+    lines.append(f"    run({', '.join(args + outs + ['n'])})")
+    lines.append(f"    return {_tree_src(spec.tree, iter(range(spec.n_results)))}")
+    ns: dict = {}
+    exec(compile("\n".join(lines) + "\n", f"<hawk fast entry {kernel.name}>", "exec"), g, ns)
+    fast = ns["fast"]
+    fast.source = "\n".join(lines)
+    return fast
+
+
+def _tree_src(tree, counter) -> str:
+    """Source that rebuilds a result tree from the names o0, o1, ... in leaf order."""
+    if tree.kind == "leaf":
+        return f"o{next(counter)}"
+    if tree.kind == "none":
+        return "None"
+    kids = [_tree_src(c, counter) for c in tree.children]
+    if tree.kind == "dict":
+        return "{" + ", ".join(f"{k!r}: {c}" for k, c in zip(tree.meta, kids)) + "}"
+    if tree.kind == "list":
+        return "[" + ", ".join(kids) + "]"
+    return "(" + "".join(c + ", " for c in kids) + ")"
+
+
+def _no_fast(*args):
+    return MISS
 
 
 def _resolve_roles(fn) -> list[tuple[str, Role]]:
@@ -109,6 +203,7 @@ class Kernel:
         self.converted, self.source = convert_kernel(fn, self.mutable_names)
         self._specs: dict[Layout, Specialization] = {}
         self._nparams = len(spec)
+        self._fast = _no_fast     # the fast entry of the last layout called
 
     def __repr__(self):
         params = ", ".join(f"{n}: {r!r}" for n, r in zip(self.param_names, self.roles))
@@ -138,17 +233,18 @@ class Kernel:
 
     def layout_of(self, values, shapes=None):
         """The Layout and sample count n of concrete arguments (arrays and Python numbers)."""
-        n = None
+        n = first = None
         for name, role, v in zip(self.param_names, self.roles, values):
             if role.uniform:
                 continue
             shape = getattr(v, "shape", None)
             if shape is not None and len(shape) == len(role.shape) + 1 and shape[-1] != 1:
                 if n is None:
-                    n = shape[-1]
+                    n, first = shape[-1], name
                 elif shape[-1] != n:
-                    raise ValueError(f"hawk.kernel {self.name}: '{name}' has {shape[-1]} samples, an earlier plane "
-                                     f"has {n}; every plane of one call has the same sample count (last axis)")
+                    raise ValueError(f"hawk.kernel {self.name}: argument '{name}' has {shape[-1]} samples, "
+                                     f"'{first}' has {n}; every plane of one call has the same sample count "
+                                     "(the last axis)")
         n = 1 if n is None else n
         layout = []
         for name, role, v in zip(self.param_names, self.roles, values):
@@ -157,23 +253,33 @@ class Kernel:
 
     def _layout_one(self, name, role: Role, v, n):
         where = f"hawk.kernel {self.name}: argument '{name}' ({role!r})"
-        if isinstance(v, (bool, int, float)) and not isinstance(v, np.ndarray):
+        if isinstance(v, (bool, int, float)) and not isinstance(v, np.generic):   # np.float64 is a float
             if role.mutable:
                 raise TypeError(f"{where} is a Python {type(v).__name__}; a Mutable is written in place, so it "
                                 f"needs an array: pass np.array([{v!r}]) or a plane of shape {role.plane_shape()}")
+            if role.shape:
+                raise ValueError(f"{where} is a Python {type(v).__name__}; it needs a plane of shape "
+                                 f"{role.plane_shape()} or a one-cell {role.shape + (1,)}")
             dt = np.asarray(v).dtype
+            if not role.accepts_dtype(dt):
+                raise TypeError(f"{where} is a Python {type(v).__name__} {v!r}; it needs {role.describe_dtype()}")
             return (UNIFORM, dt, (), True)
         if not isinstance(v, np.ndarray):
             if _is_gpu_array(v):
                 raise NotImplementedError(
                     f"{where} is a {type(v).__module__}.{type(v).__name__}: kernels run on NumPy arrays in this "
-                    "version (the CUDA emitter is not wired to calls yet); pass a NumPy array, e.g. cupy.asnumpy(x)")
-            if isinstance(v, np.generic) and not role.mutable:
+                    "version (the CUDA emitter is not wired to calls yet); pass a NumPy array, e.g. "
+                    f"cupy.asnumpy({name})")
+            if isinstance(v, np.generic) and not role.mutable and not role.shape:
+                if v.dtype.kind not in "biuf" or not role.accepts_dtype(v.dtype):
+                    raise TypeError(f"{where} has dtype {v.dtype}; it needs {role.describe_dtype()}")
                 return (UNIFORM, v.dtype, (), False)
             raise TypeError(f"{where} is {type(v).__name__} {v!r:.60}; pass a NumPy array"
-                            + ("" if role.mutable else " or a Python number"))
+                            + ("" if role.mutable or role.shape else " or a Python number"))
         if v.dtype.kind not in "biuf" or not role.accepts_dtype(v.dtype):
             raise TypeError(f"{where} has dtype {v.dtype}; it needs {role.describe_dtype()}")
+        if role.mutable and not v.flags.writeable:
+            raise ValueError(f"{where} is a read-only array; a Mutable is written in place")
         if role.uniform:
             if v.shape != (1,):
                 raise ValueError(f"{where} has shape {v.shape}; a Param is a Python number or a one-cell array "
@@ -195,6 +301,10 @@ class Kernel:
 
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, *args, buffer=None, **kwargs):
+        if not kwargs and buffer is None and len(args) == self._nparams and not GRAPH_STAGING:
+            out = self._fast(*args)
+            if out is not MISS:
+                return out
         if GRAPH_STAGING:
             return GRAPH_STAGING[-1].stage_call(self, args, kwargs, buffer)
         if buffer is not None:
@@ -203,6 +313,7 @@ class Kernel:
         values = self.bind_arguments(args, kwargs)
         layout, n = self.layout_of(values)
         spec = self.specialize(layout)
+        self._fast = spec.fast
         if len(spec.commits) > 1:
             targets = [values[k] for k in spec.commits]
             for a in range(len(targets)):

@@ -148,12 +148,17 @@ def vec(*xs):
     return P["stack"].bind(*xs)
 
 
+def _shape(x):
+    """Per-sample shape of a traced value or a constant (np.shape must not see a tracer)."""
+    return x.aval.shape if hasattr(x, "aval") else np.shape(x)
+
+
 def einsum(spec: str, *operands):
     """Per-sample einsum (the sample axis is implicit). Three or more operands are contracted
     pairwise in the order opt_einsum chooses."""
     if len(operands) <= 2:
         return P["einsum"].bind(*operands, spec=spec)
-    shapes = [getattr(o, "shape", np.shape(o)) for o in operands]
+    shapes = [_shape(o) for o in operands]
     _, info = opt_einsum.contract_path(spec, *shapes, shapes=True)
     ops = list(operands)
     for contraction in info.contraction_list:
@@ -189,7 +194,7 @@ def transpose(m):
 
 def matmul(a, b):
     """Matrix @ Vector, Matrix @ Matrix, Vector @ Matrix, Vector @ Vector."""
-    ra, rb = len(getattr(a, "shape", np.shape(a))), len(getattr(b, "shape", np.shape(b)))
+    ra, rb = len(_shape(a)), len(_shape(b))
     spec = {(2, 1): "ij,j->i", (2, 2): "ij,jk->ik", (1, 2): "j,jk->k", (1, 1): "i,i->"}.get((ra, rb))
     if spec is None:
         raise ValueError(f"hawk.math.matmul: needs Vector or Matrix operands, got per-sample ranks {ra} and {rb}")

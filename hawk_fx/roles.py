@@ -38,7 +38,7 @@ class Role:
         return "an integer dtype"
 
     def plane_shape(self) -> str:
-        return "(" + ", ".join([str(d) for d in self.shape] + ["n"]) + ")"
+        return str(self.shape + ("n",)).replace("'", "")     # (n,), (3, n)
 
 
 class _RoleFactory:

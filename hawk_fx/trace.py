@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import ast
 import itertools
+import linecache
 import sys
 
 import numpy as np
 
 from . import prims
-from .core import SAMPLE, UNIFORM, AVal, ProgramTrace, Tracer
+from .core import NO_INFO, SAMPLE, UNIFORM, AVal, EqnInfo, ProgramTrace, Tracer
 from .source import SourceInfo, assigned_names, parse_function, recompile, user_line
 
 P = prims.P
@@ -24,6 +25,12 @@ P = prims.P
 
 class TraceError(TypeError):
     """A construct a kernel body cannot contain, named with the user's function and line."""
+
+
+def where_with_text(info: SourceInfo, line: int) -> str:
+    """`name:line (file, line N) `code``: the user's line, quoted so the message shows what failed."""
+    text = linecache.getline(info.filename, line).strip()
+    return info.where_long(line) + (f" `{text}`" if text else "")
 
 
 class _Undefined:
@@ -48,10 +55,23 @@ class KernelTrace(ProgramTrace):
 
     def where(self) -> str:
         line = user_line(self.source.filename)
-        return f"{self.kernel_name}" if line is None else self.source.where_long(line)
+        return f"{self.kernel_name}" if line is None else where_with_text(self.source, line)
 
     def fail(self, what: str, fix: str):
         raise TraceError(f"hawk.kernel {self.where()}: {what}; {fix}")
+
+    def info(self) -> EqnInfo:
+        """Each equation remembers the user's line, for errors found after the body has run."""
+        line = user_line(self.source.filename)
+        return NO_INFO if line is None else EqnInfo(where=where_with_text(self.source, line))
+
+    def where_made(self, value) -> str:
+        """Where the body computed `value` (a tracer), else just the kernel's name."""
+        var = getattr(value, "var", None)
+        for e in self.eqns:
+            if var in e.outputs and e.info.where:
+                return e.info.where
+        return self.kernel_name
 
 
 class KTracer(Tracer):
@@ -71,7 +91,8 @@ class KTracer(Tracer):
                    "around break/continue)", "use a per-sample `if` that assigns values, or hm.where(cond, a, b)")
 
     def __float__(self):
-        self._fail("a traced value is converted with float()", "use hm.float64(x) / hm.real(x)")
+        self._fail("a traced value is converted with float() (directly, or by a math-module function such "
+                   "as math.sin)", "use hm.float64(x) to cast, or the hawk.math function of the same name (hm.sin)")
 
     def __int__(self):
         self._fail("a traced value is converted with int()", "use hm.int32(x) or hm.uint32(x)")
@@ -83,6 +104,10 @@ class KTracer(Tracer):
                    "call the hawk.math function of the same name, e.g. hm.sin(x)")
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kw):
+        name = _OPERATOR_UFUNCS.get(ufunc)
+        if name is not None and method == "__call__" and not kw and len(inputs) == 2:
+            # an array on the left of an operator (`W * v`, `R @ v`): NumPy hands the operator to us
+            return _matmul(*inputs) if name == "matmul" else P[name].bind(*inputs)
         self._fail(f"np.{ufunc.__name__} was called on a traced value",
                    f"use hawk.math ({'hm.' + ufunc.__name__}) inside a kernel")
 
@@ -153,6 +178,13 @@ KTracer.__rmatmul__ = lambda self, other: _matmul(other, self)
 KernelTrace.tracer_type = KTracer
 
 
+# NumPy ufuncs behind Python's binary operators, and the primitive each operator binds on a tracer
+_OPERATOR_UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "div",
+                    np.floor_divide: "floordiv", np.remainder: "mod", np.power: "pow", np.matmul: "matmul",
+                    np.less: "lt", np.less_equal: "le", np.greater: "gt", np.greater_equal: "ge",
+                    np.equal: "eq", np.not_equal: "ne", np.bitwise_and: "and", np.bitwise_or: "or"}
+
+
 def _matmul(a, b):
     from .math import matmul
     return matmul(a, b)
@@ -176,14 +208,14 @@ def if_stmt(test, true_fn, false_fn, state, names):
     for name, a, b in zip(names, t_out, f_out):
         if a is b:
             merged.append(a)
+        elif callable(a) or callable(b):
+            merged.append(UNDEF)   # helper functions defined in an arm (one or both) do not leave it
         elif a is UNDEF or b is UNDEF:
             if name.startswith("__hawk"):
                 merged.append(UNDEF)
                 continue
             trace.fail(f"{name!r} is assigned in only one arm of a per-sample if",
                        f"assign {name} before the if, so both arms define it")
-        elif callable(a) or callable(b):
-            merged.append(UNDEF)   # helper functions defined in an arm do not leave it
         else:
             merged.append(P["select"].bind(test, a, b))
     return tuple(merged)
@@ -240,10 +272,26 @@ class _IfToCall(ast.NodeTransformer):
                   ast.Constant(value=tuple(names))],
             keywords=[])
         target = ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Store()) for n in names], ctx=ast.Store())
-        out = [arm(tname, node.body), arm(fname, node.orelse), ast.Assign(targets=[target], value=call)]
+        assign = ast.Assign(targets=[target], value=call)
+        out = [arm(tname, node.body), arm(fname, node.orelse), assign]
         for s in out:
             ast.copy_location(s, node)
+        _pin_to_line(assign, node, keep=node.test)
         return out
+
+
+def _pin_to_line(tree, where, keep):
+    """Place generated nodes on the `if` line, end included: Python reports a method call at its
+    attribute's end line, which copy_location would set to the last line of the whole if/else."""
+    todo = [tree]
+    while todo:
+        n = todo.pop()
+        if n is keep:
+            continue
+        if "lineno" in n._attributes:
+            n.lineno = n.end_lineno = where.lineno
+            n.col_offset = n.end_col_offset = where.col_offset
+        todo.extend(ast.iter_child_nodes(n))
 
 
 def convert_kernel(fn, mutable_names, api="hawk.kernel"):
@@ -256,12 +304,12 @@ def convert_kernel(fn, mutable_names, api="hawk.kernel"):
     for i, stmt in enumerate(body):
         for node in ast.walk(stmt):
             if isinstance(node, (ast.Yield, ast.YieldFrom, ast.Await)):
-                raise TraceError(f"{api} {info.where_long(node.lineno)}: a kernel body cannot yield or await; "
+                raise TraceError(f"{api} {where_with_text(info, node.lineno)}: a kernel body cannot yield or await; "
                                  "return one value (or a tree) at the end")
         early = [n for n in _walk_no_defs(stmt) if isinstance(n, ast.Return)]
         if early and not (i == len(body) - 1 and isinstance(stmt, ast.Return)):
             line = early[0].lineno
-            raise TraceError(f"{api} {info.where_long(line)}: an early `return` in a kernel body: a kernel "
+            raise TraceError(f"{api} {where_with_text(info, line)}: an early `return` in a kernel body: a kernel "
                              "returns once, at its end; assign the value to a name (a per-sample if selects) "
                              "and `return` it on the last line")
     muts = ast.Tuple(elts=[ast.Name(id=m, ctx=ast.Load()) for m in mutable_names], ctx=ast.Load())
@@ -294,9 +342,32 @@ def trace_body(converted, kernel_name, info: SourceInfo, in_avals, param_names):
     _active.append(trace)
     try:
         result, muts = converted(*args)
+    except (TypeError, ValueError, IndexError) as exc:
+        located = _locate(exc, info, kernel_name)
+        if located is None:
+            raise
+        raise located from exc
     finally:
         _active.pop()
     return trace, args, result, muts
+
+
+def _locate(exc, info: SourceInfo, kernel_name):
+    """The same error, its message prefixed with the user's line that raised it (a shape that
+    does not broadcast, a bad einsum spec...); None when it already names the kernel."""
+    msg = str(exc)
+    if msg.startswith("hawk.kernel") or isinstance(exc, TraceError):
+        return None
+    line, tb = None, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == info.filename:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    where = kernel_name if line is None else where_with_text(info, line)
+    try:
+        return type(exc)(f"hawk.kernel {where}: {msg}")
+    except Exception:
+        return None
 
 
 def kind_of(x) -> str:

@@ -43,7 +43,8 @@ def forward_with_residuals(prog: Program, capacity) -> tuple[Program, Residuals]
     return _forward(prog, res, capacity, (), top=True), res
 
 
-def _forward(prog, res, capacity, caps, top):
+def _forward(prog, res, capacity, caps, top, alias=None):
+    alias = alias or {}      # an input of a sub-program -> the top-level Var it reads (consts, arm operands)
     clobbered = set()
     for e in prog.eqns:
         for _, i in e.params.get("inplace", ()) or ():
@@ -62,17 +63,30 @@ def _forward(prog, res, capacity, caps, top):
             slot = res.new_slot(ir.U32_CELL, caps)
             res.preds[id(e)] = slot
             out.append(Eqn(ir.record_p, [e.inputs[0]], [], {"slot": slot}, e.info))
-            branches = tuple(_forward(b, res, capacity, caps, False) for b in e.params["branches"])
+            branches = tuple(_forward(b, res, capacity, caps, False, _inner(alias, b.inputs, e.inputs[1:]))
+                             for b in e.params["branches"])
             out.append(e.replace(params=dict(e.params, branches=branches)))
         elif e.prim is ir.while_p:
             slot = res.new_slot(ir.plane_aval((1,), np.int64), caps)
             res.turns[id(e)] = slot
-            cap = capacity(e)
-            body = _forward(e.params["body"], res, capacity, caps + (cap,), False)
+            trip = e.inputs[0] if e.params["counted"] else None
+            # a trip count read inside an arm or a loop body is the builder argument it aliases
+            cap = capacity(e if trip not in alias else e.replace(inputs=[alias[trip]] + list(e.inputs[1:])))
+            body, nc = e.params["body"], e.params["n_consts"]
+            consts = e.inputs[1:1 + nc] if e.params["counted"] else e.inputs[:nc]
+            body = _forward(body, res, capacity, caps + (cap,), False, _inner(alias, body.inputs[1:1 + nc], consts))
             out.append(e.replace(params=dict(e.params, body=body, record_turns=slot, record_cap=cap)))
         else:
             out.append(e)
     return prog.replace(eqns=out)
+
+
+def _inner(alias, inner_vars, outer_atoms):
+    out = dict(alias)
+    for v, a in zip(inner_vars, outer_atoms):
+        if isinstance(a, Var):
+            out[v] = alias.get(a, a)
+    return out
 
 
 class Backward:

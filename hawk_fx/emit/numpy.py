@@ -4,18 +4,52 @@ The generated `run(ins, outs, n)` evaluates the body over cache-sized chunks of 
 intermediate in a scratch array allocated once per chunk length and reused across calls.
 Values that do not depend on the samples (Params, constants) are computed once per call.
 A body with a sample reduction runs as one chunk, since the reduction needs every sample.
+Large calls share their chunks out to a few threads; one chunk runs inline, for small-n speed.
 
 Runtime layout: a per-sample value is an array (*shape, m); a uniform value is (*shape, 1), or a
 Python number when weakly typed (so float32 stays float32, as NumPy's rules say).
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from .. import prims
-from ..core import SAMPLE, UNIFORM, Literal, Program, RuleTable, Var
+from ..core import SAMPLE, UNIFORM, Literal, Program, RuleTable, Var, eager_impl
 
 CHUNK = 16384   # samples per chunk: a few intermediates of this size stay in L2
+
+# Large calls split their chunks across threads (NumPy releases the GIL inside each ufunc loop).
+# Read at every call, so they can be changed at run time; THREADS = 1 keeps every call in one thread.
+THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+PARALLEL_MIN = 8 * CHUNK    # below this, waking workers costs more than they save
+_pool: list = []            # [ThreadPoolExecutor, its worker count], made at the first large call
+
+
+def run_chunks(part, n: int, chunk: int, args: tuple = ()) -> None:
+    """Run part(lo, hi, slot, *args) over samples [0, n): in this thread, or cut at chunk boundaries
+    into one range per worker, this thread taking the first. Returns when every range is done."""
+    chunks = -(-n // chunk)
+    workers = min(THREADS, chunks)
+    if workers <= 1 or n < PARALLEL_MIN:
+        part(0, n, 0, *args)
+        return
+    if not _pool or _pool[1] < workers - 1:
+        if _pool:
+            _pool[0].shutdown(wait=False)
+        _pool[:] = [ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="hawk-chunks"), workers - 1]
+    per = -(-chunks // workers) * chunk           # whole chunks per worker
+    futures = [_pool[0].submit(part, lo, min(lo + per, n), w, *args) for w, lo in enumerate(range(per, n, per), 1)]
+    try:
+        part(0, min(per, n), 0, *args)
+    finally:
+        errors = [f.exception() for f in futures]     # wait for all: no write may outlive the call
+    for err in errors:
+        if err is not None:
+            raise err
+
 
 numpy_emit = RuleTable("NumPy emission")   # prim -> fn(ctx, out, ins, params) -> list of source lines
 single_pass: set = set()                    # prims whose emission may write over one of its inputs
@@ -41,7 +75,11 @@ for _p, (_arity, _fn) in prims.ELEMENTWISE.items():
 
     def _rule(ctx, out, ins, params, fn=_fn, name=_p.name):
         f = ctx.const(fn, f"f_{name}_")
-        return [f"{f}({', '.join(ins)}, out={out})"]
+        # `out` positionally, which a ufunc parses faster, except where NumPy deprecates it (an
+        # extra operand of minimum/maximum); out None: return a new value
+        if out is None:
+            return [f"{f}({', '.join(ins)})"]
+        return [f"{f}({', '.join(ins)}, {'out=' if fn in (np.minimum, np.maximum) else ''}{out})"]
 
     numpy_emit[_p] = _rule
     single_pass.add(_p)
@@ -90,6 +128,7 @@ def _broadcast(ctx, out, ins, params):
 view_emit = {
     prims.index_p: lambda ins, params: f"{ins[0]}[{params['i']}]",
     prims.transpose_p: lambda ins, params: f"np.swapaxes({ins[0]}, 0, 1)",
+    prims.sample_count_p: lambda ins, params: "float(n)",
 }
 
 
@@ -97,6 +136,8 @@ def _literal_src(ctx, lit: Literal) -> str:
     v = lit.value
     if isinstance(v, bool) or (isinstance(v, (int, float)) and np.isfinite(v)):
         return repr(v)
+    if np.ndim(v):
+        v = np.asarray(v)[..., None]    # a constant Vector/Matrix is uniform: (*shape, 1) at run time
     return ctx.const(v, "lit")
 
 
@@ -110,10 +151,12 @@ class NumpyKernel:
         self.chunk = 1 << 62 if has_reduction else chunk
         self._scratch_cache: dict[int, tuple] = {}
         self.source = self._generate()
-        ns = dict(self.ctx.globals)
-        exec(compile(self.source, f"<hawk kernel {id(prog):x}>", "exec"), ns)
-        self.run_fn = ns["run"]
         self._uniform = tuple(np.empty(s + (1,), d) for s, d in self.uniform_specs)
+        ns = dict(self.ctx.globals, _U=self._uniform, _scratch=self.scratch, _cache=self._scratch_cache,
+                  _run_chunks=run_chunks)
+        exec(compile(self.source, f"<hawk kernel {id(prog):x}>", "exec"), ns)
+        self.run_fn = ns["run"]              # run(ins, outs, n, U, scratch)
+        self.run_flat = ns["run_flat"]       # run_flat(*ins, *outs, n): the same, positionally
 
     def _generate(self) -> str:
         prog = self.prog
@@ -127,21 +170,33 @@ class NumpyKernel:
             names[v] = f"i{k}"
         self.uniform_specs: list = []   # hoisted scratch: (shape, dtype)
         self.scratch_specs: list = []   # per-chunk scratch: (shape, dtype, is_sample)
-        hoisted, body = [], []
+        hoisted, body, after = [], [], []
 
-        # which outputs can be written directly by the equation that makes them
+        # An output may be the caller's input array (a Mutable), so a value that still reads input
+        # memory (an input, or a view of one) must be read before any output is written.
+        in_mem: set[Var] = set(prog.inputs)
+        for e in prog.eqns:
+            if e.prim in view_emit and isinstance(e.inputs[0], Var) and e.inputs[0] in in_mem:
+                in_mem.update(e.outputs)
+        # Outputs made from the samples are written per chunk; the others once, after the chunks,
+        # so a later chunk still reads the caller's old one-cell values.
+        in_body = [j for j, a in enumerate(prog.outputs) if isinstance(a, Var) and a in depends]
+        out_after = [j for j in range(len(prog.outputs)) if j not in in_body]
+        body_from_mem = [j for j in in_body if prog.outputs[j] in in_mem]
+
+        # which outputs can be written directly by the equation that makes them: a single-pass
+        # op after the last read of input memory, when no output is itself a copy of input memory
         out_pos: dict[Var, int] = {}
-        for j, a in enumerate(prog.outputs):
-            if isinstance(a, Var) and a not in out_pos and a not in prog.inputs:
-                out_pos[a] = j
-        last_input_read = -1
+        for j in in_body:
+            out_pos.setdefault(prog.outputs[j], j)
+        last_mem_read = len(prog.eqns) if body_from_mem else -1
         for idx, e in enumerate(prog.eqns):
-            if any(isinstance(a, Var) and a in prog.inputs and a.aval.kind == SAMPLE for a in e.inputs):
-                last_input_read = idx
+            if any(isinstance(a, Var) and a in in_mem and a.aval.kind == SAMPLE for a in e.inputs):
+                last_mem_read = max(last_mem_read, idx)
         direct: dict[Var, int] = {}
         for idx, e in enumerate(prog.eqns):
             for v in e.outputs:
-                if (v in out_pos and e.prim in single_pass and v in depends and idx >= last_input_read
+                if (v in out_pos and e.prim in single_pass and idx >= last_mem_read
                         and v.aval.kind == SAMPLE and self.out_sample[out_pos[v]]):
                     direct[v] = out_pos[v]
 
@@ -157,10 +212,14 @@ class NumpyKernel:
                 lines.append(f"{names[v]} = {view_emit[e.prim](ins, e.params)}")
                 continue
             if _is_weak(v):
+                # Python numbers in, a Python number out (NumPy's weak-scalar rules keep float32)
                 names[v] = f"t{len(names)}"
-                if e.prim not in single_pass:
-                    raise NotImplementedError(f"hawk: {e.prim} of Python numbers only")
-                call = numpy_emit[e.prim](ctx, "None", ins, e.params)[0].replace(", out=None)", ")")
+                if e.prim in single_pass:
+                    call = numpy_emit[e.prim](ctx, None, ins, e.params)[0]
+                else:
+                    f = ctx.const(lambda *xs, _impl=eager_impl[e.prim], _kw=e.params: _impl(*xs, **_kw)[0],
+                                  f"w_{e.prim.name}_")
+                    call = f"np.asarray({f}({', '.join(ins)}))"
                 lines.append(f"{names[v]} = {call}.item()")
                 continue
             if v in direct:
@@ -172,9 +231,28 @@ class NumpyKernel:
                 names[v] = f"S[{len(self.scratch_specs)}]"
                 self.scratch_specs.append((v.aval.shape, v.aval.dtype, v.aval.kind == SAMPLE))
             lines.extend(numpy_emit[e.prim](ctx, names[v], ins, e.params))
-        for j, a in enumerate(prog.outputs):
-            if not (isinstance(a, Var) and direct.get(a) == j):
-                body.append(f"np.copyto(o{j}, {src(a)}, casting='unsafe')")
+
+        # copies into outputs; with more than one output, those still in input memory are
+        # snapshotted first (`a, b = b, a` on two Mutables)
+        body_src = {j: src(prog.outputs[j]) for j in in_body}
+        if len(in_body) > 1:
+            for j in body_from_mem:
+                a = prog.outputs[j]
+                snap = f"S[{len(self.scratch_specs)}]"
+                self.scratch_specs.append((a.aval.shape, a.aval.dtype, a.aval.kind == SAMPLE))
+                body.append(f"np.copyto({snap}, {body_src[j]})")
+                body_src[j] = snap
+        for j in in_body:
+            if direct.get(prog.outputs[j]) != j:
+                body.append(f"np.copyto(o{j}, {body_src[j]}, casting='unsafe')")
+        after_src = {j: src(prog.outputs[j]) for j in out_after}
+        if len(out_after) > 1:
+            for j in out_after:
+                a = prog.outputs[j]
+                if isinstance(a, Var) and a in in_mem and not _is_weak(a):
+                    after.append(f"c{j} = np.array({after_src[j]})")
+                    after_src[j] = f"c{j}"
+        after += [f"np.copyto(o{j}, {after_src[j]}, casting='unsafe')" for j in out_after]
 
         ni, no = len(prog.inputs), len(prog.outputs)
         i_names = [f"i{k}" for k in range(ni)]
@@ -184,27 +262,41 @@ class NumpyKernel:
         params = ", ".join(i_names + o_names + hoisted_names + ["S", "U", "n"])
         code = [f"def body({params}):"] + ["    " + ln for ln in body or ["pass"]]
         sliced_in = [f"i{k}[..., s:e]" if v.aval.kind == SAMPLE else f"i{k}" for k, v in enumerate(prog.inputs)]
-        out_sample = self.out_sample
-        code += [f"def run(ins, outs, n, U, scratch):",
-                 f"    {', '.join(i_names) + ',' if ni else '_'} = ins",
-                 f"    {', '.join(o_names) + ',' if no else '_'} = outs"]
+        sliced_out = [f"o{j}[..., s:e]" if self.out_sample[j] else f"o{j}" for j in range(no)]
+        ch = self.chunk
+        # part: the chunks in samples [lo, hi), with worker slot w's scratch
+        whole = i_names + o_names + hoisted_names
+        code += [f"def part(lo, hi, w, {', '.join(whole + ['U', 'scratch', 'n'])}):",
+                 f"    for s in range(lo, hi, {ch}):",
+                 f"        e = s + {ch} if s + {ch} < hi else hi",
+                 f"        body({', '.join(sliced_in + sliced_out + hoisted_names + ['scratch(e - s, w)', 'U', 'n'])})"]
+        # run_flat: positional planes, then n; one chunk runs the body inline (a call fewer, which
+        # counts at small n), more go through run_chunks (worker threads for large n)
+        code += [f"def run_flat({', '.join(i_names + o_names + ['n', 'U=_U', 'scratch=_scratch'])}):"]
         code += ["    " + ln for ln in hoisted]
-        rest = ", ".join(hoisted_names + ["U", "n"])
-        code += [f"    if n <= {self.chunk}:",
-                 f"        body({', '.join(i_names + o_names + [rest.replace('U, n', 'scratch(n), U, n')])})",
-                 f"        return",
-                 f"    for s in range(0, n, {self.chunk}):",
-                 f"        e = s + {self.chunk} if s + {self.chunk} < n else n",
-                 f"        body({', '.join(sliced_in + [f'o{j}[..., s:e]' if out_sample[j] else f'o{j}' for j in range(no)] + [rest.replace('U, n', 'scratch(e - s), U, n')])})"]
+        if body:
+            code += [f"    if n <= {ch}:",
+                     f"        S = _cache.get(n)",
+                     f"        if S is None:",
+                     f"            S = scratch(n)"]
+            code += ["        " + ln for ln in body]
+            part_args = "".join(a + ", " for a in whole + ["U", "scratch", "n"])
+            code += [f"    else:",
+                     f"        _run_chunks(part, n, {ch}, ({part_args}))"]
+        code += ["    " + ln for ln in after] + ["    return"]
+        code += ["def run(ins, outs, n, U, scratch):",
+                 "    run_flat(*ins, *outs, n, U, scratch)"]
         return "\n".join(code) + "\n"
 
-    def scratch(self, m: int) -> tuple:
-        s = self._scratch_cache.get(m)
+    def scratch(self, m: int, w: int = 0) -> tuple:
+        """The intermediates for a chunk of m samples, one set per worker slot w."""
+        key = m if w == 0 else (m, w)
+        s = self._scratch_cache.get(key)
         if s is None:
-            if len(self._scratch_cache) > 8:
+            if len(self._scratch_cache) > 64:
                 self._scratch_cache.clear()
             s = tuple(np.empty(shape + ((m if sample else 1),), dt) for shape, dt, sample in self.scratch_specs)
-            self._scratch_cache[m] = s
+            self._scratch_cache[key] = s
         return s
 
     def __call__(self, ins, outs, n):

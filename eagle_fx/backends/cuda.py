@@ -1,0 +1,1041 @@
+"""The CUDA backend's lowering: a staged Program becomes one CUDA graph with conditional nodes.
+
+`lower(program, input_arrays, keep, n, builder)` plans memory once and adds every node of the
+graph through `builder`, a small graph-builder protocol (below). It returns a `CudaPlan`, which
+keeps the node tree, the device buffers and the kernel modules. The same lowering runs against
+`CoreGraphBuilder` (cuda.core >= 1.0 explicit graphs, CuPy arrays; needs a GPU) and against
+`eagle_fx.backends.fake_cuda.FakeBuilder` (a recording fake that interprets the plan with NumPy),
+which is how it is tested on machines without a GPU.
+
+The builder protocol
+    One builder object stands for one graph: the top-level graph, or a body of a conditional node
+    (the conditional methods return body builders of the same protocol). Node-making methods take
+    `after`, a tuple of nodes of the same builder that the new node depends on (empty: a root of
+    that graph). The lowering passes at most one node in `after`: where a node has several
+    predecessors it first makes a `join` of them (so each call maps onto one cuda.core call).
+
+      memory (on the top-level builder; called outside any node, once, at lowering time)
+        zeros(shape, dtype) -> array         a device array, zero-filled, kept by the plan
+        to_device(host: np.ndarray) -> array a device copy of a constant (cases, caps, literals)
+      conditions
+        create_condition(default=0) -> cond  a conditional handle of THIS graph (the graph that
+                                             will hold the conditional node using it); `default`
+                                             is re-applied at the start of every launch
+      nodes
+        kernel(module, entry, grid, block, args, after=()) -> node
+              launch `entry` of `module` (a KernelModule: name, CUDA C source, entries) with 1-D
+              `grid` blocks of `block` threads. `args` are, in C order: device arrays (passed as
+              pointers), None (a null pointer), NumPy scalars (passed by value in their dtype),
+              or conditions (passed as cudaGraphConditionalHandle)
+        memset(dst, value, after=()) -> node every byte of the device array dst := value (0..255)
+        memcpy(dst, src, after=()) -> node   device-to-device copy of the whole array (same nbytes)
+        host(fn, after=()) -> node           a host callback fn() (top-level graph only: CUDA
+                                             refuses host nodes inside conditional bodies)
+        join(after) -> node                  an empty node after every node of `after`
+        if_then(cond, after=()) -> (node, body)
+        if_else(cond, after=()) -> (node, (then_body, else_body))     then runs when cond != 0
+        switch(cond, count, after=()) -> (node, [body_0, ..., body_count-1])
+              body k runs when cond == k; none when cond >= count
+        while_loop(cond, after=()) -> (node, body)
+              cond is tested before every turn, the first included
+
+What a Program becomes
+    memory   every Var gets a buffer slot, planned once, as the NumPy backend does: `inplace`
+             outputs share their input's slot (Mutable writes land in the caller's array, loop
+             carries stay in one buffer), values an arm or body produces are written straight into
+             the construct's output slot when nothing later still reads that slot, top-level
+             temporaries reuse freed slots by liveness. Input slots are the caller's arrays.
+    call     the kernel body emitted by hawk_fx.emit.cuda, in a module named by a hash of its CUDA
+             source (so of its body and dtypes): `hawk_<sha256[:16]>`. A body with a sample
+             reduction first initialises its workspace (a memset when the identities are zero,
+             else its `_init` entry), then its map entries, then its `_finish` entry.
+    opaque   a host node (refused inside a device if/loop: bodies cannot hold host nodes). Its
+             function runs on the host and must not call CUDA; it sees the arrays it closed over.
+    cond     `set_cond_from_cell` (emitter guard) then IF-ELSE; an elif nests an IF-ELSE in the
+             else body. An arm with no work gets an empty node.
+    switch   `eagle_switch_index` maps the cell to the index of the first equal case (the default
+             is last, index k), `set_cond_from_value` sets the handle, then SWITCH with k+1 bodies.
+    while    the carries are copied into the loop's buffers, the guard program is evaluated, a
+             guard kernel sets the condition, then WHILE; its body is the body program, the copies
+             into the carry buffers, the guard program again and, last, the guard kernel (after
+             every other node of the body, so no grid-wide sync is needed):
+               uncapped, no turn counter needed  set_cond_from_cell / set_cond_from_cell
+               capped or counted, no guard cell  count_start / count_step   (trips: a cap cell or
+                                                                             the trip-count cell)
+               a guard cell and a counter        eagle_loop_start / eagle_loop_step
+             The turn counter (a device cell, reset at loop entry) holds the turn index during the
+             body, and the number of turns after the loop.
+    cell_not/and/or  one-thread kernels eagle_cell_not/and/or.
+    record   a memcpy into the record buffer; inside device loops, `eagle_record_copy_d<depth>`,
+             which indexes the record by the enclosing loops' turn counters (writes beyond a
+             record's capacity are dropped). A loop's turn count is written by eagle_record_turns.
+    forks    nodes follow program order, except that the branches of one `parallel` region
+             (eqn.info.branch paths) are independent chains; an equation after the region joins
+             them. Edges for buffer hazards (read-after-write, write-after-read, write-after-write
+             on one slot) are added too, so a `wait`, or a slot reused across branches, is ordered.
+
+`require_gpu()` is the refusal for running on CuPy arrays where there is no GPU stack.
+"""
+from __future__ import annotations
+
+import hashlib
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from hawk_fx.core import Literal, Program, Var
+from hawk_fx.emit import cuda as hcuda
+
+from .. import ir
+
+BLOCK = hcuda.BLOCK        # threads per block of the grid-stride map kernels
+MAX_GRID = 1024            # blocks at most; the map kernels stride over the rest
+MAX_RECORD_DEPTH = 4       # device loops nested around a `record`, at most
+
+INSTALL_HINT = "pip install -e '.[cuda12]'   (CUDA 13 drivers: pip install -e '.[cuda13]')"
+MIN_DRIVER = 12080         # IF-ELSE and SWITCH conditional nodes need CUDA driver 12.8
+
+
+# ---------------------------------------------------------------------------------------------
+# the refusal
+
+def require_gpu() -> int:
+    """Check that CuPy, cuda.core and a CUDA device (driver >= 12.8) are usable; return the driver
+    version (e.g. 12080). Raises RuntimeError naming what is missing and how to install it."""
+    missing = []
+    try:
+        import cupy
+    except Exception as exc:                      # ImportError, or a broken install
+        cupy = None
+        missing.append(f"cupy (the cupy-cuda12x wheel; import failed: {exc})")
+    try:
+        import cuda.core  # noqa: F401
+    except Exception as exc:
+        missing.append(f"cuda.core (the cuda-core wheel; import failed: {exc})")
+    if missing:
+        raise RuntimeError("eagle_fx: CuPy arrays run as CUDA graphs, which needs " + " and ".join(missing)
+                           + f"; install the CUDA extra: {INSTALL_HINT}; or pass NumPy arrays to run on the CPU")
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+        driver = int(cupy.cuda.runtime.driverGetVersion())
+    except Exception as exc:
+        raise RuntimeError(f"eagle_fx: CuPy arrays run as CUDA graphs, which needs a CUDA device and its driver; "
+                           f"none is usable here ({type(exc).__name__}: {exc}); run on a machine with an NVIDIA GPU "
+                           "(the packages come with: " + INSTALL_HINT + "), or pass NumPy arrays to run on the "
+                           "CPU") from exc
+    if count < 1:
+        raise RuntimeError("eagle_fx: CuPy arrays run as CUDA graphs, which needs a CUDA device; the driver reports "
+                           "none; pass NumPy arrays to run on the CPU")
+    if driver < MIN_DRIVER:
+        raise RuntimeError(f"eagle_fx: CUDA graphs with IF-ELSE and SWITCH nodes need a CUDA driver >= 12.8; this one "
+                           f"is {driver // 1000}.{driver % 1000 // 10}; update the NVIDIA driver")
+    return driver
+
+
+# ---------------------------------------------------------------------------------------------
+# kernel modules
+
+@dataclass(frozen=True, eq=False)
+class KernelModule:
+    """CUDA C compiled as one module. kind: 'body' (a hawk kernel body: `emitted` is its
+    EmittedKernel, `spec` the hawk Specialization it came from), 'guard' (the emitter's guard
+    kernels) or 'lowering' (this module's small kernels)."""
+    name: str
+    source: str
+    entries: tuple
+    kind: str
+    emitted: object = None
+    spec: object = None
+    label: str = ""
+
+    def __repr__(self):
+        return f"<KernelModule {self.name} {self.kind}{' ' + self.label if self.label else ''}>"
+
+
+GUARDS = KernelModule("hawk_guards", hcuda.guard_source(), tuple(hcuda.GUARD_KERNELS), "guard", label="guards")
+
+
+def _record_kernels(depth: int) -> str:
+    levels = "".join(f", const unsigned int* t{k}, unsigned int cap{k}, unsigned long long stride{k}"
+                     for k in range(depth))
+    inside = " && ".join(f"*t{k} < cap{k}" for k in range(depth)) or "true"
+    offset = " + ".join(f"(unsigned long long)(*t{k}) * stride{k}" for k in range(depth)) or "0ull"
+    return f"""
+extern "C" __global__ void eagle_record_copy_d{depth}(unsigned char* dst, const unsigned char* src,
+                                                   unsigned long long nbytes{levels}) {{
+    if (!({inside})) return;
+    unsigned char* d = dst + ({offset});
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < nbytes;
+         i += (unsigned long long)gridDim.x * blockDim.x) d[i] = src[i]; }}
+extern "C" __global__ void eagle_record_turns_d{depth}(unsigned char* dst, const unsigned int* counter{levels}) {{
+    if (blockIdx.x != 0 || threadIdx.x != 0 || !({inside})) return;
+    *(long long*)(dst + ({offset})) = (long long)(*counter); }}
+"""
+
+
+# TODO(hawk_fx.emit.cuda): the emitter's guard_source() has no guard that reads a guard cell AND a
+# trip counter (a capped `for _ in range(N): if not cell: break`, a counted loop with a break, or
+# an uncapped loop whose body reads its turn counter). eagle_loop_start/step below are that guard,
+# kept here until the emitter has one; `trips` and `cell` may be null (no cap / no guard cell).
+_LOWERING_SOURCE = hcuda.GUARD_PRELUDE + r"""
+extern "C" __global__ void eagle_loop_start(cudaGraphConditionalHandle handle, unsigned int* counter,
+                                            const unsigned int* trips, const unsigned int* cell) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    *counter = 0u;
+    const bool go = (trips == nullptr || 0u < *trips) && (cell == nullptr || *cell != 0u);
+    cudaGraphSetConditional(handle, go ? 1u : 0u); }
+extern "C" __global__ void eagle_loop_step(cudaGraphConditionalHandle handle, unsigned int* counter,
+                                           const unsigned int* trips, const unsigned int* cell) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const unsigned int c = *counter + 1u;
+    *counter = c;
+    const bool go = (trips == nullptr || c < *trips) && (cell == nullptr || *cell != 0u);
+    cudaGraphSetConditional(handle, go ? 1u : 0u); }
+extern "C" __global__ void eagle_cell_not(unsigned int* out, const unsigned int* a) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *out = *a == 0u ? 1u : 0u; }
+extern "C" __global__ void eagle_cell_and(unsigned int* out, const unsigned int* a, const unsigned int* b) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *out = (*a != 0u && *b != 0u) ? 1u : 0u; }
+extern "C" __global__ void eagle_cell_or(unsigned int* out, const unsigned int* a, const unsigned int* b) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *out = (*a != 0u || *b != 0u) ? 1u : 0u; }
+extern "C" __global__ void eagle_switch_index(unsigned int* index, const unsigned int* cell,
+                                              const long long* cases, unsigned int count) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const long long v = (long long)(*cell);
+    unsigned int k = count;                        // no case matches: the default, last
+    for (unsigned int i = 0; i < count; ++i) { if (cases[i] == v) { k = i; break; } }
+    *index = k; }
+""" + "".join(_record_kernels(d) for d in range(MAX_RECORD_DEPTH + 1))
+
+_LOWERING_ENTRIES = ("eagle_loop_start", "eagle_loop_step", "eagle_cell_not", "eagle_cell_and", "eagle_cell_or",
+                     "eagle_switch_index") + tuple(f"eagle_record_{w}_d{d}" for d in range(MAX_RECORD_DEPTH + 1)
+                                                   for w in ("copy", "turns"))
+LOWERING = KernelModule("eagle_lowering", _LOWERING_SOURCE, _LOWERING_ENTRIES, "lowering", label="lowering")
+
+_body_modules: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # Specialization -> KernelModule
+
+
+def body_module(spec) -> KernelModule:
+    """The CUDA module of a hawk Specialization, named by the hash of its source (cached)."""
+    mod = _body_modules.get(spec)
+    if mod is None:
+        probe = hcuda.emit_specialization(spec, "hawk_body")
+        digest = hashlib.sha256(probe.source.encode()).hexdigest()[:16]
+        ek = hcuda.emit_specialization(spec, f"hawk_{digest}")
+        mod = KernelModule(ek.name, ek.source, tuple(ek.entry_names()), "body", ek, spec, spec.kernel.name)
+        _body_modules[spec] = mod
+    return mod
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan
+
+class PlanNode:
+    """One node of the lowered graph. kind: 'kernel' | 'memset' | 'memcpy' | 'host' | 'join' |
+    'if' | 'if_else' | 'switch' | 'while'. role of a kernel: 'body' (a hawk entry), 'init' (a
+    workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic), 'select' (switch index),
+    'record'. For a conditional node `cond` is the condition it reads, `bodies` its body trees."""
+
+    __slots__ = ("kind", "role", "label", "handle", "after", "module", "entry", "grid", "block", "args", "cond",
+                 "bodies", "dst", "src")
+
+    def __init__(self, kind, handle, after, role="", label="", module=None, entry=None, grid=None, block=None,
+                 args=(), cond=None, bodies=(), dst=None, src=None):
+        self.kind, self.handle, self.after, self.role, self.label = kind, handle, tuple(after), role, label
+        self.module, self.entry, self.grid, self.block, self.args = module, entry, grid, block, tuple(args)
+        self.cond, self.bodies, self.dst, self.src = cond, list(bodies), dst, src
+
+    def __repr__(self):
+        what = self.entry if self.kind == "kernel" else ""
+        return f"<PlanNode {self.kind}{' ' + self.role if self.role else ''} {self.label or what}>".replace("  ", " ")
+
+
+class CudaPlan:
+    """A lowered Program: the node tree (`tree`: top-level nodes in creation order, each
+    conditional node holding its bodies' trees), the device buffers, modules and conditions."""
+
+    def __init__(self, program, n, builder):
+        self.program, self.n, self.builder = program, n, builder
+        self.tree: list[PlanNode] = []
+        self.end: PlanNode | None = None       # the last node: every other top-level node is before it
+        self.slots: list = []
+        self.slot_of: dict = {}
+        self.input_slots: list[int] = []
+        self.modules: dict[str, KernelModule] = {}
+        self.conditions: list = []
+        self.records: list = []
+        self.constants: list = []
+        self.workspaces: list = []
+
+    def array_of(self, var):
+        k = self.slot_of.get(var)
+        return None if k is None else self.slots[k]
+
+    def walk(self, tree=None, depth=0):
+        """(depth, node) for every node, bodies after their conditional node."""
+        for node in self.tree if tree is None else tree:
+            yield depth, node
+            for body in node.bodies:
+                yield from self.walk(body, depth + 1)
+
+    def nodes(self, kind=None, role=None):
+        return [nd for _, nd in self.walk() if (kind is None or nd.kind == kind) and (role is None or nd.role == role)]
+
+    def pretty(self) -> str:
+        """The node tree as indented text: one line per node."""
+        names, lines = {}, []
+
+        def name(nd):
+            return names.setdefault(id(nd), f"n{len(names)}")
+
+        conds = {}
+
+        def cname(c):
+            return conds.setdefault(id(c), f"c{len(conds)}")
+
+        def emit(tree, depth):
+            for nd in tree:
+                head = f"{'  ' * depth}{name(nd)} {nd.kind}"
+                if nd.kind == "kernel":
+                    head += f" {nd.role} {nd.entry}" + (f" ({nd.label})" if nd.label and nd.role == "body" else "")
+                    head += f" <<<{nd.grid},{nd.block}>>>"
+                    if nd.cond is not None:
+                        head += f" sets {cname(nd.cond)}"
+                elif nd.kind in ("if", "if_else", "switch", "while"):
+                    head += f" on {cname(nd.cond)}"
+                elif nd.label:
+                    head += f" {nd.label}"
+                if nd.after:
+                    head += " after " + ",".join(name(a) for a in nd.after)
+                lines.append(head)
+                for k, body in enumerate(nd.bodies):
+                    lines.append(f"{'  ' * (depth + 1)}[{_body_name(nd.kind, k, len(nd.bodies))}]")
+                    emit(body, depth + 2)
+        emit(self.tree, 0)
+        return "\n".join(lines)
+
+    def compile(self, arch: str = "sm_90") -> dict:
+        """Compile every module with NVRTC (no GPU needed): {module name: cubin bytes}."""
+        return {name: hcuda.compile_cubin(m.source, arch) for name, m in self.modules.items()}
+
+    def instantiate(self):
+        """The executable graph (the builder's `instantiate()`; CoreGraphBuilder has one)."""
+        return self.builder.instantiate()
+
+
+def _body_name(kind, k, count):
+    if kind == "if_else":
+        return ("then", "else")[k]
+    if kind == "switch":
+        return f"branch {k}" + (" (default)" if k == count - 1 else "")
+    return "body" if kind == "while" else "then"
+
+
+# ---------------------------------------------------------------------------------------------
+# ordering: program order except between sibling branches of a fork, plus buffer hazards
+
+def _ordered(p, q) -> bool:
+    """Must items with branch paths p and q run in program order? Not when they sit in different
+    branches of one fork."""
+    for a, b in zip(p, q):
+        if a != b:
+            return a[0] != b[0]
+    return True
+
+
+class _Level:
+    """One graph (the top-level graph or a body) and its node tree."""
+
+    def __init__(self, builder, tree):
+        self.builder, self.tree = builder, tree
+
+
+class _Item:
+    __slots__ = ("path", "tail", "anc")
+
+    def __init__(self, path, tail, anc):
+        self.path, self.tail, self.anc = path, tail, anc
+
+
+class _Seq:
+    """The items (equations, copies) of one program on one level, each a chain of nodes."""
+
+    def __init__(self, low, level, start=()):
+        self.low, self.level, self.start = low, level, tuple(start)
+        self.items: list[_Item] = []
+        self.writer: dict = {}
+        self.readers: dict = {}
+        self._open = None
+
+    def open(self, path, reads, writes) -> tuple:
+        cands = {j for j, it in enumerate(self.items) if _ordered(it.path, path)}
+        for s in reads:
+            if s in self.writer:
+                cands.add(self.writer[s])
+        for s in writes:
+            if s in self.writer:
+                cands.add(self.writer[s])
+            cands |= self.readers.get(s, set())
+        anc = set()
+        for j in cands:
+            anc |= self.items[j].anc
+        deps = sorted(cands - anc)
+        self._open = (tuple(path), anc | cands)
+        return tuple(self.items[j].tail for j in deps) or self.start
+
+    def close(self, tail, reads, writes):
+        path, anc = self._open
+        k = len(self.items)
+        self.items.append(_Item(path, tail, anc))
+        for s in reads:
+            self.readers.setdefault(s, set()).add(k)
+        for s in writes:
+            self.writer[s] = k
+            self.readers[s] = set()
+
+    def finish(self) -> tuple:
+        """The tails no other item follows (or `start` when there are no items)."""
+        covered = set()
+        for it in self.items:
+            covered |= it.anc
+        return tuple(it.tail for k, it in enumerate(self.items) if k not in covered) or self.start
+
+
+class _Chain:
+    """Nodes one after another on one level, starting after `after`."""
+
+    def __init__(self, low, level, after):
+        self.low, self.level, self.last = low, level, tuple(after)
+        self.made = 0
+
+    def deps(self) -> tuple:
+        if len(self.last) > 1:
+            self.last = (self.low.join(self.level, self.last),)
+        return self.last
+
+    def push(self, node):
+        self.last = (node,)
+        self.made += 1
+        return node
+
+    def kernel(self, module, entry, grid, block, args, role, label="", cond=None):
+        return self.push(self.low.kernel(self.level, self.deps(), module, entry, grid, block, args, role, label, cond))
+
+    def memcpy(self, dst, src, label=""):
+        return self.push(self.low.memcpy(self.level, self.deps(), dst, src, label))
+
+    def memset(self, dst, value, label=""):
+        return self.push(self.low.memset(self.level, self.deps(), dst, value, label))
+
+    def tail(self):
+        if not self.made:
+            raise AssertionError("eagle_fx CUDA lowering: an equation made no node")
+        return self.deps()[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# the lowering
+
+def lower(program: Program, input_arrays, keep, n: int, builder, records=None) -> CudaPlan:
+    """Lower `program` into a CUDA graph through `builder` (the protocol in the module docstring).
+    input_arrays: the device arrays of program.inputs (they are used in place); keep: Vars whose
+    buffers must survive (results, buffer= planes); n: the graph's sample count; records: the
+    record buffers of a record=True forward (device arrays, in record-slot order)."""
+    return _Lowering(program, input_arrays, keep, n, builder, records).plan
+
+
+def _reads_after(prog: Program, idx: int) -> set:
+    out = set()
+    for e in prog.eqns[idx + 1:]:
+        out.update(a for a in e.inputs if isinstance(a, Var))
+    return out
+
+
+def _chain_root(prog: Program, v: Var):
+    """Follow inplace outputs back to the equation that made the buffer; None if it is an input."""
+    producers = {}
+    for i, e in enumerate(prog.eqns):
+        for j, o in enumerate(e.outputs):
+            producers[o] = (i, e, j)
+    while True:
+        if v not in producers:
+            return None, None
+        i, e, j = producers[v]
+        src = dict(e.params.get("inplace", ()) or ()).get(j)
+        if src is None:
+            return v, i
+        v = e.inputs[src]
+        if not isinstance(v, Var):
+            return None, None
+
+
+def _has_records(prog: Program) -> bool:
+    for e in prog.eqns:
+        if e.prim is ir.record_p or (e.prim is ir.while_p and e.params.get("record_turns") is not None):
+            return True
+    return any(_has_records(p) for p in prog.subprograms())
+
+
+def _c_strides(shape, itemsize):
+    strides, acc = [], itemsize
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+class _Lowering:
+    def __init__(self, prog, input_arrays, keep, n, builder, records):
+        self.prog, self.builder = prog, builder
+        self.plan = plan = CudaPlan(prog, n, builder)
+        self.slots, self.slot_of = plan.slots, plan.slot_of
+        self.records = list(records or [])
+        plan.records = self.records
+        self.reuse = records is None
+        self.consts: dict = {}
+        self.pool: dict = {}
+        self.pooled: set = set()
+        self.slot_paths: dict = {}       # top-level slot -> branch paths of the equations that used it
+        self.loops: list = []            # (counter slot, record capacity) of the enclosing device loops
+        self.depth = 0                   # conditional bodies around the current node
+        input_arrays = list(input_arrays)
+        if len(input_arrays) != len(prog.inputs):
+            raise ValueError(f"eagle_fx CUDA lowering: {len(input_arrays)} input arrays for a program of "
+                             f"{len(prog.inputs)} inputs")
+        for v, arr in zip(prog.inputs, input_arrays):
+            if tuple(arr.shape) != v.aval.shape or np.dtype(arr.dtype) != v.aval.dtype:
+                raise ValueError(f"eagle_fx CUDA lowering: an input array is {tuple(arr.shape)} {arr.dtype}, the "
+                                 f"program's input is {v.aval.shape} {v.aval.dtype}")
+            self.slot_of[v] = self._new_slot(arr)
+            plan.input_slots.append(self.slot_of[v])
+        self.keep = set(keep) | {a for a in prog.outputs if isinstance(a, Var)}
+        top = _Level(builder, plan.tree)
+        sinks = self._gen_top(top)
+        plan.end = sinks[0] if len(sinks) == 1 else (self.join(top, sinks) if sinks else None)
+
+    # -- memory ------------------------------------------------------------------------------
+    def _new_slot(self, arr) -> int:
+        self.slots.append(arr)
+        return len(self.slots) - 1
+
+    def _zeros(self, shape, dtype):
+        return self.builder.zeros(tuple(shape), np.dtype(dtype))
+
+    def _alloc(self, aval, path=()) -> int:
+        """A top-level slot: a freed one whose users all run in order with `path` (reusing a slot
+        of a sibling branch would serialise the branches), else a new one."""
+        free = self.pool.get((aval.shape, aval.dtype))
+        for i in range(len(free or ()) - 1, -1, -1):
+            if all(_ordered(q, path) for q in self.slot_paths.get(free[i], ())):
+                return free.pop(i)
+        k = self._new_slot(self._zeros(aval.shape, aval.dtype))
+        self.pooled.add(k)
+        return k
+
+    def _free(self, k):
+        if k in self.pooled and self.reuse:
+            arr = self.slots[k]
+            self.pool.setdefault((tuple(arr.shape), np.dtype(arr.dtype)), []).append(k)
+
+    def _sub_slot(self, aval) -> int:
+        return self._new_slot(self._zeros(aval.shape, aval.dtype))
+
+    def _ref(self, slot, aval) -> Var:
+        v = Var(aval)
+        self.slot_of[v] = slot
+        return v
+
+    def const(self, value, dtype, shape=None):
+        """A device array holding a constant (uploaded once, shared by equal constants)."""
+        host = np.asarray(value, dtype=dtype)
+        if shape is not None:
+            host = np.broadcast_to(host, shape)
+        host = np.ascontiguousarray(host).reshape(host.shape or (1,))
+        key = (host.dtype.str, host.shape, host.tobytes())
+        arr = self.consts.get(key)
+        if arr is None:
+            arr = self.consts[key] = self.builder.to_device(host)
+            self.plan.constants.append(arr)
+        return arr
+
+    def buf(self, atom, aval=None):
+        """The device array of an operand: its slot, or a constant for a Literal."""
+        if isinstance(atom, Literal):
+            aval = aval or atom.aval
+            return self.const(atom.value, aval.dtype, aval.shape if aval.shape else None)
+        return self.slots[self.slot_of[atom]]
+
+    # -- nodes -------------------------------------------------------------------------------
+    def _add(self, level, node):
+        level.tree.append(node)
+        return node
+
+    @staticmethod
+    def _h(after):
+        return tuple(a.handle for a in after)
+
+    def kernel(self, level, after, module, entry, grid, block, args, role, label="", cond=None):
+        if entry not in module.entries:
+            raise ValueError(f"eagle_fx CUDA lowering: {module.name} has no entry {entry!r}")
+        self.plan.modules.setdefault(module.name, module)
+        h = level.builder.kernel(module, entry, int(grid), int(block), tuple(args), after=self._h(after))
+        return self._add(level, PlanNode("kernel", h, after, role, label, module, entry, grid, block, args, cond))
+
+    def memcpy(self, level, after, dst, src, label=""):
+        h = level.builder.memcpy(dst, src, after=self._h(after))
+        return self._add(level, PlanNode("memcpy", h, after, label=label, dst=dst, src=src))
+
+    def memset(self, level, after, dst, value, label=""):
+        h = level.builder.memset(dst, int(value), after=self._h(after))
+        return self._add(level, PlanNode("memset", h, after, label=label, dst=dst))
+
+    def join(self, level, after, label="join"):
+        h = level.builder.join(self._h(after))
+        return self._add(level, PlanNode("join", h, after, label=label))
+
+    def host(self, level, after, fn, label=""):
+        h = level.builder.host(fn, after=self._h(after))
+        return self._add(level, PlanNode("host", h, after, label=label))
+
+    def condition(self, level):
+        c = level.builder.create_condition(0)
+        self.plan.conditions.append(c)
+        return c
+
+    def conditional(self, level, after, kind, cond, count=None, label=""):
+        b, a = level.builder, self._h(after)
+        if kind == "if":
+            h, body = b.if_then(cond, after=a)
+            bodies = [body]
+        elif kind == "if_else":
+            h, bodies = b.if_else(cond, after=a)
+        elif kind == "switch":
+            h, bodies = b.switch(cond, count, after=a)
+        else:
+            h, body = b.while_loop(cond, after=a)
+            bodies = [body]
+        bodies = list(bodies)
+        node = self._add(level, PlanNode(kind, h, after, label=label, cond=cond, bodies=[[] for _ in bodies]))
+        return node, [_Level(bb, tree) for bb, tree in zip(bodies, node.bodies)]
+
+    def _seal(self, level):
+        """A body with no work gets an empty node (an empty body graph is not relied on)."""
+        if not level.tree:
+            self.join(level, (), label="empty")
+
+    # -- generation --------------------------------------------------------------------------
+    def _gen_top(self, level):
+        prog = self.prog
+        seq = _Seq(self, level)
+        last_use: dict = {}
+        for i, e in enumerate(prog.eqns):
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    last_use[a] = i
+        holder: dict = {}
+        for i, e in enumerate(prog.eqns):
+            self._gen_eqn(seq, prog, i, e, {}, top=True)
+            for v in e.outputs:
+                holder[self.slot_of[v]] = v
+            dead = [a for a in e.inputs if isinstance(a, Var) and last_use.get(a) == i and a not in self.keep]
+            dead += [v for v in e.outputs if v not in last_use and v not in self.keep]
+            for a in dead:
+                k = self.slot_of.get(a)
+                if k is not None and holder.get(k) is a:
+                    holder.pop(k)
+                    self._free(k)
+        return seq.finish()
+
+    def _out_slot(self, v, pre, top, path=()):
+        if v in pre:
+            return pre[v]
+        return self._alloc(v.aval, path) if top else self._sub_slot(v.aval)
+
+    def _gen_eqn(self, seq, prog, idx, e, pre, top=False):
+        inplace = dict(e.params.get("inplace", ()) or ())
+        outs = []
+        for j, v in enumerate(e.outputs):
+            if j in inplace:
+                self.slot_of[v] = self.slot_of[e.inputs[inplace[j]]]
+            else:
+                self.slot_of[v] = self._out_slot(v, pre, top, e.info.branch)
+            outs.append(self.slot_of[v])
+        reads = {self.slot_of[a] for a in e.inputs if isinstance(a, Var)}
+        writes = set(outs)
+        if top:
+            for k in reads | writes:
+                self.slot_paths.setdefault(k, set()).add(tuple(e.info.branch))
+        p = e.prim
+        if p is ir.record_p:
+            writes = {("record", e.params["slot"])}
+        chain = _Chain(self, seq.level, seq.open(e.info.branch, reads, writes))
+        if p is ir.call_p:
+            self._gen_call(chain, e, outs)
+        elif p is ir.opaque_p:
+            self._gen_opaque(chain, e)
+        elif p is ir.record_p:
+            self._gen_record(chain, e)
+        elif p in (ir.cell_not_p, ir.cell_and_p, ir.cell_or_p):
+            entry = {ir.cell_not_p: "eagle_cell_not", ir.cell_and_p: "eagle_cell_and", ir.cell_or_p: "eagle_cell_or"}[p]
+            args = [self.slots[outs[0]]] + [self.buf(a, ir.U32_CELL) for a in e.inputs]
+            chain.kernel(LOWERING, entry, 1, 1, args, "cell", p.name)
+        elif p is ir.cond_p:
+            self._gen_cond(chain, e, outs)
+        elif p is ir.switch_p:
+            self._gen_switch(chain, e, outs)
+        elif p is ir.while_p:
+            self._gen_while(chain, e, outs)
+        else:
+            raise NotImplementedError(f"eagle_fx CUDA lowering: no rule for primitive '{p}'")
+        seq.close(chain.tail(), reads, writes)
+
+    def _grid(self, n):
+        return max(1, min(-(-int(n) // BLOCK), MAX_GRID))
+
+    def _gen_call(self, chain, e, outs):
+        spec, n = e.params["spec"], e.params["n"]
+        mod = body_module(spec)
+        ek = mod.emitted
+        ins = e.inputs[:len(spec.kernel.param_names)]
+        ws = None
+        if ek.workspace_bytes:
+            ws = self._zeros((ek.workspace_bytes,), np.uint8)
+            self.plan.workspaces.append(ws)
+        args = []
+        for prm in ek.params:
+            if prm.role in ("in_plane", "in_cell"):
+                args.append(self.buf(ins[prm.index]))
+            elif prm.role == "in_value":
+                a = ins[prm.index]
+                if not isinstance(a, Literal):
+                    raise NotImplementedError(f"eagle_fx CUDA lowering: {spec.kernel.name} takes input {prm.index} by "
+                                              "value, but the graph passes a buffer")
+                args.append(np.dtype(prm.dtype).type(a.value))
+            elif prm.role in ("out_plane", "out_cell"):
+                args.append(self.slots[outs[prm.index]])
+            elif prm.role == "workspace":
+                args.append(ws)
+            elif prm.role == "n":
+                args.append(np.uint64(n))
+            else:
+                raise NotImplementedError(f"eagle_fx CUDA lowering: unknown kernel parameter role {prm.role!r}")
+        name = spec.kernel.name
+        if ek.reductions:
+            if ek.init_is_zero:
+                chain.memset(ws, 0, label=f"{name} workspace")
+            else:
+                chain.kernel(mod, f"{ek.name}_init", 1, 1, args, "init", name)
+        for en in ek.entries:
+            if en.role == "init":
+                continue
+            grid, block = (1, 1) if en.launch == "single" else (self._grid(n), BLOCK)
+            chain.kernel(mod, en.name, grid, block, args, "body", name)
+
+    def _gen_opaque(self, chain, e):
+        label = e.info.name or getattr(e.params["fn"], "__name__", "fn")
+        if self.depth:
+            raise NotImplementedError(f"eagle_fx CUDA lowering: the opaque node {label!r} is inside a device if/loop; "
+                                      "a CUDA graph's conditional bodies cannot hold host nodes: move it out of the "
+                                      "device if/loop, or write it as a kernel")
+        chain.push(self.host(chain.level, chain.deps(), e.params["fn"], label))
+
+    def _levels(self):
+        out = []
+        for ctr, cap in self.loops:
+            if cap is None:
+                raise NotImplementedError("eagle_fx CUDA lowering: a record inside a device loop with no record "
+                                          "capacity (record_cap)")
+            out.append((ctr, cap))
+        return out
+
+    def _level_args(self, rec_shape, itemsize):
+        levels = self._levels()
+        strides = _c_strides(rec_shape, itemsize)
+        args = []
+        for k, (ctr, cap) in enumerate(levels):
+            args += [self.slots[ctr], np.uint32(cap), np.uint64(strides[k])]
+        return args
+
+    def _gen_record(self, chain, e):
+        slot = e.params["slot"]
+        if slot >= len(self.records):
+            raise ValueError(f"eagle_fx CUDA lowering: the program records into slot {slot}; pass its record buffers "
+                             "(records=)")
+        rec, src = self.records[slot], self.buf(e.inputs[0])
+        depth = len(self.loops)
+        if depth == 0:
+            chain.memcpy(rec, src, label=f"record {slot}")
+            return
+        if depth > MAX_RECORD_DEPTH:
+            raise NotImplementedError(f"eagle_fx CUDA lowering: a record inside {depth} nested device loops "
+                                      f"(at most {MAX_RECORD_DEPTH})")
+        nbytes = int(np.prod(e.inputs[0].aval.shape, dtype=np.int64)) * e.inputs[0].aval.dtype.itemsize
+        args = [rec, src, np.uint64(nbytes)] + self._level_args(tuple(rec.shape), np.dtype(rec.dtype).itemsize)
+        chain.kernel(LOWERING, f"eagle_record_copy_d{depth}", self._grid(max(1, nbytes)), BLOCK, args, "record",
+                     f"record {slot}")
+
+    # -- sub-programs ------------------------------------------------------------------------
+    def _gen_sub(self, level, start, sub: Program, operands, out_slots) -> tuple:
+        """Lower `sub` on `level` after `start`, its inputs bound to the operands' slots and its
+        outputs landing in out_slots; returns its tails."""
+        seq = _Seq(self, level, start)
+        for v, a in zip(sub.inputs, operands):
+            if isinstance(a, Literal):
+                self.slot_of[v] = self._sub_slot(v.aval)
+                self._copy_item(seq, self.slot_of[v], a)
+            else:
+                self.slot_of[v] = self.slot_of[a]
+        pre = {}
+        for j, (o, s) in enumerate(zip(sub.outputs, out_slots)):
+            if not isinstance(o, Var):
+                continue
+            root, at = _chain_root(sub, o)
+            if root is None or root in pre:
+                continue
+            occupants = {v for v in sub.inputs if self.slot_of.get(v) == s}
+            later = _reads_after(sub, at) | {x for k, x in enumerate(sub.outputs) if k != j}
+            if not (occupants & later):
+                pre[root] = s
+        for i, e in enumerate(sub.eqns):
+            self._gen_eqn(seq, sub, i, e, pre)
+        self._gen_copies(seq, sub.outputs, out_slots)
+        return seq.finish()
+
+    def _copy_item(self, seq, dst_slot, src):
+        """A memcpy as an item of `seq`, ordered after everything before it."""
+        dst = self.slots[dst_slot]
+        reads = {self.slot_of[src]} if isinstance(src, Var) else set()
+        chain = _Chain(self, seq.level, seq.open((), reads, {dst_slot}))
+        if isinstance(src, Var):
+            chain.memcpy(dst, self.slots[self.slot_of[src]], label="copy")
+        else:
+            chain.memcpy(dst, self.const(src.value, dst.dtype, tuple(dst.shape)), label="constant")
+        seq.close(chain.tail(), reads, {dst_slot})
+
+    def _gen_copies(self, seq, srcs, out_slots):
+        pending = [(s, a) for a, s in zip(srcs, out_slots) if isinstance(a, Literal) or self.slot_of[a] != s]
+        dests = {s for s, _ in pending}
+        staged = []
+        for s, a in pending:                 # a source that is also a destination: copy it aside first
+            if isinstance(a, Var) and self.slot_of[a] in dests:
+                t = self._sub_slot(a.aval)
+                self._copy_item(seq, t, a)
+                staged.append((s, self._ref(t, a.aval)))
+            else:
+                staged.append((s, a))
+        for s, a in staged:
+            self._copy_item(seq, s, a)
+
+    def _copies_seq(self, level, start, srcs, out_slots) -> tuple:
+        seq = _Seq(self, level, start)
+        self._gen_copies(seq, srcs, out_slots)
+        return seq.finish()
+
+    def _body(self, level, sub, operands, outs, extra=None):
+        self.depth += 1
+        try:
+            tails = self._gen_sub(level, (), sub, operands, outs)
+            if extra is not None:
+                extra(tails)
+        finally:
+            self.depth -= 1
+        self._seal(level)
+
+    def _gen_cond(self, chain, e, outs):
+        false_p, true_p = e.params["branches"]
+        c = self.condition(chain.level)
+        chain.kernel(GUARDS, "set_cond_from_cell", 1, 1, [c, self.buf(e.inputs[0], ir.U32_CELL)], "guard", "if", c)
+        node, (then_l, else_l) = self.conditional(chain.level, chain.deps(), "if_else", c, label="if")
+        chain.push(node)
+        self._body(then_l, true_p, e.inputs[1:], outs)
+        self._body(else_l, false_p, e.inputs[1:], outs)
+
+    def _gen_switch(self, chain, e, outs):
+        cases = tuple(e.params["cases"])
+        *arms, default = e.params["branches"]
+        k = len(cases)
+        idx = self._sub_slot(ir.U32_CELL)
+        table = self.const(np.array(cases, dtype=np.int64), np.int64) if k else None
+        chain.kernel(LOWERING, "eagle_switch_index", 1, 1,
+                     [self.slots[idx], self.buf(e.inputs[0], ir.U32_CELL), table, np.uint32(k)], "select", "match")
+        c = self.condition(chain.level)
+        chain.kernel(GUARDS, "set_cond_from_value", 1, 1, [c, self.slots[idx]], "guard", "match", c)
+        node, levels = self.conditional(chain.level, chain.deps(), "switch", c, count=k + 1, label="match")
+        chain.push(node)
+        for lv, arm in zip(levels, list(arms) + [default]):
+            self._body(lv, arm, e.inputs[1:], outs)
+
+    def _gen_while(self, chain, e, outs):
+        body, cond = e.params["body"], e.params["cond"]
+        cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
+        record_turns = e.params.get("record_turns")
+        ops = list(e.inputs)
+        trip = ops.pop(0) if counted else None
+        consts, init = ops[:nc], ops[nc:]
+        level = chain.level
+        chain.last = self._copies_seq(level, chain.deps(), init, outs)
+        reads_turn = any(body.inputs[0] in q.inputs for q in body.eqns) or body.inputs[0] in body.outputs
+        needs_counter = (cap is not None or counted or reads_turn or record_turns is not None
+                         or _has_records(body))
+        if cap is None and not counted and cond is None:
+            raise NotImplementedError("eagle_fx CUDA lowering: a device loop with neither a guard nor a trip count")
+        ctr = self._sub_slot(ir.U32_CELL)
+        trips = None
+        if counted:
+            trips = self.buf(trip, ir.U32_CELL)
+        elif cap is not None:
+            trips = self.const(np.array([cap], dtype=np.uint32), np.uint32)
+        c_slot = None
+
+        def guard_cell(level_, start):
+            """Evaluate the loop's guard program on the carries; (cell slot, tails)."""
+            nonlocal c_slot
+            if cond is None:
+                return None, start
+            c_ops = consts + [self._ref(s, a.aval) for s, a in zip(outs, init)]
+            if not cond.eqns and cond.outputs[0] in cond.inputs:     # the guard is a carried cell itself
+                a = c_ops[cond.inputs.index(cond.outputs[0])]
+                return self.slot_of[a], start
+            if c_slot is None:
+                c_slot = self._sub_slot(ir.U32_CELL)
+            return c_slot, self._gen_sub(level_, start, cond, c_ops, [c_slot])
+
+        cell_slot, chain.last = guard_cell(level, chain.last)
+        cell = self.slots[cell_slot] if cell_slot is not None else None
+        c = self.condition(level)
+        counter = self.slots[ctr]
+        if cell is None:
+            start = (GUARDS, "count_start", [c, counter, trips])
+            step = (GUARDS, "count_step", [c, counter, trips])
+        elif not needs_counter:
+            start = step = (GUARDS, "set_cond_from_cell", [c, cell])
+        else:
+            start = (LOWERING, "eagle_loop_start", [c, counter, trips, cell])
+            step = (LOWERING, "eagle_loop_step", [c, counter, trips, cell])
+        chain.kernel(start[0], start[1], 1, 1, start[2], "guard", "while", c)
+        node, (body_l,) = self.conditional(level, chain.deps(), "while", c, label="while")
+        chain.push(node)
+        refs = [self._ref(ctr, ir.U32_CELL)] + consts + [self._ref(s, a.aval) for s, a in zip(outs, init)]
+        self.loops.append((ctr, e.params.get("record_cap")))
+
+        def finish_body(tails):
+            _, tails = guard_cell(body_l, tails)       # the same cell as before the loop
+            _Chain(self, body_l, tails).kernel(step[0], step[1], 1, 1, step[2], "guard", "while", c)
+
+        try:
+            self._body(body_l, body, refs, outs, extra=finish_body)
+        finally:
+            self.loops.pop()
+        if record_turns is not None:
+            rec = self.records[record_turns]
+            depth = len(self.loops)
+            args = [rec, counter] + self._level_args(tuple(rec.shape), np.dtype(rec.dtype).itemsize)
+            chain.kernel(LOWERING, f"eagle_record_turns_d{depth}", 1, 1, args, "record", f"turns {record_turns}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the protocol over cuda.core (>= 1.0) explicit graphs: needs a GPU
+
+def _core_arg(a):
+    if a is None:
+        return 0                                   # a Python int is passed as a pointer: null
+    data = getattr(a, "data", None)
+    ptr = getattr(data, "ptr", None)
+    if ptr is not None:                            # a CuPy array: its device pointer
+        return int(ptr)
+    return a                                       # NumPy scalars and GraphConditions as they are
+
+
+class CoreGraphBuilder:
+    """The builder protocol over cuda.core's explicit GraphDefinition, with CuPy device arrays.
+
+    Written against the cuda.core 1.2 stubs (GraphDefinition/GraphNode: launch, memset, memcpy,
+    callback, join, empty, create_condition, if_then/.then, if_else/.then/.else_,
+    switch/.branches, while_loop/.body, instantiate). NOT YET RUN ON A DEVICE."""
+
+    def __init__(self, definition=None, *, arch=None, _root=None):
+        if _root is None:
+            require_gpu()
+            from cuda.core import Device
+            from cuda.core.graph import GraphDefinition
+            self.device = Device()
+            self.device.set_current()
+            cc = self.device.compute_capability
+            self.arch = arch or f"sm_{cc[0]}{cc[1]}"
+            self._objects, self._functions = {}, {}
+            self._root = self
+            self.definition = GraphDefinition() if definition is None else definition
+        else:
+            self._root, self.definition = _root, definition
+
+    def _body(self, definition):
+        return CoreGraphBuilder(definition, _root=self._root)
+
+    def _origin(self, after):
+        if not after:
+            return self.definition
+        if len(after) == 1:
+            return after[0]
+        return self.definition.join(*after)
+
+    # memory
+    def zeros(self, shape, dtype):
+        import cupy
+        return cupy.zeros(shape, dtype)
+
+    def to_device(self, host):
+        import cupy
+        return cupy.ascontiguousarray(cupy.asarray(host))
+
+    def create_condition(self, default=0):
+        return self.definition.create_condition(default_value=default)
+
+    def _function(self, module, entry):
+        root = self._root
+        key = (module.name, entry)
+        fn = root._functions.get(key)
+        if fn is None:
+            obj = root._objects.get(module.name)
+            if obj is None:
+                from cuda.core import ObjectCode
+                obj = root._objects[module.name] = ObjectCode.from_cubin(hcuda.compile_cubin(module.source, root.arch))
+            fn = root._functions[key] = obj.get_kernel(entry)
+        return fn
+
+    # nodes
+    def kernel(self, module, entry, grid, block, args, after=()):
+        from cuda.core import LaunchConfig
+        cfg = LaunchConfig(grid=int(grid), block=int(block))
+        return self._origin(after).launch(cfg, self._function(module, entry), *[_core_arg(a) for a in args])
+
+    def memset(self, dst, value, after=()):
+        return self._origin(after).memset(int(dst.data.ptr), int(value), int(dst.nbytes), dst_owner=dst)
+
+    def memcpy(self, dst, src, after=()):
+        return self._origin(after).memcpy(int(dst.data.ptr), int(src.data.ptr), int(dst.nbytes), dst_owner=dst,
+                                          src_owner=src)
+
+    def host(self, fn, after=()):
+        return self._origin(after).callback(fn)
+
+    def join(self, after):
+        return self.definition.join(*after) if after else self.definition.empty()
+
+    def if_then(self, cond, after=()):
+        node = self._origin(after).if_then(cond)
+        return node, self._body(node.then)
+
+    def if_else(self, cond, after=()):
+        node = self._origin(after).if_else(cond)
+        return node, (self._body(node.then), self._body(node.else_))
+
+    def switch(self, cond, count, after=()):
+        node = self._origin(after).switch(cond, int(count))
+        return node, [self._body(b) for b in node.branches]
+
+    def while_loop(self, cond, after=()):
+        node = self._origin(after).while_loop(cond)
+        return node, self._body(node.body)
+
+    def instantiate(self):
+        return self.definition.instantiate()

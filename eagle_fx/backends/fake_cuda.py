@@ -1,0 +1,506 @@
+"""A recording fake of the CUDA graph-builder protocol (see eagle_fx.backends.cuda), for machines
+without a GPU.
+
+`FakeBuilder()` implements the protocol with NumPy arrays as "device memory". It records the node
+tree: kinds, nesting, dependencies, and which condition each guard kernel sets. It checks, as it
+goes, the rules a real driver enforces or that a wrong lowering would break silently:
+
+  * edges only between nodes of one graph; no host nodes inside conditional bodies;
+  * a condition belongs to the graph holding its conditional node, and drives one node only;
+  * kernel arguments match the kernel's C signature (pointer dtypes, scalar dtypes, handles),
+    launch shapes match the entry (one thread for `single` entries, warps for grid-stride ones);
+  * a hawk body's entries are launched in order, and a body with a sample reduction has its
+    workspace initialised (memset or `_init`) before it runs.
+
+`validate()` checks the whole tree once built: every condition is used by exactly one node and is
+set by a guard kernel that precedes the node in its graph; every WHILE body ends with a guard that
+sets the loop's condition after every other node of the body.
+
+`launch(times, order=...)` INTERPRETS the recorded graph on the host: nodes run in an order that
+respects the recorded edges only (`order`: "creation", "lifo" (the latest-created ready node
+first: an adversarial order that exposes missing edges), or an int seed for a random order).
+Kernels of a hawk body run the kernel's NumPy code on the buffers (the body runs whole at its last
+entry; earlier entries are checked for order), guard kernels set the fake condition, the lowering's
+small kernels (cell logic, switch index, record copies) run their NumPy equivalents, IF/IF-ELSE/
+SWITCH run the body the condition selects, WHILE runs its body while the condition is set
+(checked before the first turn). Conditions are reset to their default at every launch.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hawk_fx.core import SAMPLE
+
+__all__ = ["FakeBuilder", "FakeCondition", "FakeNode", "FakeCudaError"]
+
+
+class FakeCudaError(RuntimeError):
+    """What a real driver would refuse, or a lowering mistake the fake detected."""
+
+
+class FakeCondition:
+    __slots__ = ("index", "graph", "default", "value", "users")
+
+    def __init__(self, index, graph, default):
+        self.index, self.graph, self.default = index, graph, default
+        self.value = 0 if default is None else int(default)
+        self.users: list = []
+
+    def __repr__(self):
+        return f"<FakeCondition c{self.index} = {self.value}>"
+
+
+class FakeNode:
+    __slots__ = ("index", "kind", "graph", "after", "module", "entry", "grid", "block", "args", "sets", "cond",
+                 "bodies", "dst", "src", "value", "fn", "count")
+
+    def __init__(self, index, kind, graph, after, **kw):
+        self.index, self.kind, self.graph, self.after = index, kind, graph, tuple(after)
+        self.module = self.entry = self.grid = self.block = self.sets = self.cond = None
+        self.dst = self.src = self.value = self.fn = self.count = None
+        self.args, self.bodies = (), ()
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+    def __repr__(self):
+        what = f" {self.entry}" if self.kind == "kernel" else ""
+        return f"<FakeNode #{self.index} {self.kind}{what}>"
+
+
+# C signatures of the guard kernels and the lowering's kernels: 'h' a condition handle,
+# 'u32*' / 'i64*' / 'u8*' device pointers ('?' suffix: may be null), 'u32' / 'u64' scalars
+def _record_sig(kind, depth):
+    head = ("u8*", "u8*", "u64") if kind == "copy" else ("u8*", "u32*")
+    return head + ("u32*", "u32", "u64") * depth
+
+
+_SIGNATURES = {
+    "set_cond_from_cell": ("h", "u32*"),
+    "set_cond_from_value": ("h", "u32*"),
+    "set_cond_lt": ("h", "u32*", "u32*"),
+    "count_step": ("h", "u32*", "u32*"),
+    "count_start": ("h", "u32*", "u32*"),
+    "eagle_loop_start": ("h", "u32*", "u32*?", "u32*?"),
+    "eagle_loop_step": ("h", "u32*", "u32*?", "u32*?"),
+    "eagle_cell_not": ("u32*", "u32*"),
+    "eagle_cell_and": ("u32*", "u32*", "u32*"),
+    "eagle_cell_or": ("u32*", "u32*", "u32*"),
+    "eagle_switch_index": ("u32*", "u32*", "i64*?", "u32"),
+}
+for _d in range(8):
+    _SIGNATURES[f"eagle_record_copy_d{_d}"] = _record_sig("copy", _d)
+    _SIGNATURES[f"eagle_record_turns_d{_d}"] = _record_sig("turns", _d)
+
+_DT = {"u32": np.dtype(np.uint32), "i64": np.dtype(np.int64), "u64": np.dtype(np.uint64), "u8": None}
+
+
+def _nbytes_view(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+class FakeBuilder:
+    """One graph of the fake (the top level, or a conditional body); see the module docstring."""
+
+    def __init__(self, *, parent=None, max_turns=1_000_000):
+        self.parent = parent
+        self.root = self if parent is None else parent.root
+        self.nodes: list[FakeNode] = []
+        self.max_turns = max_turns
+        if parent is None:
+            self.conditions: list[FakeCondition] = []
+            self.arrays: list = []
+            self._counter = 0
+            self._fresh: set = set()          # id() of workspaces initialised since their body last ran
+            self._progress: dict = {}         # (module, args) -> next entry index of a hawk body
+            self.launches = 0
+
+    # -- recording ---------------------------------------------------------------------------
+    @property
+    def in_body(self) -> bool:
+        return self.parent is not None
+
+    def _node(self, kind, after, **kw) -> FakeNode:
+        after = tuple(after)
+        for a in after:
+            if not isinstance(a, FakeNode) or a.graph is not self:
+                raise FakeCudaError(f"fake CUDA: a {kind} node depends on {a!r}, which is not a node of this graph")
+        root = self.root
+        node = FakeNode(root._counter, kind, self, after, **kw)
+        root._counter += 1
+        self.nodes.append(node)
+        return node
+
+    def zeros(self, shape, dtype):
+        a = np.zeros(shape, dtype)
+        self.root.arrays.append(a)
+        return a
+
+    def to_device(self, host):
+        a = np.array(host, copy=True, order="C")
+        self.root.arrays.append(a)
+        return a
+
+    def create_condition(self, default=0) -> FakeCondition:
+        c = FakeCondition(len(self.root.conditions), self, default)
+        self.root.conditions.append(c)
+        return c
+
+    def kernel(self, module, entry, grid, block, args, after=()):
+        if entry not in module.entries:
+            raise FakeCudaError(f"fake CUDA: module {module.name} has no entry {entry!r}")
+        grid, block = int(grid), int(block)
+        if grid < 1 or not 1 <= block <= 1024:
+            raise FakeCudaError(f"fake CUDA: {entry} launched <<<{grid}, {block}>>>")
+        args = tuple(args)
+        sets = self._check_args(module, entry, grid, block, args)
+        return self._node("kernel", after, module=module, entry=entry, grid=grid, block=block, args=args, sets=sets)
+
+    def memset(self, dst, value, after=()):
+        if not isinstance(dst, np.ndarray) or not 0 <= int(value) < 256:
+            raise FakeCudaError(f"fake CUDA: memset of {type(dst).__name__} to {value!r}")
+        return self._node("memset", after, dst=dst, value=int(value))
+
+    def memcpy(self, dst, src, after=()):
+        if not (isinstance(dst, np.ndarray) and isinstance(src, np.ndarray)) or dst.nbytes != src.nbytes:
+            raise FakeCudaError(f"fake CUDA: memcpy of {getattr(src, 'nbytes', src)} bytes into "
+                                f"{getattr(dst, 'nbytes', dst)} bytes")
+        if dst is src:
+            raise FakeCudaError("fake CUDA: memcpy of an array onto itself")
+        return self._node("memcpy", after, dst=dst, src=src)
+
+    def host(self, fn, after=()):
+        if self.in_body:
+            raise FakeCudaError("fake CUDA: a host node inside a conditional body (the driver refuses it)")
+        return self._node("host", after, fn=fn)
+
+    def join(self, after):
+        return self._node("join", after)
+
+    def _conditional(self, kind, cond, after, nbodies, count=None):
+        if not isinstance(cond, FakeCondition):
+            raise FakeCudaError(f"fake CUDA: a {kind} node on {cond!r}, not a condition")
+        if cond.graph is not self:
+            raise FakeCudaError(f"fake CUDA: a {kind} node uses a condition created for another graph")
+        if cond.users:
+            raise FakeCudaError(f"fake CUDA: condition c{cond.index} drives a second conditional node")
+        bodies = tuple(FakeBuilder(parent=self, max_turns=self.max_turns) for _ in range(nbodies))
+        node = self._node(kind, after, cond=cond, bodies=bodies, count=count)
+        cond.users.append(node)
+        return node, bodies
+
+    def if_then(self, cond, after=()):
+        node, (body,) = self._conditional("if", cond, after, 1)
+        return node, body
+
+    def if_else(self, cond, after=()):
+        node, bodies = self._conditional("if_else", cond, after, 2)
+        return node, bodies
+
+    def switch(self, cond, count, after=()):
+        if int(count) < 1:
+            raise FakeCudaError(f"fake CUDA: a switch with {count} branches")
+        node, bodies = self._conditional("switch", cond, after, int(count), count=int(count))
+        return node, list(bodies)
+
+    def while_loop(self, cond, after=()):
+        node, (body,) = self._conditional("while", cond, after, 1)
+        return node, body
+
+    # -- argument checks ---------------------------------------------------------------------
+    def _check_args(self, module, entry, grid, block, args):
+        if module.kind == "body":
+            return self._check_body_args(module, entry, grid, block, args)
+        sig = _SIGNATURES.get(entry)
+        if sig is None:
+            raise FakeCudaError(f"fake CUDA: no signature known for kernel {entry!r}")
+        if len(args) != len(sig):
+            raise FakeCudaError(f"fake CUDA: {entry} takes {len(sig)} arguments, got {len(args)}")
+        sets = None
+        for k, (want, a) in enumerate(zip(sig, args)):
+            where = f"fake CUDA: {entry} argument {k}"
+            if want == "h":
+                if not isinstance(a, FakeCondition):
+                    raise FakeCudaError(f"{where} must be a condition, got {a!r}")
+                sets = a
+            elif want.endswith("*") or want.endswith("*?"):
+                if a is None and want.endswith("?"):
+                    continue
+                dt = _DT[want.rstrip("*?")]
+                if not isinstance(a, np.ndarray) or (dt is not None and a.dtype != dt) or a.size < 1:
+                    raise FakeCudaError(f"{where} must be a {want} device array, got {_describe(a)}")
+            else:
+                if not isinstance(a, np.generic) or a.dtype != _DT[want]:
+                    raise FakeCudaError(f"{where} must be a {want} scalar, got {_describe(a)}")
+        if sets is not None and (grid, block) != (1, 1):
+            raise FakeCudaError(f"fake CUDA: guard {entry} launched <<<{grid}, {block}>>>; guards are one thread")
+        return sets
+
+    def _check_body_args(self, module, entry, grid, block, args):
+        ek = module.emitted
+        if len(args) != len(ek.params):
+            raise FakeCudaError(f"fake CUDA: {entry} takes {len(ek.params)} arguments, got {len(args)}")
+        n = None
+        for prm, a in zip(ek.params, args):
+            if prm.role == "n":
+                if not isinstance(a, np.uint64):
+                    raise FakeCudaError(f"fake CUDA: {entry}: n must be a uint64 scalar, got {_describe(a)}")
+                n = int(a)
+        for prm, a in zip(ek.params, args):
+            where = f"fake CUDA: {entry} argument {prm.name} ({prm.ctype})"
+            if prm.role == "in_value":
+                if not isinstance(a, np.generic) or a.dtype != prm.dtype:
+                    raise FakeCudaError(f"{where} must be a {prm.dtype} scalar, got {_describe(a)}")
+            elif prm.role == "workspace":
+                if not isinstance(a, np.ndarray) or a.nbytes < ek.workspace_bytes:
+                    raise FakeCudaError(f"{where} must be a workspace of {ek.workspace_bytes} bytes, "
+                                        f"got {_describe(a)}")
+            elif prm.role != "n":
+                if not isinstance(a, np.ndarray) or a.dtype != prm.dtype:
+                    raise FakeCudaError(f"{where} must be a {prm.dtype} device array, got {_describe(a)}")
+                per = int(np.prod(prm.shape, dtype=np.int64))
+                want = per * n if prm.role in ("in_plane", "out_plane") else per
+                if a.size != want:
+                    raise FakeCudaError(f"{where} holds {a.size} elements, the kernel reads {want}")
+        en = next(x for x in ek.entries if x.name == entry)
+        if en.launch == "single" and (grid, block) != (1, 1):
+            raise FakeCudaError(f"fake CUDA: {entry} is a one-thread entry, launched <<<{grid}, {block}>>>")
+        if en.launch == "grid" and block % 32:
+            raise FakeCudaError(f"fake CUDA: {entry} needs a block of whole warps, got {block}")
+        return None
+
+    # -- validation --------------------------------------------------------------------------
+    def walk(self):
+        for node in self.nodes:
+            yield node
+            for b in node.bodies:
+                yield from b.walk()
+
+    def ancestors(self, node) -> set:
+        seen, stack = set(), list(node.after)
+        while stack:
+            a = stack.pop()
+            if a.index not in seen:
+                seen.add(a.index)
+                stack.extend(a.after)
+        return seen
+
+    def validate(self) -> "FakeBuilder":
+        """Check the recorded tree (see the module docstring); returns self."""
+        root = self.root
+        for c in root.conditions:
+            if len(c.users) != 1:
+                raise FakeCudaError(f"fake CUDA: condition c{c.index} drives {len(c.users)} conditional nodes "
+                                    "(an unused handle fails instantiation)")
+        for g in [root] + [b for n in root.walk() for b in n.bodies]:
+            for node in g.nodes:
+                if node.cond is None:
+                    continue
+                anc = g.ancestors(node)
+                if not any(k.sets is node.cond and k.index in anc for k in g.nodes if k.kind == "kernel"):
+                    raise FakeCudaError(f"fake CUDA: nothing sets the condition of {node!r} before it")
+                if node.kind == "while":
+                    body = node.bodies[0]
+                    last = body.nodes[-1] if body.nodes else None
+                    if last is None or last.kind != "kernel" or last.sets is not node.cond:
+                        raise FakeCudaError(f"fake CUDA: the body of {node!r} does not end with its guard kernel")
+                    others = {k.index for k in body.nodes if k is not last}
+                    if not others <= body.ancestors(last):
+                        raise FakeCudaError(f"fake CUDA: the guard of {node!r} does not follow every node of its body")
+        return self
+
+    # -- interpretation ----------------------------------------------------------------------
+    def launch(self, times: int = 1, order="creation") -> "FakeBuilder":
+        """Interpret the graph `times` times (see the module docstring for `order`)."""
+        root = self.root
+        rng = np.random.default_rng(order) if isinstance(order, (int, np.integer)) and not isinstance(order, bool) \
+            else None
+        for _ in range(int(times)):
+            for c in root.conditions:
+                if c.default is not None:
+                    c.value = int(c.default)
+            root._run(order, rng)
+            root.launches += 1
+        return self
+
+    def _run(self, order, rng):
+        pending = {n.index: len(n.after) for n in self.nodes}
+        succ: dict = {n.index: [] for n in self.nodes}
+        for n in self.nodes:
+            for a in n.after:
+                succ[a.index].append(n)
+        ready = [n for n in self.nodes if not n.after]
+        done = 0
+        while ready:
+            if order == "creation":
+                k = min(range(len(ready)), key=lambda i: ready[i].index)
+            elif order == "lifo":
+                k = max(range(len(ready)), key=lambda i: ready[i].index)
+            elif rng is not None:
+                k = int(rng.integers(len(ready)))
+            else:
+                raise ValueError(f"fake CUDA: order {order!r}: 'creation', 'lifo' or an int seed")
+            node = ready.pop(k)
+            self._exec(node, order, rng)
+            done += 1
+            for s in succ[node.index]:
+                pending[s.index] -= 1
+                if pending[s.index] == 0:
+                    ready.append(s)
+        if done != len(self.nodes):
+            raise FakeCudaError("fake CUDA: the graph has a cycle")
+
+    def _exec(self, node, order, rng):
+        kind = node.kind
+        if kind == "kernel":
+            self._kernel(node)
+        elif kind == "memset":
+            _nbytes_view(node.dst)[:] = node.value
+            if node.value == 0:
+                self.root._fresh.add(id(node.dst))
+        elif kind == "memcpy":
+            _nbytes_view(node.dst)[:] = _nbytes_view(node.src)
+        elif kind == "host":
+            node.fn()
+        elif kind == "join":
+            pass
+        elif kind == "if":
+            if node.cond.value:
+                node.bodies[0]._run(order, rng)
+        elif kind == "if_else":
+            node.bodies[0 if node.cond.value else 1]._run(order, rng)
+        elif kind == "switch":
+            if node.cond.value < node.count:
+                node.bodies[node.cond.value]._run(order, rng)
+        elif kind == "while":
+            turns = 0
+            while node.cond.value:
+                turns += 1
+                if turns > self.max_turns:
+                    raise FakeCudaError(f"fake CUDA: {node!r} ran more than {self.max_turns} turns")
+                node.bodies[0]._run(order, rng)
+        else:
+            raise FakeCudaError(f"fake CUDA: unknown node kind {kind!r}")
+
+    # -- kernels -----------------------------------------------------------------------------
+    def _kernel(self, node):
+        mod, entry, a = node.module, node.entry, node.args
+        if mod.kind == "body":
+            return self._body(node)
+        if entry == "set_cond_from_cell":
+            a[0].value = 1 if a[1][0] != 0 else 0
+        elif entry == "set_cond_from_value":
+            a[0].value = int(a[1][0])
+        elif entry == "set_cond_lt":
+            a[0].value = int(a[1][0] < a[2][0])
+        elif entry == "count_start":
+            a[1][0] = 0
+            a[0].value = int(0 < a[2][0])
+        elif entry == "count_step":
+            a[1][0] += np.uint32(1)
+            a[0].value = int(a[1][0] < a[2][0])
+        elif entry in ("eagle_loop_start", "eagle_loop_step"):
+            h, counter, trips, cell = a
+            counter[0] = 0 if entry == "eagle_loop_start" else counter[0] + np.uint32(1)
+            go = (trips is None or counter[0] < trips[0]) and (cell is None or cell[0] != 0)
+            h.value = int(go)
+        elif entry == "eagle_cell_not":
+            a[0][0] = a[1][0] == 0
+        elif entry == "eagle_cell_and":
+            a[0][0] = (a[1][0] != 0) and (a[2][0] != 0)
+        elif entry == "eagle_cell_or":
+            a[0][0] = (a[1][0] != 0) or (a[2][0] != 0)
+        elif entry == "eagle_switch_index":
+            out, cell, cases, count = a
+            k = int(count)
+            for i in range(int(count)):
+                if int(cases[i]) == int(cell[0]):
+                    k = i
+                    break
+            out[0] = k
+        elif entry.startswith("eagle_record_"):
+            self._record(entry, a)
+        else:
+            raise FakeCudaError(f"fake CUDA: no interpretation for kernel {entry!r}")
+
+    @staticmethod
+    def _record(entry, a):
+        copy = entry.startswith("eagle_record_copy")
+        head = 3 if copy else 2
+        levels = [(a[k], int(a[k + 1]), int(a[k + 2])) for k in range(head, len(a), 3)]
+        if any(int(t[0]) >= cap for t, cap, _ in levels):
+            return                                          # beyond the record's capacity: dropped
+        off = sum(int(t[0]) * stride for t, _, stride in levels)
+        dst = _nbytes_view(a[0])
+        if copy:
+            nbytes = int(a[2])
+            dst[off:off + nbytes] = _nbytes_view(a[1])[:nbytes]
+        else:
+            dst[off:off + 8] = np.array([int(a[1][0])], dtype=np.int64).view(np.uint8)
+
+    def _body(self, node):
+        root = self.root
+        mod, args = node.module, node.args
+        ek, spec = mod.emitted, mod.spec
+        names = [en.name for en in ek.entries]
+        k = names.index(node.entry)
+        en = ek.entries[k]
+        ws = next((a for p, a in zip(ek.params, args) if p.role == "workspace"), None)
+        if en.role == "init":
+            for red in ek.reductions:
+                _acc_view(ws, red)[:] = _identity(red.kind, red.acc_dtype)
+            root._fresh.add(id(ws))
+            return
+        first = next(i for i, x in enumerate(ek.entries) if x.role != "init")
+        key = (mod.name, tuple(id(a) for a in args))
+        expect = root._progress.get(key, first)
+        if k != expect:
+            raise FakeCudaError(f"fake CUDA: {node.entry} ran out of order: entry {names[expect]} comes first")
+        if k + 1 < len(names):
+            root._progress[key] = k + 1
+            return
+        root._progress.pop(key, None)
+        if ek.reductions:
+            if id(ws) not in root._fresh:
+                raise FakeCudaError(f"fake CUDA: {mod.label or mod.name} reduces over samples, but its workspace was "
+                                    "not initialised (memset or _init) before it ran")
+            root._fresh.discard(id(ws))
+        n = next(int(a) for p, a in zip(ek.params, args) if p.role == "n")
+        ins = [None] * len(spec.prog.inputs)
+        outs = [None] * len(spec.prog.outputs)
+        for prm, a in zip(ek.params, args):
+            if prm.role in ("in_plane", "in_cell"):
+                ins[prm.index] = a
+            elif prm.role == "in_value":
+                weak = spec.layout[prm.index][3]
+                ins[prm.index] = a.item() if weak else a
+            elif prm.role in ("out_plane", "out_cell"):
+                outs[prm.index] = a
+        # hawk's NumPy code takes uniform inputs as (*shape, 1) arrays: a one-cell pointer is one
+        for i, v in enumerate(spec.prog.inputs):
+            if isinstance(ins[i], np.ndarray) and v.aval.kind != SAMPLE:
+                ins[i] = ins[i].reshape(tuple(v.aval.shape) + (1,))
+        nk = spec.compiled
+        nk.run_fn(tuple(ins), tuple(outs), n, nk._uniform, nk.scratch)
+
+
+def _acc_view(ws, red):
+    dt = np.dtype(red.acc_dtype)
+    return _nbytes_view(ws)[red.offset:red.offset + dt.itemsize * red.size].view(dt)
+
+
+def _identity(kind, dtype):
+    dt = np.dtype(dtype)
+    if kind == "sum":
+        return 0
+    if dt.kind == "f":
+        return -np.inf if kind == "max" else np.inf
+    info = np.iinfo(dt)
+    return info.min if kind == "max" else info.max
+
+
+def _describe(a) -> str:
+    if isinstance(a, np.ndarray):
+        return f"array {a.dtype}{list(a.shape)}"
+    if isinstance(a, np.generic):
+        return f"{a.dtype} scalar"
+    return type(a).__name__

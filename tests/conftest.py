@@ -1,0 +1,42 @@
+"""Shared helpers for the hawk_fx tests: seeded data, and checks for refused calls."""
+from __future__ import annotations
+
+import inspect
+import os
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def line_of(fn, fragment: str) -> int:
+    """The file line number of the first line of `fn`'s source that contains `fragment`."""
+    fn = getattr(fn, "__wrapped__", fn)
+    lines, first = inspect.getsourcelines(fn)
+    for k, text in enumerate(lines):
+        if fragment in text:
+            return first + k
+    raise AssertionError(f"{fragment!r} is not in the source of {fn.__name__}")
+
+
+def refused(exc_type, call, *fragments, untouched=()):
+    """Assert `call()` raises exc_type with every fragment in its message, and leaves each array
+    in `untouched` (the caller's Mutable planes) exactly as it was. Returns the message."""
+    before = [a.copy() for a in untouched]
+    with pytest.raises(exc_type) as info:
+        call()
+    msg = str(info.value)
+    for f in fragments:
+        assert f in msg, f"{f!r} not in message: {msg}"
+    for a, b in zip(untouched, before):
+        np.testing.assert_array_equal(a, b)
+    return msg
+
+
+def file_and_line(fn, fragment: str) -> tuple[str, str]:
+    """The two fragments a trace error shows for a user line: the file name and `line N`."""
+    return os.path.basename(inspect.getsourcefile(getattr(fn, "__wrapped__", fn))), f"line {line_of(fn, fragment)}"
