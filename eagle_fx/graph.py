@@ -13,7 +13,7 @@ import typing
 import numpy as np
 
 from hawk_fx.kernel import GRAPH_STAGING
-from hawk_fx.tree import tree_flatten, tree_unflatten
+from hawk_fx.tree import tree_flatten
 
 from . import staging
 from .analysis import count_nodes, count_stages
@@ -36,6 +36,24 @@ def opaque(fn, reads=None, writes=None) -> OpaqueNode:
     """A host node: `fn()` runs at its place in every replay; reads/writes name the arrays it touches,
     so ordering and branch hazards are checked like any kernel's."""
     return OpaqueNode(fn, reads, writes)
+
+
+def _rebuild(t, leaves, k):
+    """The tree `t` over leaves[k:], and the next index: tree_unflatten without closures, so reading
+    a result leaves no reference cycle behind for the garbage collector."""
+    if t.kind == "leaf":
+        return leaves[k], k + 1
+    if t.kind == "none":
+        return None, k
+    kids = []
+    for c in t.children:
+        v, k = _rebuild(c, leaves, k)
+        kids.append(v)
+    if t.kind == "tuple":
+        return tuple(kids), k
+    if t.kind == "list":
+        return kids, k
+    return dict(zip(t.meta, kids)), k
 
 
 class _BuildContext:
@@ -129,8 +147,8 @@ class Graph:
         """The declared result: staged planes while building, the arrays once built."""
         if self._exe is None or not self._has_result:
             return self._result_tree
-        leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, (Plane, np.ndarray)))
-        return tree_unflatten(tree, [self._leaf_array(x, v) for x, v in zip(leaves, self._program.outputs)])
+        leaves, tree = self._result_flat          # flattened once, at build: a replay's g() allocates little
+        return _rebuild(tree, [self._leaf_array(x, v) for x, v in zip(leaves, self._program.outputs)], 0)[0]
 
     @result.setter
     def result(self, tree):
@@ -182,7 +200,8 @@ class Graph:
         if self._exe is not None:
             return self
         t = self._trace
-        leaves, _ = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, (Plane, np.ndarray)))
+        leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, (Plane, np.ndarray)))
+        self._result_flat = (leaves, tree)
         outs = []
         for x in leaves:
             if isinstance(x, Plane):

@@ -9,5 +9,5 @@ from .trace import TraceError
 
 __version__ = "0.1.0"
 
-__all__ = ["kernel", "Kernel", "Program", "math", "sum", "max", "min", "mean", "Scalar", "Param", "Mutable",
+__all__ = ["kernel", "Kernel", "Program", "sum", "max", "min", "mean", "Scalar", "Param", "Mutable",
            "UInt32", "Int32", "Vector", "Matrix", "Terminated", "TraceError"]

@@ -89,7 +89,7 @@ class Literal:
 def literal_aval(value) -> AVal:
     if isinstance(value, (bool, np.bool_)):
         return AVal((), np.bool_, UNIFORM, weak=isinstance(value, bool))
-    if isinstance(value, (int, float, complex)):
+    if type(value) in (int, float, complex):          # Python numbers are weak; NumPy scalars are not
         return AVal((), np.asarray(value).dtype, UNIFORM, weak=True)
     arr = np.asarray(value)
     return AVal(arr.shape, arr.dtype, UNIFORM)

@@ -349,7 +349,7 @@ def _eval_into(trace, prog, args):
 
 
 def _finish(trace: _DiffTrace, outputs) -> Program:
-    prog = trace.finish(outputs)
+    prog = _dce(trace.finish(outputs))
     consts = {}
     for e in prog.eqns:
         for a in e.inputs:
@@ -359,6 +359,18 @@ def _finish(trace: _DiffTrace, outputs) -> Program:
         return prog
     eqns = [e.replace(inputs=[consts.get(a, a) for a in e.inputs]) for e in prog.eqns]
     return prog.replace(eqns=eqns)
+
+
+def _dce(prog: Program) -> Program:
+    """Drop the equations no output depends on: the replayed forward a linear rule does not read,
+    the cotangents of constants. Kernel primitives have no effects, so this changes no value."""
+    live = {a for a in prog.outputs if isinstance(a, Var)}
+    keep = []
+    for e in reversed(prog.eqns):
+        if any(v in live for v in e.outputs):
+            keep.append(e)
+            live.update(a for a in e.inputs if isinstance(a, Var))
+    return prog if len(keep) == len(prog.eqns) else prog.replace(eqns=keep[::-1])
 
 
 def vjp_program(prog: Program, wrt) -> Program:
@@ -436,13 +448,33 @@ class KernelVJP:
         self.in_avals = [v.aval for v, w in zip(prog.inputs, self.wrt) if w]
         kinds = [a.kind == SAMPLE for a in self.in_avals]
         self.compiled = NumpyKernel(self.prog, kinds)
+        used = {a for e in self.prog.eqns for a in e.inputs if isinstance(a, Var)}
+        used |= {a for a in self.prog.outputs if isinstance(a, Var)}
+        k = len(prog.inputs)
+        # the residuals: which parameter values the backward reads (a linear body reads none)
+        self.reads = [v in used for v in self.prog.inputs[:k]]
+        # an output that is an input cotangent as it is (the vjp of x + 1): returned without a copy
+        ins = {v: j for j, v in enumerate(self.prog.inputs[k:])}
+        self.passthrough = [ins.get(o) if isinstance(o, Var) and o.aval == a else None
+                            for o, a in zip(self.prog.outputs, [_ct_aval(a) for a in self.in_avals])]
+        self._zeros: dict = {}
+
+    def _zero(self, j, n):
+        z = self._zeros.get((j, n))
+        if z is None:
+            a = self.ct_avals[j]
+            z = self._zeros[(j, n)] = np.zeros(a.shape + ((n,) if a.kind == SAMPLE else (1,)), a.dtype)
+            z.flags.writeable = False
+        return z
 
     def __call__(self, values, cts, n):
         """values: per param (arrays / numbers); cts: per output (array or None)."""
-        cts = [np.zeros(a.shape + ((n,) if a.kind == SAMPLE else (1,)), a.dtype) if c is None else c
-               for c, a in zip(cts, self.ct_avals)]
-        outs = [np.empty(a.shape + ((n,) if a.kind == SAMPLE else (1,)), a.dtype) for a in self.in_avals]
-        self.compiled(list(values) + cts, outs, n)
+        cts = [self._zero(j, n) if c is None else c for j, c in enumerate(cts)]
+        if all(p is not None for p in self.passthrough):
+            outs = [cts[p] for p in self.passthrough]
+        else:
+            outs = [np.empty(a.shape + ((n,) if a.kind == SAMPLE else (1,)), a.dtype) for a in self.in_avals]
+            self.compiled(list(values) + cts, outs, n)
         it = iter(outs)
         return [next(it) if w else None for w in self.wrt]
 
@@ -508,7 +540,8 @@ def vjp(kernel, wrt=None):
         out = {}
         for name, g, v in zip(names, cts, values):
             if name in wrt:
-                out[name] = np.zeros(np.shape(v)) if g is None else (g.reshape(np.shape(v)) if np.ndim(v) else g.sum())
+                # a copy: a passed-through gradient is the caller's cotangent array itself
+                out[name] = np.zeros(np.shape(v)) if g is None else (np.array(g).reshape(np.shape(v)) if np.ndim(v) else g.sum())
         return out
     return f
 

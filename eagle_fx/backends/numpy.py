@@ -20,6 +20,9 @@ from hawk_fx.core import Literal, Program, Var
 from .. import ir
 
 
+_REPLAY_LOCK = threading.Lock()
+
+
 class _Gen:
     def __init__(self, exe):
         self.exe = exe
@@ -81,7 +84,6 @@ class NumpyExecutable:
         body = g.lines or ["pass"]
         self.source = "def replay(times):\n    for _ in range(times):\n" + "\n".join("        " + ln for ln in body) + "\n"
         self._code = compile(self.source, "<eagle graph>", "exec")
-        self._lock = threading.Lock()
         self._link()
 
     # -- slots -------------------------------------------------------------------------------
@@ -303,7 +305,9 @@ class NumpyExecutable:
         self._link()
 
     def replay(self, times: int = 1):
-        with self._lock:
+        # kernels keep their scratch per compiled body, shared by every graph that calls them: replays
+        # (an enqueued one on its worker included) take turns
+        with _REPLAY_LOCK:
             self._replay(times)
 
     def array_of(self, var):

@@ -96,9 +96,17 @@ def _convert(ctx, out, ins, params):
     return [f"np.copyto({out}, {ins[0]}, casting='unsafe')"]
 
 
+single_pass.add(prims.convert_p)     # an elementwise copy: it may write straight into an output
+
+
+# ufunc.reduce skips np.sum's Python wrapper, which dominates at small n
+_REDUCE_UFUNC = {"sample_sum": np.add, "sample_max": np.maximum, "sample_min": np.minimum}
 for _p, _fn in prims.REDUCTION.items():
-    def _red(ctx, out, ins, params, fn=_fn, sample_in=True):
-        f = ctx.const(fn, "red")
+    def _red(ctx, out, ins, params, fn=_fn, name=_p.name):
+        if name in _REDUCE_UFUNC:
+            f = ctx.const(_REDUCE_UFUNC[name].reduce, "red")
+        else:
+            f = ctx.const(fn, "red")
         return [f"{f}({ins[0]}, axis=-1, keepdims=True, out={out})"]
     numpy_emit[_p] = _red
 
@@ -263,6 +271,8 @@ class NumpyKernel:
         code = [f"def body({params}):"] + ["    " + ln for ln in body or ["pass"]]
         sliced_in = [f"i{k}[..., s:e]" if v.aval.kind == SAMPLE else f"i{k}" for k, v in enumerate(prog.inputs)]
         sliced_out = [f"o{j}[..., s:e]" if self.out_sample[j] else f"o{j}" for j in range(no)]
+        if not self.scratch_specs and THREADS == 1:
+            self.chunk = 1 << 62     # no intermediates to keep in cache and no second core: one pass
         ch = self.chunk
         # part: the chunks in samples [lo, hi), with worker slot w's scratch
         whole = i_names + o_names + hoisted_names
