@@ -15,13 +15,34 @@ def _same_memory(k1, k2) -> bool:
     return a1 is not None and a2 is not None and np.shares_memory(a1, a2)
 
 
-def _ordered(first, second, waits, depth) -> bool:
-    """Is `first` ordered before `second` by a wait issued in second's branch before second ran?"""
-    top_first = first.branch[:depth + 1]
-    for w in waits:
-        if (second.branch[:len(w.branch)] == w.branch and len(w.branch) > depth and w.seq_at <= second.seq
-                and w.writer.branch[:depth + 1] == top_first and first.seq <= w.writer.seq):
+def _in_order(x, y) -> bool:
+    """Program order: x is staged before y and runs before it: in one branch, in a branch enclosing
+    the other's, or in a fork that joined before y's fork opened (not in sibling branches)."""
+    if x.seq >= y.seq:
+        return False
+    for (fork_x, bx), (fork_y, by) in zip(x.branch, y.branch):
+        if fork_x != fork_y:
+            return True          # two forks, one after the other
+        if bx != by:
+            return False         # sibling branches of one fork
+    return True
+
+
+def _ordered(first, second, trace) -> bool:
+    """Does `first` happen before `second`? Program order, and waits: a wait orders the node that
+    wrote its plane before what its branch runs after it; chained, so a branch that waits for a
+    branch that waited for `first` is ordered after `first` too."""
+    todo, seen = [second], {id(second)}
+    while todo:
+        y = todo.pop()
+        if y is first or _in_order(first, y):
             return True
+        preds = [w.writer for w in trace.waits if y.branch[:len(w.branch)] == w.branch and w.seq_at <= y.seq]
+        preds += [x for x in trace.accesses if _in_order(x, y)]
+        for x in preds:
+            if id(x) not in seen:
+                seen.add(id(x))
+                todo.append(x)
     return False
 
 
@@ -33,7 +54,7 @@ def check_fork_hazards(trace, fork_id, depth) -> None:
             if a.branch[depth] == b.branch[depth]:
                 continue
             found = _conflict(a, b)
-            if found is None or _ordered(a, b, trace.waits, depth):
+            if found is None or _ordered(a, b, trace):
                 continue
             kind, pa, pb = found
             na, nb = a.info.name or a.what or "?", b.info.name or b.what or "?"

@@ -13,7 +13,7 @@ import typing
 import numpy as np
 
 from hawk_fx.kernel import GRAPH_STAGING
-from hawk_fx.tree import tree_flatten
+from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from . import staging
 from .analysis import count_nodes, count_stages
@@ -140,6 +140,28 @@ class Graph:
             self._builder = None
 
     builder = staticmethod(lambda fn: Builder(fn))
+
+    @classmethod
+    def _from_program(cls, program, input_planes, tree, n_results, n, out_axes=None):
+        """A built graph running a Program a transform made (vmap): the same verbs as any graph."""
+        g = cls.__new__(cls)
+        cls.__init__(g)
+        t = g._trace
+        t.input_planes = list(input_planes)
+        t.n = n
+        g._program = program
+        handles = []
+        for j, v in enumerate(program.outputs[:n_results]):
+            h = Plane(g, v.aval, var=v)
+            handles.append(h)
+        g._result_tree = tree_unflatten(tree, handles) if tree is not None else None
+        g._has_result = tree is not None
+        g._result_flat = (handles, tree)
+        g._keep = handles
+        g._exe = NumpyExecutable(program, [e.array for e in t.input_planes], {h.var for h in handles}, n or 1)
+        g._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
+        g._out_axes = out_axes
+        return g
 
     # -- staging -----------------------------------------------------------------------------
     @property

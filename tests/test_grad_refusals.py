@@ -124,7 +124,7 @@ def test_a_record_overwritten_by_a_later_launch_is_refused_and_a_copy_stays_usab
     g()
     rec, kept = g.record, g.record.copy()
     saved = rec.nbytes
-    assert saved > 0 and kept.nbytes == saved          # y's entry value, which accumulate overwrites
+    assert kept.nbytes == saved
     seeds = {"result": np.ones(4), "y": np.ones(4)}
     first = eagle.diff.reverse(rec, seeds, wrt=("x",))["x"]
     g.bind(x=x + 2.0)                              # new values: the next launch records other numbers

@@ -699,3 +699,151 @@ def test_or_in_a_loop_guard_stays_on_the_device():
             g.bind(x=x1)
             a[0], b[0] = av, bv
             np.testing.assert_array_equal(g(), ref_guard_or(x1, av, bv))
+
+
+# ---------------------------------------------------------------------------------------------
+# more Python loops, loops over cell planes, forks inside loops
+
+@hawk.kernel
+def count_under(s: Scalar, lim: Param):         # returns a cell plane (not a Mutable write)
+    return hm.uint32(hawk.sum(s < lim))
+
+
+@hawk.kernel
+def gather(s: Scalar, y: Mutable[Scalar]):
+    y = y + s
+
+
+def test_python_while_collecting_planes():
+    @eagle_fx.Graph.builder
+    def countdown(x, k):
+        g = eagle_fx.Graph()
+        outs = []
+        while k:                                 # a Python int: a Python loop, one body run per turn
+            x = affine(x, 2.0, 1.0)
+            outs.append(x)
+            k -= 1
+        g.result = outs
+        return g
+
+    x0 = np.array([0.0, -1.0])
+    res = countdown(x0, 4)()
+    want, x = [], x0
+    for _ in range(4):
+        x = 2.0 * x + 1.0
+        want.append(x)
+    assert len(res) == 4
+    for r, w in zip(res, want):
+        np.testing.assert_array_equal(r, w)
+
+
+def test_nested_python_loops_around_a_device_if():
+    @eagle_fx.Graph.builder
+    def grid(x, flag):
+        g = eagle_fx.Graph()
+        outs = []
+        for i in range(2):
+            for j in range(3):
+                if flag:
+                    x = dbl(x)
+                else:
+                    x = affine(x, 1.0, float(i + j))
+                outs.append(x)
+        g.result = outs
+        return g
+
+    x0 = np.array([1.0, 0.5])
+    flag = cell(1)
+    g = grid(x0, flag)
+    for fv in (1, 0, 1):
+        flag[0] = fv
+        want, x = [], x0
+        for i in range(2):
+            for j in range(3):
+                x = 2.0 * x if fv else x + float(i + j)
+                want.append(x)
+        got = g()
+        assert len(got) == 6
+        for r, w in zip(got, want):
+            np.testing.assert_array_equal(r, w)
+
+
+def test_a_device_while_over_a_cell_plane_the_body_recomputes():
+    @eagle_fx.Graph.builder
+    def until(x, lim):
+        g = eagle_fx.Graph()
+        c = count_under(x, lim)
+        while c:
+            x = dbl(x)
+            c = count_under(x, lim)
+        g.result = (x, c)
+        return g
+
+    lim = np.array([20.0])
+    with pytest.warns(eagle_fx.UncappedLoopWarning):
+        g = until(np.array([1.0, 3.0, 0.5]), lim)
+    for lv in (20.0, 1.0, 100.0):
+        lim[0] = lv
+        x, c = g()
+        want = np.array([1.0, 3.0, 0.5])
+        while np.sum(want < lv):
+            want = 2.0 * want
+        np.testing.assert_array_equal(x, want)
+        assert c.dtype == np.uint32 and c[0] == 0
+
+
+def test_a_fork_inside_a_counted_loop():
+    @eagle_fx.Graph.builder
+    def fork_loop(x, y, n):
+        g = eagle_fx.Graph()
+        for i in range(n):
+            a = inc(x)
+            with g.parallel() as p:
+                with p.branch() as b:
+                    u = dbl(a)
+                with p.branch() as c:
+                    v = affine(a, 1.0, 1.0)
+            x = add(u, v)
+            gather(x, y)
+        g.result = x
+        return g
+
+    x0, y, n = np.array([1.0, -0.5]), np.zeros(2), cell(0)
+    g = fork_loop(x0, y, n)
+    for nv in (0, 1, 3):
+        n[0] = nv
+        y[:] = 0.0
+        x, yy = x0.copy(), np.zeros(2)
+        for _ in range(nv):
+            a = x + 1.0
+            x = 2.0 * a + (a + 1.0)
+            yy = yy + x
+        np.testing.assert_array_equal(g(), x)
+        np.testing.assert_array_equal(y, yy)
+
+
+def test_python_continue_and_break_in_a_python_loop():
+    @eagle_fx.Graph.builder
+    def skip_some(x, stop):
+        g = eagle_fx.Graph()
+        for i in range(6):
+            if i % 2:
+                continue
+            x = affine(x, 1.0, float(i))
+            if i == stop:
+                break
+        g.result = x
+        return g
+
+    x0 = np.array([0.0, 1.0])
+    for stop in (0, 2, 4, 9):
+        want = x0.copy()
+        for i in range(6):
+            if i % 2:
+                continue
+            want = want + float(i)
+            if i == stop:
+                break
+        g = skip_some(x0, stop)
+        np.testing.assert_array_equal(g(), want)
+        assert "while" not in str(g.program) and "cond" not in str(g.program)

@@ -17,10 +17,23 @@ import numpy as np
 
 from hawk_fx.core import Literal, Program, Var
 
+from hawk_fx.emit.numpy import NumpyKernel
+
 from .. import ir
+from ..transforms.vmap import batch_broadcast_p
 
 
 _REPLAY_LOCK = threading.Lock()
+_CELL_UFUNC = {ir.cell_not_p: "np.logical_not", ir.cell_and_p: "np.logical_and", ir.cell_or_p: "np.logical_or"}
+
+
+def _batched_kernel(spec, batch):
+    """The kernel's NumPy code with scratch for `batch` instances (cached on the specialisation)."""
+    cache = spec.__dict__.setdefault("_batched", {})
+    k = cache.get(batch)
+    if k is None:
+        k = cache[batch] = NumpyKernel(spec.prog, spec.compiled.out_sample, batch=batch)
+    return k
 
 
 class _Gen:
@@ -161,7 +174,8 @@ class NumpyExecutable:
         p = e.prim
         if p is ir.call_p:
             k = len(self.calls)
-            self.calls.append(("call", e.params["spec"], list(e.inputs), outs, e.params["n"]))
+            self.calls.append(("call", e.params["spec"], list(e.inputs), outs, e.params["n"],
+                               e.params.get("batch", ()), e.params.get("in_batched")))
             g.emit(d, f"c{k}()")
         elif p is ir.opaque_p:
             k = len(self.calls)
@@ -169,12 +183,20 @@ class NumpyExecutable:
             g.emit(d, f"c{k}()")
         elif p is ir.record_p:
             g.emit(d, f"np.copyto(R{e.params['slot']}{g.at()}, {self.b(e.inputs[0])})")
+        elif p in _CELL_UFUNC and e.outputs[0].aval.shape != (1,):     # batched cells: one per instance
+            g.emit(d, f"{_CELL_UFUNC[p]}({', '.join(self.b(a) for a in e.inputs)}, out=b{outs[0]})")
+        elif p is batch_broadcast_p:
+            g.emit(d, f"np.copyto(b{outs[0]}, {self.b(e.inputs[0])})")
         elif p is ir.cell_not_p:
             g.emit(d, f"b{outs[0]}[0] = {self.b(e.inputs[0])}[0] == 0")
         elif p is ir.cell_and_p:
             g.emit(d, f"b{outs[0]}[0] = ({self.b(e.inputs[0])}[0] != 0) & ({self.b(e.inputs[1])}[0] != 0)")
         elif p is ir.cell_or_p:
             g.emit(d, f"b{outs[0]}[0] = ({self.b(e.inputs[0])}[0] != 0) | ({self.b(e.inputs[1])}[0] != 0)")
+        elif p in (ir.cond_p, ir.switch_p) and e.params.get("masked"):
+            self._gen_masked_branches(g, d, e, outs)
+        elif p is ir.while_p and e.params.get("masked"):
+            self._gen_masked_while(g, d, e, outs)
         elif p is ir.cond_p:
             false_p, true_p = e.params["branches"]
             g.emit(d, f"if {self.b(e.inputs[0])}[0]:")
@@ -279,6 +301,84 @@ class NumpyExecutable:
         if e.params.get("record_turns") is not None:
             g.emit(d, f"R{e.params['record_turns']}{g.at()}[0] = {t}")
 
+    # -- batched (vmap) control flow: every arm runs, each instance keeps its own ---------------
+    def _mask_views(self, mask_slot, outs):
+        """Views of a (B, 1) mask that broadcast against each output."""
+        m = self.slots[mask_slot]
+        return [self._const(m.reshape(m.shape[:1] + (1,) * (self.slots[s].ndim - 1))) for s in outs]
+
+    def _private(self, g, d, operands, positions):
+        """Copies of the operands an arm writes in place, so arms run side by side."""
+        ops = list(operands)
+        for i in positions:
+            a = ops[i]
+            t = self._sub_slot(a.aval)
+            g.emit(d, f"np.copyto(b{t}, {self.b(a)})")
+            ops[i] = self._ref(t, a.aval)
+        return ops
+
+    def _gen_masked_branches(self, g, d, e, outs):
+        pred, operands = e.inputs[0], list(e.inputs[1:])
+        written = [i - 1 for _, i in e.params["inplace"]]
+        arms = e.params["branches"]
+        arm_outs = []
+        for arm in arms:
+            t_slots = [self._sub_slot(v.aval) for v in e.outputs]
+            self._gen_sub(g, d, arm, self._private(g, d, operands, written), t_slots)
+            arm_outs.append(t_slots)
+        mask = self._new_slot(np.zeros(pred.aval.shape, bool))
+        views = self._mask_views(mask, outs)
+        if e.prim is ir.cond_p:
+            false_s, true_s = arm_outs
+            g.emit(d, f"np.not_equal({self.b(pred)}, 0, out=b{mask})")
+            for o, f, t, m in zip(outs, false_s, true_s, views):
+                g.emit(d, f"np.copyto(b{o}, b{f})")
+                g.emit(d, f"np.copyto(b{o}, b{t}, where={m})")
+        else:
+            for o, t in zip(outs, arm_outs[-1]):
+                g.emit(d, f"np.copyto(b{o}, b{t})")
+            for c, slots in zip(e.params["cases"], arm_outs[:-1]):
+                g.emit(d, f"np.equal({self.b(pred)}, {c}, out=b{mask})")
+                for o, t, m in zip(outs, slots, views):
+                    g.emit(d, f"np.copyto(b{o}, b{t}, where={m})")
+
+    def _gen_masked_while(self, g, d, e, outs):
+        body, cond = e.params["body"], e.params["cond"]
+        cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
+        ops = list(e.inputs)
+        trip = ops.pop(0) if counted else None
+        consts, init = ops[:nc], ops[nc:]
+        written = [i - (1 if counted else 0) - nc for _, i in e.params["inplace"]]
+        self._gen_copies(g, d, init, outs)
+        B = self.slots[outs[0]].shape[0]
+        mask = self._new_slot(np.zeros((B, 1), bool))
+        live = self._new_slot(np.zeros((B, 1), bool))
+        views = self._mask_views(mask, outs)
+        t = f"t{g.turns}"
+        g.turns += 1
+        ctr = self._sub_slot(ir.U32_CELL)
+        carries = [self._ref(s, a.aval) for s, a in zip(outs, init)]
+        g.emit(d, f"{t} = 0")
+        g.emit(d, "while True:")
+        if cap is not None:
+            g.emit(d + 1, f"if {t} >= {cap}: break")
+        g.emit(d + 1, f"b{mask}[...] = True")
+        if cond is not None:
+            c_slot = self._sub_slot(cond.outputs[0].aval)
+            self._gen_sub(g, d + 1, cond, consts + carries, [c_slot])
+            g.emit(d + 1, f"np.not_equal(b{c_slot}, 0, out=b{mask})")
+        if counted:
+            g.emit(d + 1, f"np.greater({self.b(trip)}, {t}, out=b{live})")
+            g.emit(d + 1, f"np.logical_and(b{mask}, b{live}, out=b{mask})")
+        g.emit(d + 1, f"if not b{mask}.any(): break")
+        g.emit(d + 1, f"b{ctr}[0] = {t}")
+        t_slots = [self._sub_slot(v.aval) for v in e.outputs]
+        refs = [self._ref(ctr, ir.U32_CELL)] + consts + self._private(g, d + 1, carries, written)
+        self._gen_sub(g, d + 1, body, refs, t_slots)
+        for o, ts, m in zip(outs, t_slots, views):
+            g.emit(d + 1, f"np.copyto(b{o}, b{ts}, where={m})")
+        g.emit(d + 1, f"{t} += 1")
+
     # -- binding and running ------------------------------------------------------------------
     def _link(self):
         ns = {"np": np}
@@ -292,11 +392,18 @@ class NumpyExecutable:
             if call[0] == "fn":
                 ns[f"c{k}"] = call[1]
                 continue
-            _, spec, inputs, outs, n = call
-            ins = tuple(a.value if isinstance(a, Literal) else self.slots[self.slot_of[a]] for a in inputs)
-            ns[f"c{k}"] = functools.partial(spec.compiled.run_fn, ins[:len(spec.kernel.param_names)],
-                                            tuple(self.slots[s] for s in outs), n, spec.compiled._uniform,
-                                            spec.compiled.scratch)
+            _, spec, inputs, outs, n, batch, in_batched = call
+            nparams = len(spec.kernel.param_names)
+            ins = [a.value if isinstance(a, Literal) else self.slots[self.slot_of[a]] for a in inputs[:nparams]]
+            out_arrays = [self.slots[s] for s in outs]
+            kernel = spec.compiled
+            if batch:        # vmap: (B, *shape, n) planes seen as (*shape, B, n); shared ones get a size-1 axis
+                kernel = _batched_kernel(spec, batch)
+                ins = [x if not isinstance(x, np.ndarray) else (np.moveaxis(x, 0, -2) if b else x[..., None, :])
+                       for x, b in zip(ins, in_batched)]
+                out_arrays = [np.moveaxis(o, 0, -2) for o in out_arrays]
+            ns[f"c{k}"] = functools.partial(kernel.run_fn, tuple(ins), tuple(out_arrays), n, kernel._uniform,
+                                            kernel.scratch)
         exec(self._code, ns)
         self._replay = ns["replay"]
 

@@ -140,26 +140,29 @@ view_emit = {
 }
 
 
-def _literal_src(ctx, lit: Literal) -> str:
+def _literal_src(ctx, lit: Literal, nbatch: int = 0) -> str:
     v = lit.value
     if isinstance(v, bool) or (isinstance(v, (int, float)) and np.isfinite(v)):
         return repr(v)
-    if np.ndim(v):
-        v = np.asarray(v)[..., None]    # a constant Vector/Matrix is uniform: (*shape, 1) at run time
+    if np.ndim(v):                      # a constant Vector/Matrix is uniform: (*shape, *batch, 1) at run time
+        v = np.asarray(v).reshape(np.shape(v) + (1,) * (nbatch + 1))
     return ctx.const(v, "lit")
 
 
 class NumpyKernel:
     """One kernel body compiled for one input signature. Call run(ins, outs, n)."""
 
-    def __init__(self, prog: Program, out_sample, chunk: int = CHUNK):
+    def __init__(self, prog: Program, out_sample, chunk: int = CHUNK, batch: tuple = ()):
         self.prog = prog
         self.out_sample = tuple(out_sample)   # per output: is its array a per-sample plane?
+        # vmap: every value gains these axes just before the sample axis (*shape, *batch, n); inputs
+        # without them broadcast (size-1 axes), reductions over the last axis stay per instance
+        self.batch = tuple(batch)
         has_reduction = any(e.prim in prims.REDUCTION for e in prog.eqns)
         self.chunk = 1 << 62 if has_reduction else chunk
         self._scratch_cache: dict[int, tuple] = {}
         self.source = self._generate()
-        self._uniform = tuple(np.empty(s + (1,), d) for s, d in self.uniform_specs)
+        self._uniform = tuple(np.empty(s + self.batch + (1,), d) for s, d in self.uniform_specs)
         ns = dict(self.ctx.globals, _U=self._uniform, _scratch=self.scratch, _cache=self._scratch_cache,
                   _run_chunks=run_chunks)
         exec(compile(self.source, f"<hawk kernel {id(prog):x}>", "exec"), ns)
@@ -209,7 +212,7 @@ class NumpyKernel:
                     direct[v] = out_pos[v]
 
         def src(a):
-            return _literal_src(ctx, a) if isinstance(a, Literal) else names[a]
+            return _literal_src(ctx, a, len(self.batch)) if isinstance(a, Literal) else names[a]
 
         for e in prog.eqns:
             ins = [src(a) for a in e.inputs]
@@ -305,7 +308,8 @@ class NumpyKernel:
         if s is None:
             if len(self._scratch_cache) > 64:
                 self._scratch_cache.clear()
-            s = tuple(np.empty(shape + ((m if sample else 1),), dt) for shape, dt, sample in self.scratch_specs)
+            s = tuple(np.empty(shape + self.batch + ((m if sample else 1),), dt)
+                      for shape, dt, sample in self.scratch_specs)
             self._scratch_cache[key] = s
         return s
 

@@ -1,0 +1,167 @@
+"""vmap: a Program over one instance becomes a Program over B instances (a leading batch axis).
+
+Each value is either batched (shape (B, ...)) or shared by every instance (its shape unchanged).
+Rules, one per primitive:
+  * call: the kernel runs over all instances at once (the backend views (B, *shape, n) planes as
+    (*shape, B, n), so elementwise code is unchanged and sample reductions stay per instance);
+    a kernel that writes a shared plane in place from batched inputs is refused;
+  * cell logic: batched when any operand is;
+  * cond/switch on a shared cell: the arms are batched (the fast path: one arm runs);
+    on a batched cell: every arm runs and each instance keeps its own arm's values ("masked");
+  * while: carries found batched by a fixpoint over the body; with a batched guard (or trip
+    count) the loop runs until every instance's guard is 0, finished instances frozen (masked);
+  * opaque host nodes and record=True graphs are refused.
+"""
+from __future__ import annotations
+
+from hawk_fx.core import Eqn, Literal, Primitive, Program, Var, abstract_eval
+
+from .. import ir
+
+batch_broadcast_p = Primitive("batch_broadcast")
+
+
+@abstract_eval.register(batch_broadcast_p)
+def _broadcast_abstract(x, *, size):
+    return [ir.plane_aval((size,) + x.shape, x.dtype)]
+
+
+class VmapError(ValueError):
+    pass
+
+
+def _batched_aval(aval, B):
+    return ir.plane_aval((B,) + aval.shape, aval.dtype)
+
+
+class _Batcher:
+    def __init__(self, B: int):
+        self.B = B
+
+    def program(self, prog: Program, in_flags, force_out=None):
+        """The batched Program and the batched flag of each output. force_out: outputs to batch."""
+        env: dict = {}
+        flags: dict = {}
+        inputs = []
+        for v, f in zip(prog.inputs, in_flags):
+            nv = Var(_batched_aval(v.aval, self.B) if f else v.aval, v.hint)
+            env[v], flags[v] = nv, f
+            inputs.append(nv)
+        eqns: list[Eqn] = []
+        for e in prog.eqns:
+            self.eqn(e, env, flags, eqns)
+        outs, out_flags = [], []
+        for j, a in enumerate(prog.outputs):
+            atom, f = self.read(a, env, flags)
+            if force_out is not None and force_out[j] and not f:
+                atom, f = self.broadcast(atom, eqns), True
+            outs.append(atom)
+            out_flags.append(f)
+        return Program(inputs, eqns, outs), out_flags
+
+    def read(self, a, env, flags):
+        if isinstance(a, Literal):
+            return a, False
+        return env[a], flags[a]
+
+    def broadcast(self, atom, eqns):
+        v = Var(_batched_aval(atom.aval, self.B))
+        eqns.append(Eqn(batch_broadcast_p, [atom], [v], {"size": self.B}))
+        return v
+
+    def eqn(self, e, env, flags, eqns):
+        ins = [self.read(a, env, flags) for a in e.inputs]
+        atoms = [a for a, _ in ins]
+        fl = [f for _, f in ins]
+        p = e.prim
+        if p is ir.call_p:
+            self.call(e, atoms, fl, env, flags, eqns)
+        elif p is ir.opaque_p:
+            if any(fl):
+                raise VmapError(f"eagle_fx.vmap: the host node {e.info.name or ''!r} ({e.info.where}) reads batched "
+                                "arrays; a host function runs once per replay and cannot be batched: move its work "
+                                "into a kernel, or keep its arrays out of the batch (in_axes=None)")
+            self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
+        elif p in (ir.cell_not_p, ir.cell_and_p, ir.cell_or_p):
+            self.copy(e, atoms, [any(fl)], env, flags, eqns)
+        elif p is ir.record_p:
+            raise VmapError("eagle_fx.vmap: a record=True graph cannot be batched; vmap the plain graph")
+        elif p in (ir.cond_p, ir.switch_p):
+            self.branches(e, atoms, fl, env, flags, eqns)
+        elif p is ir.while_p:
+            self.loop(e, atoms, fl, env, flags, eqns)
+        else:
+            raise NotImplementedError(f"no batching rule for primitive '{p}'")
+
+    def copy(self, e, atoms, out_flags, env, flags, eqns, params=None):
+        outs = []
+        for v, f in zip(e.outputs, out_flags):
+            nv = Var(_batched_aval(v.aval, self.B) if f else v.aval, v.hint)
+            env[v], flags[v] = nv, f
+            outs.append(nv)
+        eqns.append(Eqn(e.prim, atoms, outs, params if params is not None else e.params, e.info))
+        return outs
+
+    def call(self, e, atoms, fl, env, flags, eqns):
+        if not any(fl):
+            self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
+            return
+        kernel = e.params["kernel"]
+        for j, i in e.params["inplace"]:
+            if not fl[i]:
+                name = kernel.param_names[i] if i < len(kernel.param_names) else "buffer="
+                raise VmapError(f"eagle_fx.vmap: kernel {kernel.name} ({e.info.where}) writes '{name}' in place with "
+                                f"per-instance values, but that array is shared by all instances: batch it "
+                                "(in_axes=0), so each instance has its own")
+        params = dict(e.params, batch=(self.B,), in_batched=tuple(fl))
+        self.copy(e, atoms, [True] * len(e.outputs), env, flags, eqns, params)
+
+    def branches(self, e, atoms, fl, env, flags, eqns):
+        pred_b, op_flags = fl[0], fl[1:]
+        arms = e.params["branches"]
+        trial = [self.program(a, op_flags)[1] for a in arms]
+        out_b = [pred_b or any(t[j] for t in trial) for j in range(len(e.outputs))]
+        for j, i in e.params["inplace"]:
+            if out_b[j] and not fl[i]:
+                raise VmapError(f"eagle_fx.vmap: a device conditional ({e.info.where}) writes a shared array in place "
+                                "with per-instance values; batch that array (in_axes=0)")
+        new_arms = tuple(self.program(a, op_flags, force_out=out_b)[0] for a in arms)
+        params = dict(e.params, branches=new_arms, masked=pred_b)
+        self.copy(e, atoms, out_b, env, flags, eqns, params)
+
+    def loop(self, e, atoms, fl, env, flags, eqns):
+        body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
+        counted = e.params["counted"]
+        head = 1 if counted else 0
+        trip_b = fl[0] if counted else False
+        const_f = fl[head:head + nc]
+        carry_f = list(fl[head + nc:])
+        masked = trip_b
+        for _ in range(len(carry_f) + 2):
+            _, body_out = self.program(body, [False] + const_f + carry_f)
+            guard_b = self.program(cond, const_f + carry_f)[1][0] if cond is not None else False
+            new = [c or b for c, b in zip(carry_f, body_out)]
+            masked = trip_b or guard_b
+            if masked:
+                new = [True] * len(carry_f)
+            if new == carry_f:
+                break
+            carry_f = new
+        for j, i in e.params["inplace"]:
+            if carry_f[j] and not fl[i]:
+                raise VmapError(f"eagle_fx.vmap: a device loop ({e.info.where}) writes a shared array in place with "
+                                "per-instance values; batch that array (in_axes=0)")
+        new_body = self.program(body, [False] + const_f + carry_f, force_out=carry_f)[0]
+        new_cond = self.program(cond, const_f + carry_f)[0] if cond is not None else None
+        atoms = list(atoms)
+        for j, f in enumerate(carry_f):
+            k = head + nc + j
+            if f and not fl[k]:
+                atoms[k] = self.broadcast(atoms[k], eqns)
+        params = dict(e.params, body=new_body, cond=new_cond, masked=masked)
+        self.copy(e, atoms, carry_f, env, flags, eqns, params)
+
+
+def batch_program(prog: Program, in_flags, B: int):
+    """(batched Program, batched flag per output)."""
+    return _Batcher(B).program(prog, list(in_flags))
