@@ -64,6 +64,9 @@ def vmap(f, in_axes=0, out_axes=0):
                                 "arrays are batched: give it in_axes None")
             if not -a.ndim <= ax < a.ndim:
                 raise ValueError(f"{api}({name}): in_axes {ax} for argument {k} of shape {a.shape}")
+            if a.shape == (1,) and a.dtype == np.uint32:
+                raise ValueError(f"{api}({name}): argument {k} is a one-cell array of shape {a.shape}; its only "
+                                 "axis is the cell, not a batch: give it in_axes None, or stack B cells as (B, 1)")
             a = np.moveaxis(a, ax, 0)
             if B is None:
                 B, first = a.shape[0], k
@@ -73,9 +76,6 @@ def vmap(f, in_axes=0, out_axes=0):
             if a.ndim == 1:                    # a batched Param or cell given as (B,)
                 a = a[:, None]
             one = a[0]
-            if one.shape == (1,) and a.shape[-1] == 1 and args[k].ndim == 1 and args[k].shape[0] == 1:
-                raise ValueError(f"{api}({name}): argument {k} is a one-cell array of shape {args[k].shape}; its "
-                                 "only axis is the cell, not a batch: give it in_axes None, or stack B cells as (B, 1)")
             inst.append(one)
             full[id(one)] = a
         if B is None:
