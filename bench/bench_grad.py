@@ -7,9 +7,9 @@
 Per workload: the median time (timeit.repeat) of the plain forward `g.launch()`, of the recorded
 forward `gr.launch()` and of `eagle_fx.diff.reverse(gr.record, ...)`, and the ratio
 (recorded forward + reverse) / forward (target <= 4). Memory: the bytes of the record
-(`gr.record.nbytes`), the bytes of the forward's own buffers the reverse reads in place, and the
-residuals the backward needs: for each kernel call the inputs its vjp reads (a linear kernel's vjp
-reads none), once per loop turn it ran.
+(`gr.record.nbytes`) and the residuals the backward needs: for each kernel call the inputs its
+vjp reads (a linear kernel's vjp reads none), once per loop turn it ran; and the graph's own
+buffers, recorded (a recorded forward reuses none, the reverse reads its values there) vs plain.
 """
 import cProfile
 import pstats
@@ -131,6 +131,12 @@ def memory(gr):
     return rec.nbytes, needed
 
 
+def buffer_bytes(g):
+    """Bytes of a graph's own buffers (its temporaries and results; the caller's arrays excluded)."""
+    inputs = {id(g._exe.slots[k]) for k in g._exe.input_slots}
+    return sum(a.nbytes for a in {id(a): a for a in g._exe.slots}.values() if id(a) not in inputs)
+
+
 # ---------------------------------------------------------------------------------------------
 
 def measure(label, build, args, reset=lambda: None, profile=False, number=3, repeat=11):
@@ -161,9 +167,11 @@ def measure(label, build, args, reset=lambda: None, profile=False, number=3, rep
     ratio = (tr + tb) / tf
     rec_bytes, needed = memory(gr)
     n = np.asarray(args["x"]).size
-    print(f"{label:<8} n={n:<8.0e} forward {tf * 1e3:8.2f} ms | recorded forward {tr * 1e3:8.2f} ms + reverse "
-          f"{tb * 1e3:8.2f} ms | ratio {ratio:5.2f} ({'ok' if ratio <= TARGET else 'MISSES'} <= {TARGET:g}) | "
-          f"record {rec_bytes / 1e6:8.2f} MB, needed {needed / 1e6:8.2f} MB")
+    print(f"{label:<8} n={n:<7.0e} forward {tf * 1e3:7.2f} ms | recorded forward {tr * 1e3:7.2f} ms + reverse "
+          f"{tb * 1e3:7.2f} ms | ratio {ratio:5.2f} ({'ok' if ratio <= TARGET else 'MISSES'} <= {TARGET:g})")
+    print(f"{'':<8} memory: record {rec_bytes / 1e6:.2f} MB, residuals the backward needs {needed / 1e6:.2f} MB; "
+          f"graph buffers {buffer_bytes(gr) / 1e6:.2f} MB recorded (kept for the reverse) vs "
+          f"{buffer_bytes(g) / 1e6:.2f} MB plain")
     if profile:
         rec()
         pr = cProfile.Profile()

@@ -352,6 +352,10 @@ class Graph:
                 got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
                 raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
                                  "call the builder again")
+            entry, v = self._trace.input_planes[i], self._program.inputs[i]
+            if not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
+                raise ValueError(f"eagle.Graph.bind: {name!r} is a read-only array, and the graph writes this argument "
+                                 "in place (a Mutable or buffer=); pass a writeable array")
         for name, arr in arrays.items():
             i = self._input_names[name]
             self._trace.input_planes[i].array = arr

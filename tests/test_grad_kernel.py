@@ -138,6 +138,13 @@ def _unary_kernel(op):
 _UNARY_KERNELS = {}
 
 
+def _cached(cache, name, make, op):
+    """One kernel per case, shared by its float32 and float64 runs."""
+    if name not in cache:
+        cache[name] = make(op)
+    return cache[name]
+
+
 def _unary_case(name):
     if name == NEG_CBRT[0]:
         return NEG_CBRT[1]
@@ -178,7 +185,7 @@ def _unary_oracles():
 @pytest.mark.parametrize("name", UNARY_NAMES)
 def test_unary_vjp_and_jvp(name, dtype):
     op = _unary_case(name)[0]
-    k = _UNARY_KERNELS.setdefault(name, _unary_kernel(op))
+    k = _cached(_UNARY_KERNELS, name, _unary_kernel, op)
     x64, ct64, t64 = _unary_inputs(name)
     x, ct, t = (a.astype(dtype) for a in (x64, ct64, t64))
     tol_jax, tol_fd = TOL[dtype]
@@ -302,7 +309,7 @@ def _binary_oracles():
 @pytest.mark.parametrize("name", list(BINARY))
 def test_binary_vjp_and_jvp(name, dtype):
     op = BINARY[name][0]
-    k = _BINARY_KERNELS.setdefault(name, _binary_kernel(op))
+    k = _cached(_BINARY_KERNELS, name, _binary_kernel, op)
     a64, b64, ct64, ta64, tb64 = _binary_inputs(name)
     a, b, ct, ta, tb = (v.astype(dtype) for v in (a64, b64, ct64, ta64, tb64))
     tol_jax, tol_fd = TOL[dtype]
@@ -324,7 +331,7 @@ def test_binary_vjp_and_jvp(name, dtype):
 
 
 def test_vjp_wrt_selects_arguments():
-    k = _BINARY_KERNELS.setdefault("mul", _binary_kernel(BINARY["mul"][0]))
+    k = _cached(_BINARY_KERNELS, "mul", _binary_kernel, BINARY["mul"][0])
     a, b = np.arange(1.0, 5.0), np.arange(5.0, 9.0)
     g = hd.vjp(k, "b")(a, b, cotangent=np.ones(4))
     assert list(g) == ["b"]
@@ -497,7 +504,7 @@ def test_param_gradient_is_the_sum_over_samples(dtype):
 
 def test_one_cell_scalar_broadcast_gets_the_sum():
     """A Scalar argument given as a one-cell array is one value for all samples: its gradient sums."""
-    k = _BINARY_KERNELS.setdefault("mul", _binary_kernel(BINARY["mul"][0]))
+    k = _cached(_BINARY_KERNELS, "mul", _binary_kernel, BINARY["mul"][0])
     a, b = np.arange(1.0, 6.0), np.array([3.0])
     ct = np.array([1.0, -1.0, 2.0, 0.5, 1.0])
     g = hd.vjp(k)(a, b, cotangent=ct)
@@ -590,6 +597,31 @@ def test_matrix_kernel_vjp_jvp(dtype):
         _close(x, y, tol_jax * 10, f"matrix jvp output {j}")
 
 
+@hawk.kernel
+def einsum_forms(m: Matrix[3, 3], v: Vector[3], p: Matrix[3, 2]):
+    return (hm.einsum("ii,i->i", m, v), hm.einsum("ij,ij->", m, m), hm.einsum("ij->j", p), v[-1] * v[0],
+            hm.einsum("ii->i", m), hm.einsum("ij,k->ijk", p, v), hm.einsum("i,i,i->", v, v, v))
+
+
+def _jeinsum_forms(m, v, p):
+    return (jnp.einsum("ii,i->i", m, v), jnp.einsum("ij,ij->", m, m), jnp.einsum("ij->j", p), v[-1] * v[0],
+            jnp.einsum("ii->i", m), jnp.einsum("ij,k->ijk", p, v), jnp.einsum("i,i,i->", v, v, v))
+
+
+def test_einsum_diagonals_sums_outer_products_and_negative_indices():
+    rng = _rng(11)
+    m, v, p = rng.normal(size=(3, 3, N)), rng.normal(size=(3, N)), rng.normal(size=(3, 2, N))
+    cts = tuple(rng.normal(size=o.shape) for o in einsum_forms(m, v, p))
+    tans = [rng.normal(size=a.shape) for a in (m, v, p)]
+    g = hd.vjp(einsum_forms)(m, v, p, cotangent=cts)
+    _, want, jt = _jax_vjp_jvp(_per_sample(_jeinsum_forms, (-1, -1, -1)), [m, v, p], cts, tans)
+    for name, w in zip("mvp", want):
+        _close(g[name], w, 1e-12, f"einsum d/d{name}")
+    _, tout = hd.jvp(einsum_forms)(m, v, p, tangents=dict(zip("mvp", tans)))
+    for j, (a, b) in enumerate(zip(tout, jt)):
+        _close(a, b, 1e-12, f"einsum jvp {j}")
+
+
 def test_uniform_vector_param_gets_the_sum():
     """A Vector given as a one-cell (3, 1) array against per-sample Scalars: summed over samples."""
     @hawk.kernel
@@ -623,7 +655,7 @@ def test_mutable_kernel_cotangent_dict():
 
 
 def test_cotangent_tree_with_wrong_leaf_count_is_refused():
-    k = _BINARY_KERNELS.setdefault("mul", _binary_kernel(BINARY["mul"][0]))
+    k = _cached(_BINARY_KERNELS, "mul", _binary_kernel, BINARY["mul"][0])
     with pytest.raises(ValueError, match="output"):
         hd.vjp(k)(np.ones(4), np.ones(4), cotangent=(np.ones(4), np.ones(4)))
 
@@ -668,3 +700,47 @@ def test_result_and_mutable_cotangents():
     g = hd.vjp(k)(x, y.copy(), cotangent=(cr, cy))
     np.testing.assert_allclose(g["x"], cr * np.cos(x) + cy * y, rtol=1e-15)
     np.testing.assert_allclose(g["y"], cy * x, rtol=1e-15)
+
+
+# ---------------------------------------------------------------------------------------------
+# what the backward reads, and what it hands back
+
+def _spec(kernel, *args):
+    values = kernel.bind_arguments(args, {})
+    return kernel.specialize(kernel.layout_of(values)[0])
+
+
+def test_the_backward_of_a_linear_body_reads_no_primal():
+    """The vjp program keeps only what its outputs need: a linear body's reads none of its inputs
+    (no replayed forward), a nonlinear one the inputs its partials use."""
+    from hawk_fx.diff import kernel_vjp
+
+    @hawk.kernel
+    def lin(x: Scalar, y: Scalar, a: Param) -> Scalar:
+        return 2.0 * x - y / 4.0 + a
+
+    @hawk.kernel
+    def nonlin(x: Scalar, y: Scalar) -> Scalar:
+        return hm.sin(x) + 3.0 * y
+
+    x = np.linspace(0.0, 1.0, 8)
+    kv = kernel_vjp(_spec(lin, x, x, np.array([1.0])))
+    assert kv.reads == [False, False, False]
+    assert all(e.prim.name in ("mul", "div", "neg", "sample_sum", "convert") for e in kv.prog.eqns), kv.prog
+    assert kernel_vjp(_spec(nonlin, x, x)).reads == [True, False]
+
+
+def test_gradients_handed_back_are_fresh_arrays():
+    """An identity-like backward (x + 1) passes the cotangent through; what the caller gets must
+    still be its own array, not a view of the cotangent it passed."""
+    @hawk.kernel
+    def shift(x: Scalar) -> Scalar:
+        return x + 1.0
+
+    ct = np.array([1.0, 2.0, 3.0])
+    g = hd.vjp(shift, "x")(np.zeros(3), cotangent=ct)["x"]
+    np.testing.assert_array_equal(g, [1.0, 2.0, 3.0])
+    assert not np.shares_memory(g, ct)
+    ct[:] = 0.0
+    np.testing.assert_array_equal(g, [1.0, 2.0, 3.0])
+    g += 1.0                                   # writable

@@ -847,3 +847,78 @@ def test_python_continue_and_break_in_a_python_loop():
         g = skip_some(x0, stop)
         np.testing.assert_array_equal(g(), want)
         assert "while" not in str(g.program) and "cond" not in str(g.program)
+
+
+def test_a_counted_loop_with_a_device_break():
+    @eagle_fx.Graph.builder
+    def counted_break(x, n, done):
+        g = eagle_fx.Graph()
+        for i in range(n):
+            x = inc(x)
+            over(x, 3.5, done)
+            if done:
+                break
+            x = dbl(x)
+        g.result = x
+        return g
+
+    x0 = np.array([0.0, -4.0])
+    n = cell(0)
+    g = counted_break(x0, n, cell(0))
+    for nv in (0, 1, 2, 3, 6):
+        n[0] = nv
+        want = x0.copy()
+        for _ in range(nv):
+            want = want + 1.0
+            if n_over(want, 3.5):
+                break
+            want = 2.0 * want
+        np.testing.assert_array_equal(g(), want)
+
+
+def test_a_python_flag_set_under_a_device_if_becomes_a_cell():
+    @eagle_fx.Graph.builder
+    def found(x, c, lim):
+        g = eagle_fx.Graph()
+        hit = False
+        for _ in range(4):
+            x = inc(x)
+            over(x, lim, c)
+            if c:
+                hit = True                       # differs by arm: carried as a cell
+        if hit:
+            x = dbl(x)
+        g.result = x
+        return g
+
+    lim = np.array([2.5])
+    g = found(np.zeros(2), cell(0), lim)
+    for lv in (2.5, 10.0, 3.5, 0.0):
+        lim[0] = lv
+        want, hit = np.zeros(2), False
+        for _ in range(4):
+            want = want + 1.0
+            if n_over(want, lv):
+                hit = True
+        np.testing.assert_array_equal(g(), 2.0 * want if hit else want)
+
+
+def test_match_on_a_python_value_is_decided_at_build():
+    @eagle_fx.Graph.builder
+    def pick(x, k):
+        g = eagle_fx.Graph()
+        match k:
+            case 0:
+                x = inc(x)
+            case 1:
+                x = dbl(x)
+            case _:
+                pass
+        g.result = x
+        return g
+
+    x0 = np.array([1.0, 3.0])
+    for k, want in ((0, x0 + 1), (1, 2 * x0), (7, x0)):
+        g = pick(x0, k)
+        np.testing.assert_array_equal(g(), want)
+        assert "switch" not in str(g.program)

@@ -485,3 +485,102 @@ def test_builder_syntax_refusals_name_the_line():
 
     message(SyntaxError, with_guard, "guarded:5", "case` guard", "inside the arm")
     message(SyntaxError, with_for_else, "for_else:4", "`else`", "after the loop")
+
+
+# ---------------------------------------------------------------------------------------------
+# what a wait orders: chained waits and nested joins are accepted, a sibling's wait is not enough
+
+def test_chained_waits_order_a_branch_after_the_first_writer():
+    @eagle_fx.Graph.builder
+    def chained(x):
+        g = eagle_fx.Graph()
+        with g.parallel() as p:
+            with p.branch() as a:
+                l = inc(x)
+            with p.branch() as b:
+                b.wait(l)
+                v = dbl(l)
+            with p.branch() as c:
+                c.wait(v)                        # after v, hence after l: b waited for l before writing v
+                r = add(l, v)
+        g.result = (l, v, r)
+        return g
+
+    x = np.array([0.0, 1.5, -2.0, 4.0])
+    l, v, r = chained(x)()
+    np.testing.assert_array_equal(l, x + 1)
+    np.testing.assert_array_equal(v, 2 * (x + 1))
+    np.testing.assert_array_equal(r, 3 * (x + 1))
+
+
+def test_a_wait_inside_a_nested_fork_orders_what_follows_its_join():
+    @eagle_fx.Graph.builder
+    def after_join(x):
+        g = eagle_fx.Graph()
+        with g.parallel() as p:
+            with p.branch() as a:
+                l = inc(x)
+            with p.branch() as b:
+                with b.parallel() as q:
+                    with q.branch() as q1:
+                        q1.wait(l)
+                        m = dbl(l)
+                    with q.branch() as q2:
+                        k = dbl(x)
+                r = add(l, k)                    # after the inner join: after q1's wait for l
+        g.result = (m, r)
+        return g
+
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    m, r = after_join(x)()
+    np.testing.assert_array_equal(m, 2 * (x + 1))
+    np.testing.assert_array_equal(r, (x + 1) + 2 * x)
+
+
+def test_a_wait_in_a_sibling_nested_branch_does_not_order_another():
+    @eagle_fx.Graph.builder
+    def sibling_wait(x):
+        g = eagle_fx.Graph()
+        with g.parallel() as p:
+            with p.branch() as a:
+                l = inc(x)
+            with p.branch() as b:
+                with b.parallel() as q:
+                    with q.branch() as q1:
+                        q1.wait(l)
+                        m = dbl(l)
+                    with q.branch() as q2:
+                        k = dbl(l)               # q2 did not wait
+        g.result = (m, k)
+        return g
+
+    message(ValueError, lambda: sibling_wait(X), "'l' (node 0", "'k' (node 2", "RAW")
+
+
+def test_two_forks_in_one_branch_run_one_after_the_other():
+    @eagle_fx.Graph.builder
+    def two_forks(x, y):
+        g = eagle_fx.Graph()
+        with g.parallel() as p:
+            with p.branch() as a:
+                with a.parallel() as q:
+                    with q.branch() as q1:
+                        accumulate(x, y)
+                    with q.branch() as q2:
+                        u = dbl(x)
+                with a.parallel() as q:
+                    with q.branch() as q1:
+                        v = inc(y)               # the first inner fork joined: y is written
+                    with q.branch() as q2:
+                        w = add(u, x)
+            with p.branch() as b:
+                t = dbl(x)
+        g.result = (v, w, t)
+        return g
+
+    y = np.zeros(4)
+    v, w, t = two_forks(X, y)()
+    np.testing.assert_array_equal(y, X + 1)
+    np.testing.assert_array_equal(v, X + 2)
+    np.testing.assert_array_equal(w, 3 * X)
+    np.testing.assert_array_equal(t, 2 * X)

@@ -434,3 +434,31 @@ def test_bind_a_loop_guard_cell_the_body_writes():
         want, want_f = ref(x1, fv)
         np.testing.assert_array_equal(g(), want)
         assert f1[0] == want_f
+
+
+def test_bind_refuses_a_read_only_array_for_an_argument_the_graph_writes():
+    x0, y0 = np.array([1.0, 2.0, 3.0]), np.zeros(3)
+    g = bindable(x0, y0, cell(0), cell(0))
+    ro = np.zeros(3)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError) as e:
+        g.bind(y=ro)
+    msg = str(e.value)
+    assert "eagle.Graph.bind" in msg and "'y'" in msg and "read-only" in msg and "writeable" in msg
+    g()                                          # still bound to y0
+    np.testing.assert_allclose(y0, ref_bindable(x0, 0, 0)[1])
+    xr = np.array([4.0, 5.0, 6.0])
+    xr.flags.writeable = False                   # x is only read: a read-only array is fine
+    g.bind(x=xr)
+    np.testing.assert_allclose(g(), ref_bindable(xr, 0, 0)[0])
+
+
+def test_bind_strided_views():
+    x0, y0 = np.array([1.0, 2.0, 3.0]), np.zeros(3)
+    g = bindable(x0, y0, cell(1), cell(1))
+    xs, ys = np.arange(6.0), np.full(6, -1.0)
+    g.bind(x=xs[::2], y=ys[1::2])
+    want, want_y = ref_bindable(xs[::2], 1, 1)
+    np.testing.assert_allclose(g(), want)
+    np.testing.assert_allclose(ys[1::2], want_y)
+    np.testing.assert_array_equal(ys[::2], -1.0)    # the other half of the base array is untouched

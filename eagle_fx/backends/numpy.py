@@ -302,10 +302,22 @@ class NumpyExecutable:
             g.emit(d, f"R{e.params['record_turns']}{g.at()}[0] = {t}")
 
     # -- batched (vmap) control flow: every arm runs, each instance keeps its own ---------------
-    def _mask_views(self, mask_slot, outs):
-        """Views of a (B, 1) mask that broadcast against each output."""
+    def _merge(self, g, d, mask_slot, outs, srcs):
+        """out = src where the instance's mask is set. The mask is spread to each output's full
+        shape first: copyto with a broadcast (stride-0) mask is several times slower."""
         m = self.slots[mask_slot]
-        return [self._const(m.reshape(m.shape[:1] + (1,) * (self.slots[s].ndim - 1))) for s in outs]
+        full = {}
+        for o, src in zip(outs, srcs):
+            shape = self.slots[o].shape
+            if shape not in full:
+                if shape == m.shape:
+                    full[shape] = f"b{mask_slot}"
+                else:
+                    k = self._new_slot(np.zeros(shape, bool))
+                    view = self._const(m.reshape(m.shape[:1] + (1,) * (len(shape) - 1)))
+                    g.emit(d, f"np.copyto(b{k}, {view})")
+                    full[shape] = f"b{k}"
+            g.emit(d, f"np.copyto(b{o}, b{src}, where={full[shape]})")
 
     def _private(self, g, d, operands, positions):
         """Copies of the operands an arm writes in place, so arms run side by side."""
@@ -327,20 +339,18 @@ class NumpyExecutable:
             self._gen_sub(g, d, arm, self._private(g, d, operands, written), t_slots)
             arm_outs.append(t_slots)
         mask = self._new_slot(np.zeros(pred.aval.shape, bool))
-        views = self._mask_views(mask, outs)
         if e.prim is ir.cond_p:
             false_s, true_s = arm_outs
             g.emit(d, f"np.not_equal({self.b(pred)}, 0, out=b{mask})")
-            for o, f, t, m in zip(outs, false_s, true_s, views):
+            for o, f in zip(outs, false_s):
                 g.emit(d, f"np.copyto(b{o}, b{f})")
-                g.emit(d, f"np.copyto(b{o}, b{t}, where={m})")
+            self._merge(g, d, mask, outs, true_s)
         else:
             for o, t in zip(outs, arm_outs[-1]):
                 g.emit(d, f"np.copyto(b{o}, b{t})")
             for c, slots in zip(e.params["cases"], arm_outs[:-1]):
                 g.emit(d, f"np.equal({self.b(pred)}, {c}, out=b{mask})")
-                for o, t, m in zip(outs, slots, views):
-                    g.emit(d, f"np.copyto(b{o}, b{t}, where={m})")
+                self._merge(g, d, mask, outs, slots)
 
     def _gen_masked_while(self, g, d, e, outs):
         body, cond = e.params["body"], e.params["cond"]
@@ -353,7 +363,6 @@ class NumpyExecutable:
         B = self.slots[outs[0]].shape[0]
         mask = self._new_slot(np.zeros((B, 1), bool))
         live = self._new_slot(np.zeros((B, 1), bool))
-        views = self._mask_views(mask, outs)
         t = f"t{g.turns}"
         g.turns += 1
         ctr = self._sub_slot(ir.U32_CELL)
@@ -362,21 +371,30 @@ class NumpyExecutable:
         g.emit(d, "while True:")
         if cap is not None:
             g.emit(d + 1, f"if {t} >= {cap}: break")
-        g.emit(d + 1, f"b{mask}[...] = True")
         if cond is not None:
-            c_slot = self._sub_slot(cond.outputs[0].aval)
-            self._gen_sub(g, d + 1, cond, consts + carries, [c_slot])
-            g.emit(d + 1, f"np.not_equal(b{c_slot}, 0, out=b{mask})")
+            c_ops = consts + carries
+            if not cond.eqns and cond.outputs[0] in cond.inputs:     # the guard is a carried cell itself
+                guard = self.b(c_ops[cond.inputs.index(cond.outputs[0])])
+            else:
+                c_slot = self._sub_slot(cond.outputs[0].aval)
+                self._gen_sub(g, d + 1, cond, c_ops, [c_slot])
+                guard = f"b{c_slot}"
+            g.emit(d + 1, f"np.not_equal({guard}, 0, out=b{mask})")
+        else:
+            g.emit(d + 1, f"b{mask}[...] = True")
         if counted:
             g.emit(d + 1, f"np.greater({self.b(trip)}, {t}, out=b{live})")
             g.emit(d + 1, f"np.logical_and(b{mask}, b{live}, out=b{mask})")
         g.emit(d + 1, f"if not b{mask}.any(): break")
-        g.emit(d + 1, f"b{ctr}[0] = {t}")
-        t_slots = [self._sub_slot(v.aval) for v in e.outputs]
-        refs = [self._ref(ctr, ir.U32_CELL)] + consts + self._private(g, d + 1, carries, written)
+        if any(body.inputs[0] in e.inputs for e in body.eqns) or body.inputs[0] in body.outputs:
+            g.emit(d + 1, f"b{ctr}[0] = {t}")
+        private = self._private(g, d + 1, carries, written)
+        # a carry written in place lands in its private copy: merge from there
+        t_slots = [self.slot_of[private[j]] if j in written else self._sub_slot(v.aval)
+                   for j, v in enumerate(e.outputs)]
+        refs = [self._ref(ctr, ir.U32_CELL)] + consts + private
         self._gen_sub(g, d + 1, body, refs, t_slots)
-        for o, ts, m in zip(outs, t_slots, views):
-            g.emit(d + 1, f"np.copyto(b{o}, b{ts}, where={m})")
+        self._merge(g, d + 1, mask, outs, t_slots)
         g.emit(d + 1, f"{t} += 1")
 
     # -- binding and running ------------------------------------------------------------------
