@@ -114,3 +114,87 @@ def vmap(f, in_axes=0, out_axes=0):
 def _batched(aval, B):
     from . import ir
     return ir.plane_aval((B,) + aval.shape, aval.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# derivatives with JAX's shapes, over a recorded run of the builder
+
+def _recorded(f, args, api):
+    from .graph import _force_record
+    _force_record.append(True)
+    try:
+        g = _build(f, args, {}, api)
+    finally:
+        _force_record.pop()
+    g.launch()
+    return g
+
+
+def _arg_names(f, args, api):
+    sig = getattr(f, "signature", None)
+    if sig is None:
+        raise TypeError(f"{api}: takes a builder (@eagle_fx.Graph.builder), got {type(f).__name__}")
+    names = list(sig.parameters)[:len(args)]
+    return [n if isinstance(a, np.ndarray) and a.dtype.kind == "f" else None for n, a in zip(names, args)]
+
+
+def _copy_tree(tree):
+    leaves, t = tree_flatten(tree, is_leaf=lambda x: isinstance(x, np.ndarray))
+    return tree_unflatten(t, [np.array(x) for x in leaves])
+
+
+def vjp(f, *args):
+    """(result, pullback): pullback(cotangent tree) -> a cotangent per positional argument
+    (None for arguments that are not floating arrays, such as cells)."""
+    from .diff import reverse
+    api = "eagle_fx.vjp"
+    names = _arg_names(f, args, api)
+    g = _recorded(f, args, api)
+    y = _copy_tree(g.result)
+    record = g.record
+
+    def pullback(ct):
+        wrt = tuple(n for n in names if n)
+        r = reverse(record, {"result": ct}, wrt=wrt) if wrt else {}
+        return tuple(r[n] if n else None for n in names)
+    return y, pullback
+
+
+def jvp(f, primals, tangents):
+    """(result, result tangent) for tangents given per argument (None: no tangent; cells have none)."""
+    from .diff import forward
+    api = "eagle_fx.jvp"
+    primals, tangents = tuple(primals), tuple(tangents)
+    if len(primals) != len(tangents):
+        raise ValueError(f"{api}: {len(primals)} primals and {len(tangents)} tangents; give one tangent (or None) "
+                         "per argument")
+    names = _arg_names(f, primals, api)
+    for n, p, t in zip(names, primals, tangents):
+        if t is not None and (n is None or np.shape(t) != np.shape(p) or np.asarray(t).dtype != p.dtype):
+            raise ValueError(f"{api}: the tangent for argument {n or '(not a floating array)'} has shape "
+                             f"{np.shape(t)} and dtype {np.asarray(t).dtype}; it needs {np.shape(p)} {p.dtype}, "
+                             "or None")
+    g = _recorded(f, primals, api)
+    y = _copy_tree(g.result)
+    ts = {n: np.asarray(t) for n, t in zip(names, tangents) if n and t is not None}
+    return y, forward(g.record, ts, of="result")["result"]
+
+
+def grad(f, argnums=0):
+    """The gradient of a builder whose result is one value (a one-cell array or a 0-d value)."""
+    api = "eagle_fx.grad"
+
+    def gradient(*args):
+        y, pullback = vjp(f, *args)
+        leaves, _ = tree_flatten(y, is_leaf=lambda x: isinstance(x, np.ndarray))
+        if len(leaves) != 1 or np.size(leaves[0]) != 1:
+            shapes = [np.shape(x) for x in leaves]
+            raise TypeError(f"{api}: {getattr(f, '__name__', f)} returns {shapes}; grad needs one value (a one-cell "
+                            "result, e.g. from hawk.sum); for other results use eagle_fx.vjp")
+        cts = pullback(np.ones_like(leaves[0]))
+        pick = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+        for k in pick:
+            if cts[k] is None:
+                raise TypeError(f"{api}: argument {k} is not a floating array; it has no gradient")
+        return cts[argnums] if isinstance(argnums, int) else tuple(cts[k] for k in pick)
+    return gradient

@@ -62,6 +62,7 @@ class _BuildContext:
 
 
 _building: list[_BuildContext] = []
+_force_record: list[bool] = []       # eagle_fx.vjp/jvp/grad build a recorded twin of any builder
 
 
 class Branch:
@@ -119,7 +120,7 @@ class Graph:
     """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue."""
 
     def __init__(self, record: bool = False):
-        self._record = bool(record)
+        self._record = bool(record) or bool(_force_record and _force_record[-1] and _building)
         self._trace = GraphTrace(self)
         self._result_tree = None
         self._has_result = False
