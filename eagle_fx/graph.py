@@ -18,6 +18,7 @@ from hawk_fx.tree import tree_flatten, tree_unflatten
 from . import staging
 from .analysis import count_nodes, count_stages
 from .autograph import convert_builder
+from .backends import cuda as _cuda
 from .backends.numpy import NumpyExecutable
 from .staging import GraphTrace, Plane
 from .transforms.vjp import forward_with_residuals
@@ -119,8 +120,9 @@ class Fork:
 class Graph:
     """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue."""
 
-    def __init__(self, record: bool = False):
+    def __init__(self, record: bool = False, backend=None):
         self._record = bool(record) or bool(_force_record and _force_record[-1] and _building)
+        self._backend = backend      # None: by the arrays (NumPy -> numpy, CuPy -> cuda); see backends.cuda.choose
         self._trace = GraphTrace(self)
         self._result_tree = None
         self._has_result = False
@@ -223,13 +225,13 @@ class Graph:
         if self._exe is not None:
             return self
         t = self._trace
-        leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, (Plane, np.ndarray)))
+        leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, Plane) or staging.is_array(x))
         self._result_flat = (leaves, tree)
         outs = []
         for x in leaves:
             if isinstance(x, Plane):
                 outs.append(t.root.read(x.key))
-            elif isinstance(x, np.ndarray):
+            elif staging.is_array(x):
                 outs.append(t.root.read(t.extern(x)))
             elif isinstance(x, staging._LoopLocal):
                 x._fail()
@@ -239,7 +241,13 @@ class Graph:
         self._program = t.program(outs)
         keep = {h.var for h in list(t.handles) + t.buffers if h.var is not None}
         arrays = [e.array for e in t.input_planes]
-        if self._record:
+        backend = _cuda.choose(arrays, self._backend)         # CuPy arrays: one CUDA graph (backends/cuda.py)
+        if backend != "numpy":
+            if self._record:
+                raise NotImplementedError(_cuda.RECORD_REFUSAL)
+            self._exe = _cuda.CudaExecutable(self._program, arrays, keep, t.n or 1, runtime=backend,
+                                             names=[e.name for e in t.input_planes])
+        elif self._record:
             fwd, self._residuals = forward_with_residuals(self._program, self._loop_capacity)
             self._exe = NumpyExecutable(fwd, arrays, keep, t.n or 1, records=self._residuals.allocate())
         else:
@@ -269,7 +277,7 @@ class Graph:
         return Record(self, self._generation)
 
     def _result_vars(self):
-        leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, (Plane, np.ndarray)))
+        leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, Plane) or staging.is_array(x))
         return list(self._program.outputs[:len(leaves)]), tree
 
     def _gradient_names(self):
@@ -318,6 +326,9 @@ class Graph:
                                "run its Record describes")
         self.synchronize()
         exe = self.build()._exe
+        if hasattr(exe, "enqueue"):          # a CUDA graph: launched asynchronously on the stream
+            exe.enqueue(int(n))
+            return self
 
         def work():
             try:
@@ -337,6 +348,8 @@ class Graph:
             if self._worker_error is not None:
                 e, self._worker_error = self._worker_error, None
                 raise e
+        if hasattr(self._exe, "synchronize"):    # a CUDA graph: wait for its stream
+            self._exe.synchronize()
         return self
 
     def bind(self, **arrays) -> "Graph":
@@ -349,7 +362,8 @@ class Graph:
                 raise KeyError(f"eagle.Graph.bind: {name!r} is not an array argument of the builder (it has: {known})")
             i = self._input_names[name]
             old = self._trace.input_planes[i].array
-            if not isinstance(arr, np.ndarray) or arr.shape != old.shape or arr.dtype != old.dtype:
+            if not staging.is_array(arr) or isinstance(arr, np.ndarray) != isinstance(old, np.ndarray) \
+                    or arr.shape != old.shape or arr.dtype != old.dtype:
                 got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
                 raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
                                  "call the builder again")
@@ -368,7 +382,8 @@ class Graph:
         if self._exe is None and self._program is None:
             return f"<eagle_fx.Graph (staging) {self._trace.seq} nodes, cpu>"
         prog = self.program
-        return f"<eagle_fx.Graph {count_nodes(prog)} nodes, {count_stages(prog)} stages, cpu>"
+        return (f"<eagle_fx.Graph {count_nodes(prog)} nodes, {count_stages(prog)} stages, "
+                f"{getattr(self._exe, 'backend_name', 'cpu')}>")
 
 
 class Builder:
@@ -395,7 +410,7 @@ class Builder:
             return self._call_block(args, kwargs)
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        names = {id(v): k for k, v in bound.arguments.items() if isinstance(v, np.ndarray)}
+        names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
         ctx = _BuildContext(self, names)
         _building.append(ctx)
         staging._source_stack.append(self.source)

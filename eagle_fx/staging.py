@@ -201,11 +201,11 @@ class GraphTrace:
             if value.graph is not self.graph:
                 raise ValueError(f"{api}: {what} belongs to another graph; pass arrays between graphs as NumPy arrays")
             return value.key
-        if isinstance(value, np.ndarray):
+        if is_array(value):
             return self.extern(value)
         if type(value).__module__.split(".")[0] in ("cupy", "jax", "jaxlib"):
             raise NotImplementedError(f"{api}: {what} is a {type(value).__module__}.{type(value).__name__}: graphs run "
-                                      "on NumPy arrays in this version; pass a NumPy array")
+                                      "on NumPy arrays, or on CuPy arrays as CUDA graphs; pass one of those")
         return None
 
     def new_plane(self, aval, info=None, var=None) -> Plane:
@@ -397,16 +397,23 @@ class _LoopLocal:
     __bool__ = __array__ = __iter__ = __getattr__ = _fail
 
 
+def is_array(v) -> bool:
+    """An array a graph stages as a plane: a NumPy array, or a GPU array (CuPy, or any object with
+    __cuda_array_interface__, shape and dtype), which makes the graph a CUDA graph at build."""
+    return isinstance(v, np.ndarray) or (hasattr(type(v), "__cuda_array_interface__") and hasattr(v, "shape")
+                                         and hasattr(v, "dtype"))
+
+
 def _is_device(v) -> bool:
     if isinstance(v, Plane):
         return True
-    return isinstance(v, np.ndarray)
+    return is_array(v)
 
 
 def _is_cell(v) -> bool:
     if isinstance(v, Plane):
         return ir.is_cond_cell(v.aval)
-    return isinstance(v, np.ndarray) and v.shape == (1,) and v.dtype == np.uint32
+    return is_array(v) and tuple(v.shape) == (1,) and v.dtype == np.uint32
 
 
 class Runtime:
@@ -582,8 +589,8 @@ class Runtime:
     def range_(self, *args):
         if any(_is_device(a) for a in args):
             if len(args) != 1 or not _is_cell(args[0]):
-                raise TypeError(f"eagle.Graph.builder {self.here()}: a device trip count is `range(cell)` with one one-cell uint32 "
-                                "array; start and step are not supported on the device")
+                raise TypeError(f"eagle.Graph.builder {self.here()}: a device trip count is `range(cell)` with one "
+                                "one-cell uint32 array; start and step are not supported on the device")
             return DeviceRange(args[0])
         return range(*args)
 

@@ -188,6 +188,18 @@ def _is_gpu_array(a) -> bool:
     return type(a).__module__.split(".")[0] in ("cupy", "jax", "jaxlib")
 
 
+def _is_cuda_array(a) -> bool:
+    """A CuPy array (or any __cuda_array_interface__ array): the call runs the emitted CUDA kernel."""
+    return ((type(a).__module__.split(".")[0] == "cupy" or hasattr(type(a), "__cuda_array_interface__"))
+            and hasattr(a, "shape") and hasattr(a, "dtype"))
+
+
+def _shape_proxy(a) -> np.ndarray:
+    """A zero-memory NumPy stand-in with a device array's shape and dtype, to lay the call out."""
+    shape = tuple(int(d) for d in a.shape)
+    return np.lib.stride_tricks.as_strided(np.zeros(1, np.dtype(a.dtype)), shape, (0,) * len(shape))
+
+
 class Kernel:
     def __init__(self, fn):
         self.fn = fn
@@ -264,12 +276,13 @@ class Kernel:
             if not role.accepts_dtype(dt):
                 raise TypeError(f"{where} is a Python {type(v).__name__} {v!r}; it needs {role.describe_dtype()}")
             return (UNIFORM, dt, (), True)
+        if _is_cuda_array(v):            # laid out by shape and dtype; __call__ runs it on the GPU
+            v = _shape_proxy(v)
         if not isinstance(v, np.ndarray):
             if _is_gpu_array(v):
                 raise NotImplementedError(
-                    f"{where} is a {type(v).__module__}.{type(v).__name__}: kernels run on NumPy arrays in this "
-                    "version (the CUDA emitter is not wired to calls yet); pass a NumPy array, e.g. "
-                    f"cupy.asnumpy({name})")
+                    f"{where} is a {type(v).__module__}.{type(v).__name__}: kernels run on NumPy arrays, or on "
+                    f"CuPy arrays on the GPU; pass a NumPy array, e.g. np.asarray({name})")
             if isinstance(v, np.generic) and not role.mutable and not role.shape:
                 if v.dtype.kind not in "biuf" or not role.accepts_dtype(v.dtype):
                     raise TypeError(f"{where} has dtype {v.dtype}; it needs {role.describe_dtype()}")
@@ -313,6 +326,9 @@ class Kernel:
         values = self.bind_arguments(args, kwargs)
         layout, n = self.layout_of(values)
         spec = self.specialize(layout)
+        if any(_is_cuda_array(v) for v in values):   # CuPy arrays: the emitted CUDA kernel, on the GPU
+            from eagle_fx.backends.cuda import call_kernel
+            return tree_unflatten(spec.tree, call_kernel(spec, values, n))
         self._fast = spec.fast
         if len(spec.commits) > 1:
             targets = [values[k] for k in spec.commits]

@@ -922,3 +922,35 @@ def test_match_on_a_python_value_is_decided_at_build():
         g = pick(x0, k)
         np.testing.assert_array_equal(g(), want)
         assert "switch" not in str(g.program)
+
+
+def test_a_python_loop_around_a_device_loop():
+    @eagle_fx.Graph.builder
+    def rounds(x, flag, y):
+        g = eagle_fx.Graph()
+        for r in range(3):                       # Python: three copies of the device loop
+            below(x, 10.0 * (r + 1), flag)
+            for _ in range(16):
+                if not flag:
+                    break
+                x = affine(x, 1.0, 1.0)
+                below(x, 10.0 * (r + 1), flag)
+            gather(x, y)
+        g.result = x
+        return g
+
+    x0, flag, y = np.array([0.5, 4.0, 12.0]), cell(0), np.zeros(3)
+    g = rounds(x0, flag, y)
+    assert str(g.program).count("while[cap=16") == 3
+    for x1 in (x0, np.array([-3.0, 25.0, 9.5])):
+        g.bind(x=x1)
+        y[:] = 0.0
+        want, yy = x1.copy(), np.zeros(3)
+        for r in range(3):
+            for _ in range(16):
+                if not n_below(want, 10.0 * (r + 1)):
+                    break
+                want = want + 1.0
+            yy = yy + want
+        np.testing.assert_array_equal(g(), want)
+        np.testing.assert_array_equal(y, yy)

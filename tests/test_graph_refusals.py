@@ -308,7 +308,8 @@ def test_a_non_cell_array_as_a_condition_is_refused(bad):
     shape = f"shape {bad.shape}"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", eagle_fx.UncappedLoopWarning)
-        for b, line in ((as_if, "if c:"), (as_while, "while c:"), (as_guard, "for _ in range(3)"), (as_match, "match c:")):
+        for b, line in ((as_if, "if c:"), (as_while, "while c:"), (as_guard, "for _ in range(3)"),
+                        (as_match, "match c:")):
             message(TypeError, lambda: b(x, bad), f"eagle.Graph.builder {where(b, line)}", shape,
                     "one-cell uint32")
     message(TypeError, lambda: as_trip(x, bad), f"eagle.Graph.builder {where(as_trip, 'range(c)')}", "range(cell)")

@@ -462,3 +462,40 @@ def test_bind_strided_views():
     np.testing.assert_allclose(g(), want)
     np.testing.assert_allclose(ys[1::2], want_y)
     np.testing.assert_array_equal(ys[::2], -1.0)    # the other half of the base array is untouched
+
+
+def test_a_block_extends_a_hand_made_graph_after_a_host_node():
+    @eagle_fx.Graph.builder
+    def twice(g: eagle_fx.Graph, v):
+        return dbl(dbl(v))
+
+    src, dst = np.arange(4.0), np.zeros(4)
+    h = eagle_fx.Graph()
+    h.add_node(eagle_fx.opaque(lambda: np.add(src, 1.0, out=dst), reads={"x": src}, writes={"y": dst}),
+               name="shift")
+    z = twice(h, dst)
+    assert h.build().launch() is h
+    np.testing.assert_array_equal(np.asarray(z), 4.0 * (src + 1.0))
+    src[:] = [10.0, 20.0, 30.0, 40.0]            # the host node reads src at every replay
+    h.launch()
+    np.testing.assert_array_equal(np.asarray(z), 4.0 * (src + 1.0))
+    assert repr(h) == "<eagle_fx.Graph 3 nodes, 3 stages, cpu>"
+
+
+def test_a_block_returns_a_tree_and_takes_the_graph_by_keyword():
+    @eagle_fx.Graph.builder
+    def both(g: eagle_fx.Graph, v):
+        return {"inc": inc(v), "dbl": dbl(v)}
+
+    @eagle_fx.Graph.builder
+    def user(x):
+        g = eagle_fx.Graph()
+        r = both(v=x, g=g)
+        g.result = add(r["inc"], r["dbl"])
+        return g
+
+    x0 = np.array([1.0, -2.0])
+    np.testing.assert_array_equal(user(x0)(), 3.0 * x0 + 1.0)
+
+    with pytest.raises(TypeError, match="both: its parameter 'g' takes the graph"):
+        both(x0, x0)

@@ -79,6 +79,7 @@ What a Program becomes
 from __future__ import annotations
 
 import hashlib
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -100,9 +101,16 @@ MIN_DRIVER = 12080         # IF-ELSE and SWITCH conditional nodes need CUDA driv
 # ---------------------------------------------------------------------------------------------
 # the refusal
 
-def require_gpu() -> int:
+class GpuUnavailableError(NotImplementedError):
+    """CuPy arrays were given, but the GPU stack (CuPy, cuda.core, a device, a recent driver) is not
+    usable here. A RuntimeError (NotImplementedError derives from it), as kernels' refusals of
+    device arrays always were."""
+
+
+def require_gpu(what: str = "CuPy arrays run as CUDA graphs") -> int:
     """Check that CuPy, cuda.core and a CUDA device (driver >= 12.8) are usable; return the driver
-    version (e.g. 12080). Raises RuntimeError naming what is missing and how to install it."""
+    version (e.g. 12080). Raises GpuUnavailableError (a RuntimeError) naming what is missing and how
+    to install it; `what` starts the message (what needed the GPU)."""
     missing = []
     try:
         import cupy
@@ -114,22 +122,23 @@ def require_gpu() -> int:
     except Exception as exc:
         missing.append(f"cuda.core (the cuda-core wheel; import failed: {exc})")
     if missing:
-        raise RuntimeError("eagle_fx: CuPy arrays run as CUDA graphs, which needs " + " and ".join(missing)
-                           + f"; install the CUDA extra: {INSTALL_HINT}; or pass NumPy arrays to run on the CPU")
+        raise GpuUnavailableError(f"eagle_fx: {what}, which needs " + " and ".join(missing)
+                                  + f"; install the CUDA extra: {INSTALL_HINT}; or pass NumPy arrays to run on the CPU")
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
         driver = int(cupy.cuda.runtime.driverGetVersion())
     except Exception as exc:
-        raise RuntimeError(f"eagle_fx: CuPy arrays run as CUDA graphs, which needs a CUDA device and its driver; "
-                           f"none is usable here ({type(exc).__name__}: {exc}); run on a machine with an NVIDIA GPU "
-                           "(the packages come with: " + INSTALL_HINT + "), or pass NumPy arrays to run on the "
-                           "CPU") from exc
+        raise GpuUnavailableError(f"eagle_fx: {what}, which needs a CUDA device and its driver; "
+                                  f"none is usable here ({type(exc).__name__}: {exc}); run on a machine with an NVIDIA "
+                                  "GPU (the packages come with: " + INSTALL_HINT + "), or pass NumPy arrays to run on "
+                                  "the CPU") from exc
     if count < 1:
-        raise RuntimeError("eagle_fx: CuPy arrays run as CUDA graphs, which needs a CUDA device; the driver reports "
-                           "none; pass NumPy arrays to run on the CPU")
+        raise GpuUnavailableError(f"eagle_fx: {what}, which needs a CUDA device; the driver reports none; pass "
+                                  "NumPy arrays to run on the CPU")
     if driver < MIN_DRIVER:
-        raise RuntimeError(f"eagle_fx: CUDA graphs with IF-ELSE and SWITCH nodes need a CUDA driver >= 12.8; this one "
-                           f"is {driver // 1000}.{driver % 1000 // 10}; update the NVIDIA driver")
+        raise GpuUnavailableError(f"eagle_fx: CUDA graphs with IF-ELSE and SWITCH nodes need a CUDA driver >= 12.8; "
+                                  f"this one is {driver // 1000}.{driver % 1000 // 10}; update the NVIDIA driver, or "
+                                  "pass NumPy arrays to run on the CPU")
     return driver
 
 
@@ -587,7 +596,7 @@ class _Lowering:
 
     def memset(self, level, after, dst, value, label=""):
         h = level.builder.memset(dst, int(value), after=self._h(after))
-        return self._add(level, PlanNode("memset", h, after, label=label, dst=dst))
+        return self._add(level, PlanNode("memset", h, after, label=label, dst=dst, args=(int(value),)))
 
     def join(self, level, after, label="join"):
         h = level.builder.join(self._h(after))
@@ -937,13 +946,22 @@ class _Lowering:
 # the protocol over cuda.core (>= 1.0) explicit graphs: needs a GPU
 
 def _core_arg(a):
+    """A kernel argument as cuda.core's launch marshals it: device arrays as their pointer (a Python
+    int is passed as a pointer), None as a null pointer, NumPy scalars by value in their dtype,
+    GraphConditions as their handle (cuda.core unwraps them)."""
     if a is None:
-        return 0                                   # a Python int is passed as a pointer: null
+        return 0
+    if isinstance(a, np.generic):
+        return a
     data = getattr(a, "data", None)
     ptr = getattr(data, "ptr", None)
     if ptr is not None:                            # a CuPy array: its device pointer
         return int(ptr)
-    return a                                       # NumPy scalars and GraphConditions as they are
+    return a
+
+
+def _ptr(a) -> int:
+    return int(a.data.ptr)
 
 
 class CoreGraphBuilder:
@@ -951,22 +969,18 @@ class CoreGraphBuilder:
 
     Written against the cuda.core 1.2 stubs (GraphDefinition/GraphNode: launch, memset, memcpy,
     callback, join, empty, create_condition, if_then/.then, if_else/.then/.else_,
-    switch/.branches, while_loop/.body, instantiate). NOT YET RUN ON A DEVICE."""
+    switch/.branches, while_loop/.body, instantiate). Kernels come from `runtime` (a CoreRuntime:
+    compiled once per process and device). Needs a GPU; run by tests/gpu and bench/gpu_check.sh."""
 
-    def __init__(self, definition=None, *, arch=None, _root=None):
+    def __init__(self, definition=None, *, arch=None, runtime=None, _root=None):
         if _root is None:
-            require_gpu()
-            from cuda.core import Device
+            self.runtime = runtime if runtime is not None else CoreRuntime.get()
             from cuda.core.graph import GraphDefinition
-            self.device = Device()
-            self.device.set_current()
-            cc = self.device.compute_capability
-            self.arch = arch or f"sm_{cc[0]}{cc[1]}"
-            self._objects, self._functions = {}, {}
+            self.arch = arch or self.runtime.arch
             self._root = self
             self.definition = GraphDefinition() if definition is None else definition
         else:
-            self._root, self.definition = _root, definition
+            self._root, self.definition, self.runtime, self.arch = _root, definition, _root.runtime, _root.arch
 
     def _body(self, definition):
         return CoreGraphBuilder(definition, _root=self._root)
@@ -980,40 +994,25 @@ class CoreGraphBuilder:
 
     # memory
     def zeros(self, shape, dtype):
-        import cupy
-        return cupy.zeros(shape, dtype)
+        return self.runtime.zeros(shape, dtype)
 
     def to_device(self, host):
-        import cupy
-        return cupy.ascontiguousarray(cupy.asarray(host))
+        return self.runtime.to_device(host)
 
     def create_condition(self, default=0):
         return self.definition.create_condition(default_value=default)
 
-    def _function(self, module, entry):
-        root = self._root
-        key = (module.name, entry)
-        fn = root._functions.get(key)
-        if fn is None:
-            obj = root._objects.get(module.name)
-            if obj is None:
-                from cuda.core import ObjectCode
-                obj = root._objects[module.name] = ObjectCode.from_cubin(hcuda.compile_cubin(module.source, root.arch))
-            fn = root._functions[key] = obj.get_kernel(entry)
-        return fn
-
     # nodes
     def kernel(self, module, entry, grid, block, args, after=()):
-        from cuda.core import LaunchConfig
-        cfg = LaunchConfig(grid=int(grid), block=int(block))
-        return self._origin(after).launch(cfg, self._function(module, entry), *[_core_arg(a) for a in args])
+        cfg = self.runtime.config(grid, block)
+        fn = self.runtime.function(module, entry, self.arch)
+        return self._origin(after).launch(cfg, fn, *[_core_arg(a) for a in args])
 
     def memset(self, dst, value, after=()):
-        return self._origin(after).memset(int(dst.data.ptr), int(value), int(dst.nbytes), dst_owner=dst)
+        return self._origin(after).memset(_ptr(dst), int(value), int(dst.nbytes), dst_owner=dst)
 
     def memcpy(self, dst, src, after=()):
-        return self._origin(after).memcpy(int(dst.data.ptr), int(src.data.ptr), int(dst.nbytes), dst_owner=dst,
-                                          src_owner=src)
+        return self._origin(after).memcpy(_ptr(dst), _ptr(src), int(dst.nbytes), dst_owner=dst, src_owner=src)
 
     def host(self, fn, after=()):
         return self._origin(after).callback(fn)
@@ -1039,3 +1038,515 @@ class CoreGraphBuilder:
 
     def instantiate(self):
         return self.definition.instantiate()
+
+
+# ---------------------------------------------------------------------------------------------
+# runtimes: where a lowered plan's memory lives and how its graph runs
+#
+# A runtime is what CudaExecutable and call_kernel need beyond the builder protocol:
+#   name                          'cuda' (shown by repr(g)) or 'fake-cuda'
+#   device_arrays(arrays, names)  the arrays a graph runs on: device arrays as they are (checked:
+#                                 C-contiguous, this device); NumPy arrays the builder reached (not
+#                                 its named arguments) are copied to the device once
+#   is_device(a), zeros, empty, to_device, overlaps(a, b)
+#   builder()                     a fresh top-level builder
+#   instantiate(builder)          the executable graph
+#   stream() / launch(graph, stream) / sync(stream)
+#                                 launches are asynchronous on the stream; sync waits for them
+#   update_kernel / update_memcpy / update_memset(graph, plan_node)
+#                                 set an instantiated node's parameters from the plan node (bind)
+#   update_graph(graph, builder)  whole-graph update from a definition of the same topology
+#   run_now(steps)                eager kernels: ('kernel', module, entry, grid, block, args) and
+#                                 ('memset', array, value) steps, launched in order on stream()
+
+NVRTC_OPTIONS = ("--fmad=false",)   # a*x+b rounds as NumPy's multiply then add does
+
+
+class CoreRuntime:
+    """The real runtime: CuPy device memory, cuda.core graphs and launches, on the CUDA device
+    CuPy has current. Launches go to CuPy's current stream (`with cupy.cuda.Stream(): g.enqueue()`
+    works), so a graph is ordered with the CuPy work around it like any CuPy operation. One
+    instance per device (CoreRuntime.get()). Needs a GPU; run by tests/gpu."""
+
+    name = "cuda"
+    _instances: dict = {}
+
+    @classmethod
+    def get(cls, what: str = "CuPy arrays run as CUDA graphs") -> "CoreRuntime":
+        try:
+            import cupy
+            dev = int(cupy.cuda.runtime.getDevice())
+        except Exception:
+            dev = None
+        rt = cls._instances.get(dev) if dev is not None else None
+        if rt is None:
+            driver = require_gpu(what)
+            import cupy
+            dev = int(cupy.cuda.runtime.getDevice())
+            rt = cls._instances[dev] = cls(dev, driver)
+        rt._make_current()
+        return rt
+
+    def __init__(self, device_id: int, driver: int):
+        import threading
+
+        import cupy
+        from cuda.core import Device
+        self.cupy, self.device_id, self.driver = cupy, device_id, driver
+        self.device = Device(device_id)
+        self._local = threading.local()
+        self._make_current()
+        cc = self.device.compute_capability
+        self.arch = f"sm_{cc[0]}{cc[1]}"
+        self._objects: dict = {}
+        self._functions: dict = {}
+        self._configs: dict = {}
+        self._null_stream = None
+
+    def __repr__(self):
+        return f"<eagle_fx CoreRuntime device {self.device_id} {self.arch} driver {self.driver}>"
+
+    def _make_current(self):
+        if not getattr(self._local, "current", False):    # cuda.core needs a current context per thread
+            self.device.set_current()
+            self._local.current = True
+
+    # memory
+    def is_device(self, a) -> bool:
+        return isinstance(a, self.cupy.ndarray)
+
+    def device_arrays(self, arrays, names=None) -> list:
+        names = list(names) if names is not None else [None] * len(arrays)
+        out = []
+        for a, name in zip(arrays, names):
+            what = f"the array argument {name!r}" if name else "an array the builder reached"
+            if isinstance(a, np.ndarray):
+                if name:
+                    raise ValueError(f"eagle_fx: {what} is a NumPy array, and other arrays of this graph are CuPy "
+                                     f"arrays; a graph runs on one device: pass cupy.asarray({name}) (or NumPy "
+                                     "arrays only, to run on the CPU)")
+                out.append(self.to_device(a))        # a constant or scratch cell the builder made: copied once
+                continue
+            if not self.is_device(a):
+                a = self.cupy.asarray(a)             # __cuda_array_interface__: a zero-copy CuPy view
+            self.check_array(a, what)
+            out.append(a)
+        return out
+
+    def check_array(self, a, what="an array"):
+        if not a.flags.c_contiguous:
+            raise ValueError(f"eagle_fx: {what} is not C-contiguous (strides {a.strides}); CUDA kernels read planes "
+                             "densely: pass cupy.ascontiguousarray(...)")
+        dev = int(a.device.id)
+        if dev != self.device_id:
+            raise ValueError(f"eagle_fx: {what} lives on CUDA device {dev}, the graph on device {self.device_id}; "
+                             "a graph runs on one device")
+
+    def zeros(self, shape, dtype):
+        return self.cupy.zeros(tuple(shape), np.dtype(dtype))
+
+    def empty(self, shape, dtype):
+        return self.cupy.empty(tuple(shape), np.dtype(dtype))
+
+    def to_device(self, host):
+        return self.cupy.asarray(np.ascontiguousarray(host))
+
+    @staticmethod
+    def overlaps(a, b) -> bool:
+        pa, pb = _ptr(a), _ptr(b)
+        return a.nbytes > 0 and b.nbytes > 0 and pa < pb + b.nbytes and pb < pa + a.nbytes
+
+    # kernels
+    def function(self, module: KernelModule, entry: str, arch: str | None = None):
+        arch = arch or self.arch
+        key = (module.name, entry, arch)
+        fn = self._functions.get(key)
+        if fn is None:
+            obj = self._objects.get((module.name, arch))
+            if obj is None:
+                from cuda.core import ObjectCode
+                cubin = hcuda.compile_cubin(module.source, arch, NVRTC_OPTIONS)
+                obj = self._objects[(module.name, arch)] = ObjectCode.from_cubin(cubin)
+            fn = self._functions[key] = obj.get_kernel(entry)
+        return fn
+
+    def config(self, grid, block):
+        key = (int(grid), int(block))
+        cfg = self._configs.get(key)
+        if cfg is None:
+            from cuda.core import LaunchConfig
+            cfg = self._configs[key] = LaunchConfig(grid=key[0], block=key[1])
+        return cfg
+
+    # graphs
+    def builder(self):
+        return CoreGraphBuilder(runtime=self)
+
+    def instantiate(self, builder):
+        self.cupy.cuda.get_current_stream().synchronize()     # the buffers' zero fills and uploads are done
+        graph = builder.instantiate()
+        try:
+            graph.upload(self.stream())
+        except Exception:                                     # an optimisation only
+            pass
+        return graph
+
+    def stream(self):
+        self._make_current()
+        s = self.cupy.cuda.get_current_stream()
+        ptr = int(s.ptr)
+        from cuda.core import Stream
+        if ptr == 0:
+            if self._null_stream is None:
+                try:
+                    self._null_stream = Stream.from_handle(0)
+                except Exception:
+                    self._null_stream = self.device.default_stream
+            return self._null_stream
+        return Stream.from_handle(ptr)       # non-owning; CuPy keeps the stream alive
+
+    def launch(self, graph, stream):
+        graph.launch(stream)
+
+    def sync(self, stream):
+        stream.sync()
+
+    def update_kernel(self, graph, node):
+        graph[node.handle].update(config=self.config(node.grid, node.block),
+                                  kernel=self.function(node.module, node.entry),
+                                  args=tuple(_core_arg(a) for a in node.args))
+
+    def update_memcpy(self, graph, node):
+        graph[node.handle].update(dst=_ptr(node.dst), src=_ptr(node.src), size=int(node.dst.nbytes))
+
+    def update_memset(self, graph, node):
+        graph[node.handle].update(dst=_ptr(node.dst), value=int(node.args[0]) if node.args else 0,
+                                  width=int(node.dst.nbytes), height=1, pitch=0)
+
+    def update_graph(self, graph, builder):
+        graph.update(builder.definition)
+
+    def run_now(self, steps):
+        from cuda.core import launch
+        stream = self.stream()
+        for st in steps:
+            if st[0] == "memset":
+                _, arr, value = st
+                self.cupy.cuda.runtime.memsetAsync(_ptr(arr), int(value), int(arr.nbytes),
+                                                   self.cupy.cuda.get_current_stream().ptr)
+            else:
+                _, module, entry, grid, block, args = st
+                launch(stream, self.config(grid, block), self.function(module, entry),
+                       *[_core_arg(a) for a in args])
+
+
+def _fake_runtime():
+    from .fake_cuda import FakeRuntime
+    return FakeRuntime()
+
+
+# ---------------------------------------------------------------------------------------------
+# the executable: what eagle_fx.Graph runs (the NumpyExecutable interface)
+
+class _PlannedMemory:
+    """The top-level builder as the lowering sees it: zeros/to_device are recorded, in order (or,
+    when re-lowering for a whole-graph update, answered with the first lowering's arrays, in the
+    same order: the lowering is deterministic); every other call goes to the builder."""
+
+    def __init__(self, builder, reuse=None):
+        self._builder = builder
+        self.made: list = []
+        self._reuse = None if reuse is None else iter(reuse)
+
+    def _take(self, shape, dtype):
+        try:
+            a = next(self._reuse)
+        except StopIteration:
+            raise RuntimeError("eagle_fx CUDA: re-lowering asked for more buffers than the first lowering") from None
+        if tuple(a.shape) != tuple(shape) or np.dtype(a.dtype) != np.dtype(dtype):
+            raise RuntimeError(f"eagle_fx CUDA: re-lowering asked for a {tuple(shape)} {np.dtype(dtype)} buffer where "
+                               f"the first lowering made a {tuple(a.shape)} {a.dtype} one")
+        return a
+
+    def zeros(self, shape, dtype):
+        if self._reuse is not None:
+            return self._take(shape, dtype)
+        a = self._builder.zeros(shape, dtype)
+        self.made.append(a)
+        return a
+
+    def to_device(self, host):
+        if self._reuse is not None:
+            return self._take(np.shape(host), np.asarray(host).dtype)
+        a = self._builder.to_device(host)
+        self.made.append(a)
+        return a
+
+    def __getattr__(self, name):
+        return getattr(self._builder, name)
+
+
+def _refers(node, arr) -> bool:
+    if node.kind == "kernel":
+        return any(a is arr for a in node.args)
+    if node.kind == "memcpy":
+        return node.dst is arr or node.src is arr
+    if node.kind == "memset":
+        return node.dst is arr
+    return False
+
+
+def _swap(node, old, new):
+    if node.kind == "kernel":
+        node.args = tuple(new if a is old else a for a in node.args)
+    else:
+        if node.dst is old:
+            node.dst = new
+        if node.src is old:
+            node.src = new
+
+
+class CudaExecutable:
+    """A Program lowered into ONE CUDA graph and instantiated; the interface of NumpyExecutable:
+    replay(times), array_of(var), rebind(input_index, array), records; plus enqueue(times) and
+    synchronize() (asynchronous launches on the runtime's stream: CuPy's current stream).
+
+    rebind swaps an input array WITHOUT re-capturing or re-instantiating: every node that reads or
+    writes the old array gets the new pointer through a per-node update of the instantiated graph
+    (`graph[node].update(...)`, cuda.core >= 1.2, driver >= 12.2). Where that is refused (an older
+    cuda.core, or a node inside a conditional body the driver will not update), the same Program
+    is lowered again into a new definition over the same buffers, which has the same topology, and
+    the instantiated graph is updated from it as a whole (cuGraphExecUpdate). Only if that fails
+    too is the new definition instantiated. `last_bind` says which happened: 'nodes', 'graph' or
+    'instantiate'."""
+
+    def __init__(self, prog, input_arrays, keep, n: int, records=None, runtime=None, names=None):
+        if runtime is None:
+            runtime = CoreRuntime.get()
+        elif runtime == "fake-cuda":
+            runtime = _fake_runtime()
+        self.runtime = runtime
+        self.backend_name = runtime.name
+        self.prog, self.n, self.keep = prog, n, set(keep)
+        self._records_arg = records
+        self.inputs = runtime.device_arrays(list(input_arrays), names)
+        memory = _PlannedMemory(runtime.builder())
+        self.plan = lower(prog, self.inputs, self.keep, n, memory, records=records)
+        self._memory = memory.made
+        self.graph = runtime.instantiate(memory._builder)
+        self._definitions = [memory]          # definitions stay alive with the graph made from them
+        self._pending: list = []
+        self.last_bind = None
+        self.launches = 0
+
+    @property
+    def records(self):
+        return self.plan.records
+
+    def array_of(self, var):
+        return self.plan.array_of(var)
+
+    # running
+    def enqueue(self, times: int = 1):
+        stream = self.runtime.stream()
+        for _ in range(int(times)):
+            self.runtime.launch(self.graph, stream)
+        self.launches += int(times)
+        if not any(s is stream for s in self._pending):
+            self._pending.append(stream)
+        return self
+
+    def synchronize(self):
+        pending, self._pending = self._pending, []
+        for s in pending:
+            self.runtime.sync(s)
+        return self
+
+    def replay(self, times: int = 1):
+        self.enqueue(times)
+        self.synchronize()
+
+    # binding
+    def rebind(self, input_index: int, arr):
+        plan = self.plan
+        slot = plan.input_slots[input_index]
+        old = plan.slots[slot]
+        (new,) = self.runtime.device_arrays([arr], ["bound"])
+        if new is old:
+            return
+        if tuple(new.shape) != tuple(old.shape) or np.dtype(new.dtype) != np.dtype(old.dtype):
+            raise ValueError(f"eagle_fx CUDA: rebind of input {input_index}: {tuple(new.shape)} {new.dtype} for "
+                             f"{tuple(old.shape)} {old.dtype}")
+        self.synchronize()
+        nodes = [nd for _, nd in plan.walk() if _refers(nd, old)]
+        plan.slots[slot] = new
+        self.inputs[input_index] = new
+        for nd in nodes:
+            _swap(nd, old, new)
+        try:
+            for nd in nodes:
+                getattr(self.runtime, f"update_{nd.kind}")(self.graph, nd)
+            self.last_bind = "nodes"
+        except Exception as exc:      # refused per node: a whole-graph update from a new definition
+            self._update_whole(exc)
+
+    def _update_whole(self, why):
+        memory = _PlannedMemory(self.runtime.builder(), reuse=self._memory)
+        plan = lower(self.prog, self.inputs, self.keep, self.n, memory, records=self._records_arg)
+        try:
+            self.runtime.update_graph(self.graph, memory._builder)
+        except Exception:
+            self.graph = self.runtime.instantiate(memory._builder)
+            self.plan = plan
+            self._definitions = [memory]
+            self.last_bind = "instantiate"
+            return
+        # the instantiated graph keeps the first definition's nodes: the plan keeps their handles
+        # and takes the new definition's arguments
+        for (_, a), (_, b) in zip(self.plan.walk(), plan.walk()):
+            a.args, a.dst, a.src = b.args, b.dst, b.src
+        self.plan.slots[:] = plan.slots
+        self._definitions.append(memory)
+        self.last_bind = "graph"
+        self.last_bind_reason = f"{type(why).__name__}: {why}"
+
+
+# ---------------------------------------------------------------------------------------------
+# a kernel called eagerly on CuPy arrays: the emitted kernel, launched directly
+
+def call_kernel(spec, values, n: int, runtime=None) -> list:
+    """Run hawk Specialization `spec` on `values` (its arguments in parameter order: device arrays,
+    Python numbers, NumPy scalars and one-cell arrays, which are uploaded) over n samples: the body's
+    entries launched one after another on CuPy's current stream (asynchronous, like a CuPy
+    operation). Returns the result arrays (new device arrays, in spec order); Mutable arguments are
+    written in place. Refuses (GpuUnavailableError) where there is no GPU stack."""
+    kernel = spec.kernel
+    if runtime is None:
+        try:
+            runtime = CoreRuntime.get("CuPy arrays run hawk kernels on the GPU")
+        except GpuUnavailableError as exc:
+            k = next((i for i, v in enumerate(values) if _device_like(v)), 0)
+            v = values[k]
+            raise GpuUnavailableError(f"hawk.kernel {kernel.name}: argument '{kernel.param_names[k]}' is a "
+                                      f"{type(v).__module__}.{type(v).__name__}; {exc}") from None
+    elif runtime == "fake-cuda":
+        runtime = _fake_runtime()
+    mod = body_module(spec)
+    ek = mod.emitted
+    commits = list(spec.commits)
+    dev = list(values)
+    for k, (name, v) in enumerate(zip(kernel.param_names, values)):
+        where = f"hawk.kernel {kernel.name}: argument '{name}'"
+        if runtime.is_device(v) or _device_like(v):
+            (dev[k],) = runtime.device_arrays([v], [name]) if not runtime.is_device(v) else (v,)
+            runtime.check_array(dev[k], where)
+        elif k in commits:
+            raise ValueError(f"{where} is a Mutable written on the GPU, but it is a {type(v).__name__}, not a "
+                             "device array; pass a CuPy array (other arguments of this call are CuPy arrays)")
+        elif isinstance(v, np.ndarray) and v.shape and v.shape[-1] != 1:
+            raise ValueError(f"{where} is a NumPy plane of {v.shape[-1]} samples, and other arguments are CuPy "
+                             f"arrays; a call runs on one device: pass cupy.asarray({name})")
+    for a in range(len(commits)):
+        for b in range(a):
+            if runtime.overlaps(dev[commits[a]], dev[commits[b]]):
+                raise ValueError(f"hawk.kernel {kernel.name}: Mutable arguments '{kernel.param_names[commits[b]]}' "
+                                 f"and '{kernel.param_names[commits[a]]}' share memory; pass separate arrays")
+    outs = [runtime.empty(spec.result_shape(j, n), spec.result_dtype(j)) for j in range(spec.n_results)]
+    targets = outs + [dev[k] for k in commits]
+    ws = runtime.empty((ek.workspace_bytes,), np.uint8) if ek.workspace_bytes else None
+    args = []
+    for prm in ek.params:
+        if prm.role in ("in_plane", "in_cell"):
+            v = dev[prm.index]
+            if not runtime.is_device(v):             # a NumPy one-cell array or scalar: uploaded
+                v = runtime.to_device(np.asarray(v, dtype=prm.dtype).reshape(-1))
+            args.append(v)
+        elif prm.role == "in_value":
+            args.append(np.dtype(prm.dtype).type(values[prm.index]))
+        elif prm.role in ("out_plane", "out_cell"):
+            args.append(targets[prm.index])
+        elif prm.role == "workspace":
+            args.append(ws)
+        elif prm.role == "n":
+            args.append(np.uint64(n))
+        else:
+            raise NotImplementedError(f"eagle_fx CUDA: unknown kernel parameter role {prm.role!r}")
+    steps = []
+    if ek.reductions:
+        if ek.init_is_zero:
+            steps.append(("memset", ws, 0))
+        else:
+            steps.append(("kernel", mod, f"{ek.name}_init", 1, 1, tuple(args)))
+    grid = max(1, min(-(-int(n) // BLOCK), MAX_GRID))
+    for en in ek.entries:
+        if en.role == "init":
+            continue
+        steps.append(("kernel", mod, en.name, *((1, 1) if en.launch == "single" else (grid, BLOCK)), tuple(args)))
+    runtime.run_now(steps)
+    return outs
+
+
+# ---------------------------------------------------------------------------------------------
+# which backend runs a graph
+
+_forced = threading.local()
+
+
+def _device_like(a) -> bool:
+    """A GPU array: a CuPy array (by its module), or anything with __cuda_array_interface__."""
+    return (type(a).__module__.split(".")[0] == "cupy" or hasattr(type(a), "__cuda_array_interface__")) \
+        and hasattr(a, "shape") and hasattr(a, "dtype")
+
+
+class use_backend:
+    """`with use_backend("fake-cuda"):` graphs built inside run on that backend: 'numpy', 'cuda',
+    'fake-cuda' (the recording fake: NumPy arrays stand for device memory, for tests without a
+    GPU), or a runtime object (e.g. fake_cuda.FakeRuntime(node_updates="top")). None: by the
+    arrays' type. eagle.Graph(backend=...) chooses for one graph."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __enter__(self):
+        stack = getattr(_forced, "stack", None)
+        if stack is None:
+            stack = _forced.stack = []
+        stack.append(self.backend)
+        return self
+
+    def __exit__(self, *exc):
+        _forced.stack.pop()
+        return False
+
+
+def choose(arrays, requested=None):
+    """The backend of a graph over `arrays` (its input arrays): 'numpy', or a runtime for the CUDA
+    graph backend (CoreRuntime for CuPy arrays: it refuses where there is no GPU; a FakeRuntime for
+    'fake-cuda'). `requested`: eagle.Graph(backend=...), else use_backend's, else by the arrays:
+    CuPy (or any __cuda_array_interface__) arrays -> 'cuda', otherwise 'numpy'."""
+    if requested is None:
+        stack = getattr(_forced, "stack", None)
+        requested = stack[-1] if stack else None
+    on_gpu = [a for a in arrays if _device_like(a)]
+    if requested is None:
+        requested = "cuda" if on_gpu else "numpy"
+    if requested == "numpy":
+        if on_gpu:
+            a = on_gpu[0]
+            raise ValueError(f"eagle_fx: the numpy backend was asked for, but the graph reads a "
+                             f"{type(a).__module__}.{type(a).__name__}; pass NumPy arrays (cupy.asnumpy) or drop "
+                             "backend='numpy'")
+        return "numpy"
+    if requested == "cuda":
+        return CoreRuntime.get()
+    if requested == "fake-cuda":
+        requested = _fake_runtime()
+    if not hasattr(requested, "builder"):
+        raise ValueError(f"eagle_fx: unknown backend {requested!r}; 'numpy', 'cuda' or 'fake-cuda'")
+    if on_gpu and requested.name == "fake-cuda":
+        raise ValueError("eagle_fx: the fake-cuda backend runs on NumPy arrays; the graph reads a device array")
+    return requested
+
+
+RECORD_REFUSAL = ("eagle.Graph: record=True graphs (for eagle_fx.diff) run on the NumPy backend in this version; "
+                  "build the recorded graph on NumPy arrays (cupy.asnumpy), or drop record=True to run on the GPU")

@@ -24,6 +24,17 @@ entry; earlier entries are checked for order), guard kernels set the fake condit
 small kernels (cell logic, switch index, record copies) run their NumPy equivalents, IF/IF-ELSE/
 SWITCH run the body the condition selects, WHILE runs its body while the condition is set
 (checked before the first turn). Conditions are reset to their default at every launch.
+
+`instantiate()` validates and returns a `FakeExec`: a snapshot of the graph, as cuda.core's
+instantiate is (later changes to the definition do not reach it). It launches like the builder,
+takes per-node updates (`update_kernel/update_memcpy/update_memset`: argument checks as at
+creation; `node_updates="top"` refuses nodes inside conditional bodies, "none" refuses all, to
+exercise the fallbacks) and whole-graph updates from another definition (`update`: refused when
+the topology differs, as CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED is).
+
+`FakeRuntime` is the runtime eagle_fx.backends.cuda.CudaExecutable and call_kernel run on for the
+"fake-cuda" backend: NumPy arrays are the device memory, launches wait on a fake stream until
+`sync` (so a missing synchronize shows up as stale results), and it counts what it did.
 """
 from __future__ import annotations
 
@@ -31,7 +42,7 @@ import numpy as np
 
 from hawk_fx.core import SAMPLE
 
-__all__ = ["FakeBuilder", "FakeCondition", "FakeNode", "FakeCudaError"]
+__all__ = ["FakeBuilder", "FakeCondition", "FakeNode", "FakeCudaError", "FakeExec", "FakeRuntime"]
 
 
 class FakeCudaError(RuntimeError):
@@ -308,6 +319,13 @@ class FakeBuilder:
                         raise FakeCudaError(f"fake CUDA: the guard of {node!r} does not follow every node of its body")
         return self
 
+    def instantiate(self, node_updates="all") -> "FakeExec":
+        """Validate and snapshot the graph (see the module docstring)."""
+        if self.parent is not None:
+            raise FakeCudaError("fake CUDA: instantiate the top-level graph, not a conditional body")
+        self.validate()
+        return FakeExec(self, node_updates)
+
     # -- interpretation ----------------------------------------------------------------------
     def launch(self, times: int = 1, order="creation") -> "FakeBuilder":
         """Interpret the graph `times` times (see the module docstring for `order`)."""
@@ -481,6 +499,236 @@ class FakeBuilder:
                 ins[i] = ins[i].reshape(tuple(v.aval.shape) + (1,))
         nk = spec.compiled
         nk.run_fn(tuple(ins), tuple(outs), n, nk._uniform, nk.scratch)
+
+
+class FakeExec:
+    """An instantiated fake graph (FakeBuilder.instantiate): a snapshot of the definition's nodes,
+    conditions and arguments, launched and updated on its own."""
+
+    def __init__(self, definition: FakeBuilder, node_updates="all"):
+        if node_updates not in ("all", "top", "none"):
+            raise ValueError(f"fake CUDA: node_updates={node_updates!r}: 'all', 'top' or 'none'")
+        self.definition, self.node_updates = definition, node_updates
+        self.graph = FakeBuilder(max_turns=definition.max_turns)
+        self._conds = {id(c): FakeCondition(c.index, None, c.default) for c in definition.conditions}
+        self.graph.conditions = [self._conds[id(c)] for c in definition.conditions]
+        self.graph._counter = definition._counter
+        self._nodes: dict = {}                  # definition node index -> (definition node, clone)
+        self._clone(definition, self.graph)
+        self.updates: list = []                 # ('kernel' | 'memcpy' | 'memset' | 'graph', node index)
+
+    def _map(self, args, conds):
+        return tuple(conds[id(a)] if isinstance(a, FakeCondition) and id(a) in conds else a for a in args)
+
+    def _clone(self, src: FakeBuilder, dst: FakeBuilder):
+        for n in src.nodes:
+            c = FakeNode(n.index, n.kind, dst, [self._nodes[a.index][1] for a in n.after],
+                         module=n.module, entry=n.entry, grid=n.grid, block=n.block, dst=n.dst, src=n.src,
+                         value=n.value, fn=n.fn, count=n.count)
+            c.args = self._map(n.args, self._conds)
+            c.sets = self._conds.get(id(n.sets)) if n.sets is not None else None
+            if n.cond is not None:
+                c.cond = self._conds[id(n.cond)]
+                c.cond.users.append(c)
+            bodies = []
+            for b in n.bodies:
+                nb = FakeBuilder(parent=dst, max_turns=self.graph.max_turns)
+                self._clone(b, nb)
+                bodies.append(nb)
+            c.bodies = tuple(bodies)
+            dst.nodes.append(c)
+            self._nodes[n.index] = (n, c)
+
+    @property
+    def launches(self) -> int:
+        return self.graph.launches
+
+    def launch(self, times: int = 1, order="creation") -> "FakeExec":
+        self.graph.launch(times, order)
+        return self
+
+    # -- per-node updates --------------------------------------------------------------------
+    def _target(self, node, kind) -> FakeNode:
+        orig, clone = self._nodes.get(getattr(node, "index", None), (None, None))
+        if orig is not node:
+            raise FakeCudaError(f"fake CUDA: {node!r} is not a node of this graph's definition")
+        if clone.kind != kind:
+            raise FakeCudaError(f"fake CUDA: a {kind} update of a {clone.kind} node")
+        if self.node_updates == "none" or (self.node_updates == "top" and clone.graph is not self.graph):
+            raise FakeCudaError(f"fake CUDA (node_updates={self.node_updates!r}): no per-node update of {node!r}"
+                                + (" inside a conditional body" if clone.graph is not self.graph else ""))
+        return clone
+
+    def update_kernel(self, node, args):
+        c = self._target(node, "kernel")
+        args = self._map(tuple(args), self._conds)
+        sets = self.graph._check_args(c.module, c.entry, c.grid, c.block, args)
+        if sets is not c.sets:
+            raise FakeCudaError(f"fake CUDA: an update of {node!r} changes the condition it sets")
+        c.args = args
+        self.updates.append(("kernel", node.index))
+
+    def update_memcpy(self, node, dst, src):
+        c = self._target(node, "memcpy")
+        if not (isinstance(dst, np.ndarray) and isinstance(src, np.ndarray)) or dst.nbytes != c.dst.nbytes \
+                or src.nbytes != dst.nbytes:
+            raise FakeCudaError(f"fake CUDA: a memcpy update of {node!r} changes its size")
+        c.dst, c.src = dst, src
+        self.updates.append(("memcpy", node.index))
+
+    def update_memset(self, node, dst, value):
+        c = self._target(node, "memset")
+        if not isinstance(dst, np.ndarray) or dst.nbytes != c.dst.nbytes or not 0 <= int(value) < 256:
+            raise FakeCudaError(f"fake CUDA: a memset update of {node!r} changes its size")
+        c.dst, c.value = dst, int(value)
+        self.updates.append(("memset", node.index))
+
+    # -- whole-graph update ------------------------------------------------------------------
+    @staticmethod
+    def _shape(b: FakeBuilder):
+        return [(n.kind, n.index, tuple(a.index for a in n.after), getattr(n.module, "name", None), n.entry,
+                 n.count, n.cond.index if n.cond is not None else None, [FakeExec._shape(x) for x in n.bodies])
+                for n in b.nodes]
+
+    def update(self, definition: FakeBuilder):
+        """cuGraphExecUpdate: take every node's parameters from `definition`, whose topology must be
+        this graph's."""
+        definition.validate()
+        if len(definition.conditions) != len(self.graph.conditions) or \
+                self._shape(definition) != self._shape(self.definition):
+            raise FakeCudaError("fake CUDA: whole-graph update from a definition of another topology "
+                                "(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED)")
+        conds = {id(c): self.graph.conditions[c.index] for c in definition.conditions}
+
+        def walk(b):
+            for n in b.nodes:
+                yield n
+                for x in n.bodies:
+                    yield from walk(x)
+        for n in walk(definition):
+            c = self._nodes[n.index][1]
+            c.args = self._map(n.args, conds)
+            c.grid, c.block, c.dst, c.src, c.value, c.fn = n.grid, n.block, n.dst, n.src, n.value, n.fn
+        self.updates.append(("graph", None))
+
+
+class FakeStream:
+    """Launches wait here until the runtime syncs the stream."""
+
+    def __init__(self):
+        self.pending: list = []
+
+
+class FakeRuntime:
+    """The runtime of the 'fake-cuda' backend (see eagle_fx.backends.cuda, 'runtimes'): NumPy arrays
+    are device memory, graphs are FakeExecs interpreted in `order`, launches are deferred to sync.
+
+    node_updates: what per-node updates the instantiated graphs take ('all', 'top', 'none');
+    graph_updates: whether whole-graph updates are taken (False: bind has to re-instantiate)."""
+
+    name = "fake-cuda"
+
+    def __init__(self, order="creation", node_updates="all", graph_updates=True):
+        self.order, self.node_updates, self.graph_updates = order, node_updates, graph_updates
+        self._stream = FakeStream()
+        self.launches = 0
+        self.syncs = 0
+        self.instantiations = 0
+        self.eager: list = []                  # the FakeBuilders of eager kernel calls
+
+    def __repr__(self):
+        return f"<FakeRuntime order={self.order!r} node_updates={self.node_updates!r}>"
+
+    # memory
+    @staticmethod
+    def is_device(a) -> bool:
+        return isinstance(a, np.ndarray)
+
+    def device_arrays(self, arrays, names=None) -> list:
+        names = list(names) if names is not None else [None] * len(arrays)
+        out = []
+        for a, name in zip(arrays, names):
+            what = f"the array argument {name!r}" if name else "an array the builder reached"
+            if not isinstance(a, np.ndarray):
+                raise ValueError(f"eagle_fx fake-cuda: {what} is a {type(a).__name__}; the fake's device memory is "
+                                 "NumPy arrays")
+            self.check_array(a, what)
+            out.append(a)
+        return out
+
+    @staticmethod
+    def check_array(a, what="an array"):
+        if not a.flags.c_contiguous:
+            raise ValueError(f"eagle_fx: {what} is not C-contiguous (strides {a.strides}); CUDA kernels read planes "
+                             "densely: pass cupy.ascontiguousarray(...)")
+
+    @staticmethod
+    def zeros(shape, dtype):
+        return np.zeros(tuple(shape), np.dtype(dtype))
+
+    @staticmethod
+    def empty(shape, dtype):
+        """Uninitialised memory: filled with 0xA5 bytes, so a value read before it is written shows."""
+        dt = np.dtype(dtype)
+        return np.full(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, 0xA5, np.uint8).view(dt).reshape(tuple(shape))
+
+    @staticmethod
+    def to_device(host):
+        return np.array(host, copy=True, order="C")
+
+    @staticmethod
+    def overlaps(a, b) -> bool:
+        return bool(np.shares_memory(a, b))
+
+    # graphs
+    @staticmethod
+    def builder():
+        return FakeBuilder()
+
+    def instantiate(self, builder):
+        self.instantiations += 1
+        return builder.instantiate(self.node_updates)
+
+    def stream(self):
+        return self._stream
+
+    def launch(self, graph, stream):
+        stream.pending.append(graph)
+        self.launches += 1
+
+    def sync(self, stream):
+        self.syncs += 1
+        pending, stream.pending = stream.pending, []
+        for graph in pending:
+            graph.launch(1, self.order)
+
+    def update_kernel(self, graph, node):
+        graph.update_kernel(node.handle, node.args)
+
+    def update_memcpy(self, graph, node):
+        graph.update_memcpy(node.handle, node.dst, node.src)
+
+    def update_memset(self, graph, node):
+        graph.update_memset(node.handle, node.dst, node.args[0] if node.args else 0)
+
+    def update_graph(self, graph, builder):
+        if not self.graph_updates:
+            raise FakeCudaError("fake CUDA (graph_updates=False): no whole-graph update")
+        graph.update(builder)
+
+    def run_now(self, steps):
+        """Eager kernels: after what the stream holds, as a one-off chain of nodes."""
+        self.sync(self._stream)
+        fb = FakeBuilder()
+        last = ()
+        for st in steps:
+            if st[0] == "memset":
+                last = (fb.memset(st[1], st[2], after=last),)
+            else:
+                _, module, entry, grid, block, args = st
+                last = (fb.kernel(module, entry, grid, block, args, after=last),)
+        fb.validate().launch(1, self.order)
+        self.eager.append(fb)
 
 
 def _acc_view(ws, red):

@@ -99,6 +99,15 @@ def _convert(ctx, out, ins, params):
 single_pass.add(prims.convert_p)     # an elementwise copy: it may write straight into an output
 
 
+def _sample_sum(x, out):
+    """The sum over samples. Of a bool plane, count_nonzero: it needs no casting buffer, where
+    np.add.reduce from bool to int allocates one per call."""
+    if x.dtype == np.bool_ and x.ndim == 1:
+        out[0] = np.count_nonzero(x)
+    else:
+        np.add.reduce(x, axis=-1, keepdims=True, out=out)
+
+
 # ufunc.reduce skips np.sum's Python wrapper, which dominates at small n
 _REDUCE_UFUNC = {"sample_sum": np.add, "sample_max": np.maximum, "sample_min": np.minimum}
 for _p, _fn in prims.REDUCTION.items():
@@ -109,6 +118,11 @@ for _p, _fn in prims.REDUCTION.items():
             f = ctx.const(fn, "red")
         return [f"{f}({ins[0]}, axis=-1, keepdims=True, out={out})"]
     numpy_emit[_p] = _red
+
+
+@numpy_emit.register(prims.P["sample_sum"])
+def _sum(ctx, out, ins, params):
+    return [f"{ctx.const(_sample_sum, 'sum')}({ins[0]}, {out})"]
 
 
 @numpy_emit.register(prims.stack_p)
