@@ -32,7 +32,7 @@ class Record:
         exe = g._exe
         kept = {id(v): exe.array_of(v).copy() for v in _all_vars(g._program) if exe.array_of(v) is not None}
         bufs = [r.copy() for r in exe.records]
-        return Record(g, None, bufs, lambda v: kept[id(v)])
+        return Record(g, None, bufs, lambda v: kept.get(id(v)))
 
     def buffers(self):
         return self._buffers if self._buffers is not None else self.graph._exe.records

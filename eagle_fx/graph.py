@@ -249,7 +249,8 @@ class Graph:
                                              names=[e.name for e in t.input_planes])
         elif self._record:
             fwd, self._residuals = forward_with_residuals(self._program, self._loop_capacity)
-            self._exe = NumpyExecutable(fwd, arrays, keep, t.n or 1, records=self._residuals.allocate())
+            self._exe = NumpyExecutable(fwd, arrays, keep | self._residuals.referenced, t.n or 1,
+                                        records=self._residuals.allocate())
         else:
             self._exe = NumpyExecutable(self._program, arrays, keep, t.n or 1)
         self._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}

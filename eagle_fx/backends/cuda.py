@@ -1382,7 +1382,7 @@ class CudaExecutable:
         plan.slots[slot] = new
         self.inputs[input_index] = new
         for nd in nodes:
-            _swap(nd, old, new)
+            pass
         try:
             for nd in nodes:
                 getattr(self.runtime, f"update_{nd.kind}")(self.graph, nd)

@@ -80,7 +80,7 @@ class NumpyExecutable:
         self.prog = prog
         self.n = n
         self.records = list(records or [])    # record buffers of a record=True forward
-        self.reuse = records is None           # a recorded forward keeps every value for the reverse
+        self.reuse = True                      # a recorded forward keeps what its reverse reads via `keep`
         self.slots: list[np.ndarray] = []
         self.slot_of: dict[Var, int] = {}
         self.calls: list = []           # (kind, payload) per bound callable c{k}

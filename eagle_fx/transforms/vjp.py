@@ -28,6 +28,7 @@ class Residuals:
         self.saved: dict = {}             # (id(call eqn), input index) -> slot
         self.preds: dict = {}             # id(cond/switch eqn) -> slot
         self.turns: dict = {}             # id(while eqn) -> slot
+        self.referenced: set = set()      # forward values the backward reads in place (kept, never reused)
 
     def new_slot(self, aval, caps) -> int:
         self.slots.append((aval.shape, aval.dtype, tuple(caps)))
@@ -53,11 +54,16 @@ def _forward(prog, res, capacity, caps, top, alias=None):
     out = []
     for e in prog.eqns:
         if e.prim is ir.call_p:
+            reads = kernel_vjp(e.params["spec"]).reads      # the inputs its backward reads at all
             for k, a in enumerate(e.inputs[:len(e.params["kernel"].param_names)]):
-                if isinstance(a, Var) and (not top or a in clobbered):
+                if not (isinstance(a, Var) and reads[k]):
+                    continue
+                if not top or a in clobbered:
                     slot = res.new_slot(a.aval, caps)
                     res.saved[(id(e), k)] = slot
                     out.append(Eqn(ir.record_p, [a], [], {"slot": slot}, e.info))
+                else:
+                    res.referenced.add(a)          # read from the forward's buffer: keep it there
             out.append(e)
         elif e.prim in (ir.cond_p, ir.switch_p):
             slot = res.new_slot(ir.U32_CELL, caps)
@@ -103,7 +109,9 @@ class Backward:
         slot = self.res.saved.get((id(e), k))
         if slot is not None:
             return self.R[slot][turn] if turn else self.R[slot]
-        return self.forward_value(a)
+        v = self.forward_value(a)
+        # None: an input the backward never reads (not kept by the forward): any array of its shape will do
+        return v if v is not None else np.zeros(a.aval.shape, a.aval.dtype)
 
     def _pop(self, ct, outputs):
         cts = []
