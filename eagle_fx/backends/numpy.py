@@ -21,6 +21,7 @@ from hawk_fx.emit.numpy import NumpyKernel
 
 from .. import ir
 from ..transforms.vmap import batch_broadcast_p
+from .fusion import fuse
 
 
 _REPLAY_LOCK = threading.Lock()
@@ -77,7 +78,9 @@ def _chain_root(prog: Program, v: Var):
 
 class NumpyExecutable:
     def __init__(self, prog: Program, input_arrays, keep: set, n: int, records=None):
-        self.prog = prog
+        self.prog = prog                # the Program as staged (other backends and tools read it)
+        # what runs: fused calls, unless a recorded forward, whose record names its calls
+        self.plan = fuse(prog, set(keep)) if records is None else prog
         self.n = n
         self.records = list(records or [])    # record buffers of a record=True forward
         self.reuse = True                      # a recorded forward keeps what its reverse reads via `keep`
@@ -134,7 +137,7 @@ class NumpyExecutable:
 
     # -- generation --------------------------------------------------------------------------
     def _gen_top(self, g):
-        prog = self.prog
+        prog = self.plan
         last_use: dict[Var, int] = {}
         for i, e in enumerate(prog.eqns):
             for a in e.inputs:

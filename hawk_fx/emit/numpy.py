@@ -19,7 +19,7 @@ import numpy as np
 from .. import prims
 from ..core import SAMPLE, UNIFORM, Literal, Program, RuleTable, Var, eager_impl
 
-CHUNK = 16384   # samples per chunk: a few intermediates of this size stay in L2
+CHUNK = 32768   # samples per chunk: a few intermediates of this size (reused by liveness) stay in L2
 
 # Large calls split their chunks across threads (NumPy releases the GIL inside each ufunc loop).
 # Read at every call, so they can be changed at run time; THREADS = 1 keeps every call in one thread.
@@ -228,7 +228,24 @@ class NumpyKernel:
         def src(a):
             return _literal_src(ctx, a, len(self.batch)) if isinstance(a, Literal) else names[a]
 
+        # scratch reuse by liveness: an intermediate's array serves a later one once it is dead, so a
+        # long body keeps a few chunk-sized arrays hot in cache instead of one per value
+        root: dict[Var, Var] = {}
         for e in prog.eqns:
+            if e.prim in view_emit and isinstance(e.inputs[0], Var):
+                root[e.outputs[0]] = root.get(e.inputs[0], e.inputs[0])
+        last_use: dict[Var, float] = {}
+        for idx, e in enumerate(prog.eqns):
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    last_use[root.get(a, a)] = idx
+        for a in prog.outputs:
+            if isinstance(a, Var):
+                last_use[root.get(a, a)] = float("inf")
+        free: dict[tuple, list] = {}
+        scratch_of: dict[Var, int] = {}
+
+        for idx, e in enumerate(prog.eqns):
             ins = [src(a) for a in e.inputs]
             v = e.outputs[0]
             lines = hoisted if v not in depends else body
@@ -253,9 +270,17 @@ class NumpyKernel:
                 names[v] = f"U[{len(self.uniform_specs)}]"
                 self.uniform_specs.append((v.aval.shape, v.aval.dtype))
             else:
-                names[v] = f"S[{len(self.scratch_specs)}]"
-                self.scratch_specs.append((v.aval.shape, v.aval.dtype, v.aval.kind == SAMPLE))
+                key = (v.aval.shape, v.aval.dtype, v.aval.kind == SAMPLE)
+                k = free[key].pop() if free.get(key) else None
+                if k is None:
+                    k = len(self.scratch_specs)
+                    self.scratch_specs.append(key)
+                scratch_of[v] = k
+                names[v] = f"S[{k}]"
             lines.extend(numpy_emit[e.prim](ctx, names[v], ins, e.params))
+            for a in {root.get(a, a) for a in e.inputs if isinstance(a, Var)}:
+                if last_use.get(a) == idx and a in scratch_of:
+                    free.setdefault(self.scratch_specs[scratch_of[a]], []).append(scratch_of.pop(a))
 
         # copies into outputs; with more than one output, those still in input memory are
         # snapshotted first (`a, b = b, a` on two Mutables)
@@ -288,8 +313,10 @@ class NumpyKernel:
         code = [f"def body({params}):"] + ["    " + ln for ln in body or ["pass"]]
         sliced_in = [f"i{k}[..., s:e]" if v.aval.kind == SAMPLE else f"i{k}" for k, v in enumerate(prog.inputs)]
         sliced_out = [f"o{j}[..., s:e]" if self.out_sample[j] else f"o{j}" for j in range(no)]
-        if not self.scratch_specs and THREADS == 1:
-            self.chunk = 1 << 62     # no intermediates to keep in cache and no second core: one pass
+        if not self.scratch_specs and self.chunk < 1 << 62:
+            # no intermediates to keep in cache: chunks only share the work out to threads, so make
+            # them big (one pass on one core)
+            self.chunk = PARALLEL_MIN if THREADS > 1 else 1 << 62
         ch = self.chunk
         # part: the chunks in samples [lo, hi), with worker slot w's scratch
         whole = i_names + o_names + hoisted_names

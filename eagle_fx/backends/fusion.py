@@ -1,0 +1,131 @@
+"""Kernel fusion for the NumPy backend: consecutive kernel calls that feed each other become one call.
+
+`dbl` then `inc` over a million samples costs two passes over memory; fused, the NumPy emitter
+runs both bodies chunk by chunk with the intermediate in cache, and at small n one call replaces
+two. Only the code the backend generates changes: the Program users print and transform is the
+staged one. Fusion keeps every value that something else reads (a later node, a result, a buffer
+a user holds) as an output of the fused call, and leaves alone calls that write in place, sample
+reductions (they need every sample) and batched calls.
+"""
+from __future__ import annotations
+
+from hawk_fx import prims
+from hawk_fx.core import Eqn, Literal, Program, Var
+from hawk_fx.emit.numpy import NumpyKernel
+
+from .. import ir
+
+
+class _FusedKernel:
+    """Stands in for a Kernel in a fused call: a name and one parameter name per input."""
+
+    def __init__(self, names, n_inputs):
+        self.name = "+".join(names)
+        self.param_names = [f"in{k}" for k in range(n_inputs)]
+
+
+class FusedSpec:
+    """A kernel body made of several calls' bodies: what a call equation's `spec` needs."""
+
+    def __init__(self, prog: Program, names, out_sample):
+        self.prog = prog
+        self.kernel = _FusedKernel(names, len(prog.inputs))
+        self.n_results = len(prog.outputs)
+        self.commits: list = []
+        self.compiled = NumpyKernel(prog, out_sample)
+
+    def result_shape(self, j, n):
+        aval = self.prog.outputs[j].aval
+        return aval.shape + ((n,) if aval.kind == "sample" else (1,))
+
+    def result_dtype(self, j):
+        return self.prog.outputs[j].aval.dtype
+
+
+def _fusible(e) -> bool:
+    return (e.prim is ir.call_p and not e.params["inplace"] and not e.params.get("batch")
+            and not any(q.prim in prims.REDUCTION for q in e.params["spec"].prog.eqns))
+
+
+def _inline(spec_prog: Program, args, eqns):
+    """Append a copy of a kernel body (fresh Vars) reading `args`; returns its output atoms."""
+    env = {}
+    for v, a in zip(spec_prog.inputs, args):
+        env[v] = a
+    for q in spec_prog.eqns:
+        outs = [Var(v.aval) for v in q.outputs]
+        eqns.append(q.replace(inputs=[a if isinstance(a, Literal) else env[a] for a in q.inputs], outputs=outs))
+        env.update(zip(q.outputs, outs))
+    return [a if isinstance(a, Literal) else env[a] for a in spec_prog.outputs]
+
+
+def _fuse_pair(e1, e2, needed_later):
+    """One call doing e1 then e2. Graph-level inputs become kernel inputs; e1's results that e2 reads
+    stay inside; e1's results needed elsewhere stay outputs."""
+    s1, s2 = e1.params["spec"], e2.params["spec"]
+    graph_inputs, kernel_inputs = [], []
+
+    def kin(atom, aval):
+        if isinstance(atom, Literal):
+            return atom
+        for g, k in zip(graph_inputs, kernel_inputs):
+            if g is atom:
+                return k
+        k = Var(aval)
+        graph_inputs.append(atom)
+        kernel_inputs.append(k)
+        return k
+
+    body: list = []
+    n1 = len(s1.kernel.param_names)
+    outs1 = _inline(s1.prog, [kin(a, v.aval) for a, v in zip(e1.inputs[:n1], s1.prog.inputs)], body)
+    made = dict(zip(e1.outputs, outs1))           # e1's graph outputs -> their values in the body
+    n2 = len(s2.kernel.param_names)
+    args2 = [made[a] if isinstance(a, Var) and a in made else kin(a, v.aval)
+             for a, v in zip(e2.inputs[:n2], s2.prog.inputs)]
+    outs2 = _inline(s2.prog, args2, body)
+    keep1 = [j for j, v in enumerate(e1.outputs) if v in needed_later]
+    out_atoms = [outs1[j] for j in keep1] + outs2
+    out_vars = [e1.outputs[j] for j in keep1] + list(e2.outputs)
+    prog = Program(kernel_inputs, body, [_as_var(a, body) for a in out_atoms])
+    names = [s1.kernel.name, s2.kernel.name]
+    spec = FusedSpec(prog, names, [a.aval.kind == "sample" for a in prog.outputs])
+    params = dict(kernel=spec.kernel, spec=spec, n=e2.params["n"], inplace=())
+    return Eqn(ir.call_p, graph_inputs, out_vars, params, e2.info)
+
+
+def _as_var(a, body):
+    """Kernel outputs must be values the body makes: a literal output becomes a broadcast."""
+    if isinstance(a, Var):
+        return a
+    v = Var(a.aval)
+    body.append(Eqn(prims.broadcast_p, [a], [v], {"shape": a.aval.shape, "kind": a.aval.kind}))
+    return v
+
+
+def fuse(prog: Program, keep: set) -> Program:
+    """`prog` with chains of fusible calls merged; sub-programs fused too."""
+    reads_after: list[set] = [set() for _ in prog.eqns]
+    later: set = set(a for a in prog.outputs if isinstance(a, Var)) | set(keep)
+    for i in range(len(prog.eqns) - 1, -1, -1):
+        reads_after[i] = set(later)
+        later |= {a for a in prog.eqns[i].inputs if isinstance(a, Var)}
+    out: list[Eqn] = []
+    for i, e in enumerate(prog.eqns):
+        e = _fuse_inside(e, keep)
+        prev = out[-1] if out else None
+        if (prev is not None and _fusible(prev) and _fusible(e) and prev.params["n"] == e.params["n"]
+                and any(a in prev.outputs for a in e.inputs if isinstance(a, Var))
+                and not any(a in e.outputs for a in prev.inputs if isinstance(a, Var))):
+            out[-1] = _fuse_pair(prev, e, reads_after[i])
+        else:
+            out.append(e)
+    return prog.replace(eqns=out)
+
+
+def _fuse_inside(e, keep):
+    if e.prim in (ir.cond_p, ir.switch_p):
+        return e.replace(params=dict(e.params, branches=tuple(fuse(b, keep) for b in e.params["branches"])))
+    if e.prim is ir.while_p:
+        return e.replace(params=dict(e.params, body=fuse(e.params["body"], keep)))
+    return e
