@@ -51,7 +51,15 @@ def vmap(f, in_axes=0, out_axes=0):
     api = "eagle_fx.vmap"
     name = getattr(f, "__name__", "f")
 
-    def batched(*args):
+    for ax in (out_axes if isinstance(out_axes, (tuple, list)) else [out_axes]):
+        if ax not in (0, None):
+            raise ValueError(f"{api}({name}): out_axes {ax!r}: results take the batch axis first (0) or are shared "
+                             "(None); move it afterwards with np.moveaxis")
+
+    def batched(*args, **kwargs):
+        if kwargs:
+            raise TypeError(f"{api}({name}): pass the arguments positionally; in_axes names them by position "
+                            f"(got {', '.join(kwargs)} by keyword)")
         axes = _axes(in_axes, len(args), api)
         B, first = None, None
         inst, full = [], {}
@@ -81,6 +89,10 @@ def vmap(f, in_axes=0, out_axes=0):
         if B is None:
             raise ValueError(f"{api}({name}): no argument is batched; give at least one array an in_axes of 0")
         g = _build(f, inst, {}, api)
+        if getattr(g, "_transformed", False):
+            raise VmapError(f"{api}({name}): the builder returns a graph another transform made (a vmap inside a "
+                            "vmap); nested batching is not supported yet: batch both axes at once by reshaping "
+                            "them into one, (B1 * B2, ...)")
         if g._record:
             raise VmapError(f"{api}({name}): a record=True graph cannot be batched; vmap the plain builder")
         prog = g.program

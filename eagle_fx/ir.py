@@ -90,6 +90,8 @@ def _pp_while(params):
         shown["cap"] = params["cap"]
     if params["counted"]:
         shown["counted"] = True
+    if params.get("masked"):
+        shown["masked"] = True
     if params["inplace"]:
         shown["inplace"] = params["inplace"]
     if params.get("record_turns") is not None:

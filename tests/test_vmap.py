@@ -223,3 +223,19 @@ def test_refusals():
         return g
     with pytest.raises(ValueError, match="host node"):
         eagle.vmap(hosted)(xs, np.zeros((B, N)))
+
+
+def test_nested_vmap_and_other_out_axes_are_refused_not_wrong():
+    xs = rng.random((2, 3, N))
+    inner = eagle.vmap(branchy, in_axes=(0, None, None))
+    with pytest.raises(ValueError, match="nested batching is not supported"):
+        eagle.vmap(inner, in_axes=(0, None, None))(xs, cell(1), cell(0))
+    with pytest.raises(ValueError, match="out_axes 1"):
+        eagle.vmap(branchy, out_axes=1)
+    with pytest.raises(TypeError, match="positionally"):
+        eagle.vmap(branchy)(xs[0], c=np.ones((3, 1), np.uint32), which=np.ones((3, 1), np.uint32))
+
+
+def test_masked_loops_print_as_masked():
+    g = eagle.vmap(capped)(rng.random((B, N)), np.ones((B, 1), np.uint32), np.ones(B))
+    assert "masked=True" in str(g.program)

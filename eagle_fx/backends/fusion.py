@@ -4,8 +4,8 @@
 runs both bodies chunk by chunk with the intermediate in cache, and at small n one call replaces
 two. Only the code the backend generates changes: the Program users print and transform is the
 staged one. Fusion keeps every value that something else reads (a later node, a result, a buffer
-a user holds) as an output of the fused call, and leaves alone calls that write in place, sample
-reductions (they need every sample) and batched calls.
+a user holds) as an output of the fused call and keeps in-place writes in place; a call that
+writes in place ends a fusion, and batched calls are left alone.
 """
 from __future__ import annotations
 
@@ -42,9 +42,10 @@ class FusedSpec:
         return self.prog.outputs[j].aval.dtype
 
 
-def _fusible(e) -> bool:
-    return (e.prim is ir.call_p and not e.params["inplace"] and not e.params.get("batch")
-            and not any(q.prim in prims.REDUCTION for q in e.params["spec"].prog.eqns))
+def _fusible(e, first: bool) -> bool:
+    """A call that can join a fusion: the first of a pair must not write in place (its old value
+    would be gone for what follows); a body with a sample reduction runs as one chunk, still fused."""
+    return e.prim is ir.call_p and not e.params.get("batch") and not (first and e.params["inplace"])
 
 
 def _inline(spec_prog: Program, args, eqns):
@@ -90,7 +91,13 @@ def _fuse_pair(e1, e2, needed_later):
     prog = Program(kernel_inputs, body, [_as_var(a, body) for a in out_atoms])
     names = [s1.kernel.name, s2.kernel.name]
     spec = FusedSpec(prog, names, [a.aval.kind == "sample" for a in prog.outputs])
-    params = dict(kernel=spec.kernel, spec=spec, n=e2.params["n"], inplace=())
+    # e2's in-place writes (Mutable commits, buffer= arrays) stay in place: its output j overwrites
+    # graph input i; a buffer= array is an input the body does not read
+    for _, i in e2.params["inplace"]:
+        kin(e2.inputs[i], e2.inputs[i].aval if i >= n2 else s2.prog.inputs[i].aval)
+    inplace = tuple((len(keep1) + j, next(k for k, g in enumerate(graph_inputs) if g is e2.inputs[i]))
+                    for j, i in e2.params["inplace"])
+    params = dict(kernel=spec.kernel, spec=spec, n=e2.params["n"], inplace=inplace)
     return Eqn(ir.call_p, graph_inputs, out_vars, params, e2.info)
 
 
@@ -114,8 +121,9 @@ def fuse(prog: Program, keep: set) -> Program:
     for i, e in enumerate(prog.eqns):
         e = _fuse_inside(e, keep)
         prev = out[-1] if out else None
-        if (prev is not None and _fusible(prev) and _fusible(e) and prev.params["n"] == e.params["n"]
+        if (prev is not None and _fusible(prev, True) and _fusible(e, False) and prev.params["n"] == e.params["n"]
                 and any(a in prev.outputs for a in e.inputs if isinstance(a, Var))
+                and not any(e.inputs[i] in prev.outputs for _, i in e.params["inplace"])
                 and not any(a in e.outputs for a in prev.inputs if isinstance(a, Var))):
             out[-1] = _fuse_pair(prev, e, reads_after[i])
         else:
