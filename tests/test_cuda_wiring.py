@@ -23,11 +23,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu
 import cuda_cases  # noqa: E402
 import eagle_fx as eagle  # noqa: E402
 import hawk_fx as hawk  # noqa: E402
-from cuda_cases import CASES, NumpyDevice, run_case  # noqa: E402
+from cuda_cases import CASES, EAGER, NumpyDevice, run_case  # noqa: E402
 from eagle_fx.backends import cuda  # noqa: E402
 from eagle_fx.backends.fake_cuda import FakeBuilder, FakeCudaError, FakeRuntime  # noqa: E402
-from hawk_fx import Mutable, Param, Scalar, UInt32, Vector  # noqa: E402
-from hawk_fx import math as hm  # noqa: E402
+from hawk_fx import Mutable, Scalar  # noqa: E402
 
 tour = cuda_cases.tour
 cell = cuda_cases.cell
@@ -85,7 +84,8 @@ def test_forked_cases_in_other_node_orders(name, order):
 
 @pytest.mark.parametrize("updates", [dict(node_updates="top"), dict(node_updates="none"),
                                      dict(node_updates="none", graph_updates=False)])
-@pytest.mark.parametrize("name", ["tour.capped", "control.guard_or", "running.bindable", "control.while_break_continue"])
+@pytest.mark.parametrize("name", ["tour.capped", "control.guard_or", "running.bindable",
+                                  "control.while_break_continue"])
 def test_bind_falls_back_and_still_equals_numpy(name, updates):
     case = next(c for c in CASES if c.name == name)
     rt = FakeRuntime(**updates)
@@ -276,7 +276,8 @@ def test_mixing_numpy_arguments_into_a_cupy_graph_is_refused():
         flags = types.SimpleNamespace(c_contiguous=True)
 
     uploaded = []
-    stub = types.SimpleNamespace(cupy=types.SimpleNamespace(asarray=lambda a: a), is_device=lambda a: isinstance(a, Dev),
+    stub = types.SimpleNamespace(cupy=types.SimpleNamespace(asarray=lambda a: a),
+                                 is_device=lambda a: isinstance(a, Dev),
                                  check_array=lambda a, what: None, to_device=lambda a: uploaded.append(a) or Dev())
     d = Dev()
     with pytest.raises(ValueError, match=r"'flag' is a NumPy array.*cupy.asarray\(flag\)"):
@@ -288,41 +289,9 @@ def test_mixing_numpy_arguments_into_a_cupy_graph_is_refused():
 # ---------------------------------------------------------------------------------------------
 # kernels called eagerly on device arrays: the emitted kernel launched directly (call_kernel)
 
-@hawk.kernel
-def norm3(v: Vector[3], w: Param) -> Scalar:
-    return w * hm.sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2])
-
-
-@hawk.kernel
-def centre(x: Scalar) -> Scalar:             # two passes: the mean, then every sample
-    return x - hawk.mean(x)
-
-
-@hawk.kernel
-def pair_out(x: Scalar, s: Mutable[Scalar]):
-    s = s + x
-    return x * 2.0, hawk.sum(x)
-
-
-def eager_cases():
-    rng = np.random.default_rng(3)
-    x, v = rng.normal(size=7), rng.normal(size=(3, 7))
-    return [
-        (tour.inc, (x,)),
-        (tour.affine, (x, 2.0, -1.0)),
-        (tour.affine, (x, np.array([0.5]), np.float64(3.0))),   # a one-cell Param array, a NumPy scalar
-        (tour.below, (x, 0.25, cell(9))),
-        (tour.peak_below, (x, 10.0, cell(0))),
-        (tour.accumulate, (x, np.zeros(7))),
-        (norm3, (v, 1.5)),
-        (centre, (x,)),
-        (pair_out, (x, np.ones(7))),
-    ]
-
-
-@pytest.mark.parametrize("k", range(9))
+@pytest.mark.parametrize("k", range(len(EAGER)))
 def test_call_kernel_on_the_fake_equals_the_numpy_call(k):
-    kern, args = eager_cases()[k]
+    kern, args = EAGER[k]
     ref_args = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in args]
     dev_args = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in args]
     want = kern(*ref_args)
@@ -407,3 +376,69 @@ def test_use_backend_nests_and_restores():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cuda.choose([np.zeros(2)])
+
+
+# ---------------------------------------------------------------------------------------------
+# the real CoreRuntime / CoreGraphBuilder over stand-ins for cupy and cuda.core (tests/gpu/mock_core.py)
+
+@pytest.fixture
+def mock_gpu(monkeypatch):
+    import mock_core
+    cupy = mock_core.install(monkeypatch)
+
+    class MockCupyDevice(NumpyDevice):
+        suffix = ", cuda>"
+
+        @staticmethod
+        def put(a):
+            return cupy.asarray(a) if isinstance(a, np.ndarray) else a
+
+        @staticmethod
+        def get(a):
+            return cupy.asnumpy(a) if isinstance(a, cupy.ndarray) else a
+
+    return cupy, mock_core, MockCupyDevice
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_case_through_the_core_runtime_over_stand_ins(case, mock_gpu):
+    cupy, mc, device = mock_gpu
+    g = run_case(case, device)
+    exe = g._exe
+    assert isinstance(exe.runtime, cuda.CoreRuntime) and isinstance(exe.plan.builder._builder, cuda.CoreGraphBuilder)
+    assert exe.backend_name == "cuda" and isinstance(g.result if g.result is not None else cupy.zeros(1),
+                                                     (cupy.ndarray, dict, tuple, list))
+    assert sum(1 for c in mc.calls if c[0] == "graph_launch") == exe.launches
+
+
+@pytest.mark.parametrize("mode", ["top", "none"])
+def test_core_runtime_bind_falls_back_to_a_whole_graph_update(mode, mock_gpu):
+    cupy, mc, device = mock_gpu
+    mc.NODE_UPDATES[0] = mode
+    g = run_case(next(c for c in CASES if c.name == "running.bindable"), device)   # binds n: read in a loop body
+    assert g._exe.last_bind == "graph" and ("update_graph",) in mc.calls
+
+
+def test_core_runtime_kernels_called_on_cupy_arrays(mock_gpu):
+    cupy, mc, device = mock_gpu
+    for k in range(len(EAGER)):
+        kern, ref, dev = cuda_cases.eager_args(k, device.put)
+        cuda_cases.assert_same(kern(*dev), kern(*ref), device, kern.name)
+        for a, b in zip(dev, ref):
+            if isinstance(b, np.ndarray):
+                cuda_cases.assert_same(a, b, device, kern.name + " argument")
+    assert any(c[0] == "memsetAsync" for c in mc.calls) and any(c[0] == "launch" for c in mc.calls)
+
+
+def test_core_runtime_refusals(mock_gpu):
+    cupy, mc, device = mock_gpu
+    with pytest.raises(ValueError, match=r"'hi' is a NumPy array"):
+        cuda_cases.control.jumps(cupy.zeros(3), cupy.asarray(cell(1)), np.array([10.0]))
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        tour.first(cupy.asarray(np.arange(8.0))[::2])
+    with pytest.raises(ValueError, match=r"Mutable written on the GPU"):
+        tour.accumulate(cupy.asarray(np.arange(3.0)), np.zeros(3))
+    g = tour.first(cupy.asarray(np.arange(4.0)))
+    assert repr(g).endswith(", cuda>")
+    with pytest.raises(ValueError, match="eagle.Graph.bind: 'x'"):
+        g.bind(x=np.arange(4.0))

@@ -74,7 +74,19 @@ What a Program becomes
              them. Edges for buffer hazards (read-after-write, write-after-read, write-after-write
              on one slot) are added too, so a `wait`, or a slot reused across branches, is ordered.
 
-`require_gpu()` is the refusal for running on CuPy arrays where there is no GPU stack.
+Running (what eagle_fx.Graph uses; Graph.build picks the backend with `choose`)
+    CudaExecutable  the NumpyExecutable interface over one lowered, instantiated graph: replay(times)
+                    (launches, then waits), enqueue(times) / synchronize() (asynchronous on the
+                    stream), array_of(var), rebind(input_index, array) (per-node updates of the
+                    instantiated graph; a whole-graph update where those are refused), records.
+    runtimes        CoreRuntime: CuPy memory and cuda.core graphs on CuPy's current device and
+                    stream (needs a GPU); fake_cuda.FakeRuntime: the recording fake ("fake-cuda").
+    call_kernel     a hawk kernel called eagerly on CuPy arrays: its entries launched directly.
+    choose          CuPy (__cuda_array_interface__) arrays -> 'cuda', NumPy arrays -> 'numpy';
+                    eagle.Graph(backend=...) or `with use_backend(...)` overrides it.
+
+`require_gpu()` is the refusal for running on CuPy arrays where there is no GPU stack (raised when
+a graph over CuPy arrays is built or a kernel is called on them, never at import).
 """
 from __future__ import annotations
 
@@ -1329,7 +1341,8 @@ class CudaExecutable:
         self.backend_name = runtime.name
         self.prog, self.n, self.keep = prog, n, set(keep)
         self._records_arg = records
-        self.inputs = runtime.device_arrays(list(input_arrays), names)
+        self.names = list(names) if names is not None else [None] * len(self.prog.inputs)
+        self.inputs = runtime.device_arrays(list(input_arrays), self.names)
         memory = _PlannedMemory(runtime.builder())
         self.plan = lower(prog, self.inputs, self.keep, n, memory, records=records)
         self._memory = memory.made
@@ -1337,6 +1350,7 @@ class CudaExecutable:
         self._definitions = [memory]          # definitions stay alive with the graph made from them
         self._pending: list = []
         self.last_bind = None
+        self.last_bind_reason = None          # why per-node updates were refused, when they were
         self.launches = 0
 
     @property
@@ -1371,7 +1385,7 @@ class CudaExecutable:
         plan = self.plan
         slot = plan.input_slots[input_index]
         old = plan.slots[slot]
-        (new,) = self.runtime.device_arrays([arr], ["bound"])
+        (new,) = self.runtime.device_arrays([arr], [self.names[input_index] or f"input {input_index}"])
         if new is old:
             return
         if tuple(new.shape) != tuple(old.shape) or np.dtype(new.dtype) != np.dtype(old.dtype):
@@ -1382,11 +1396,11 @@ class CudaExecutable:
         plan.slots[slot] = new
         self.inputs[input_index] = new
         for nd in nodes:
-            pass
+            _swap(nd, old, new)
         try:
             for nd in nodes:
                 getattr(self.runtime, f"update_{nd.kind}")(self.graph, nd)
-            self.last_bind = "nodes"
+            self.last_bind, self.last_bind_reason = "nodes", None
         except Exception as exc:      # refused per node: a whole-graph update from a new definition
             self._update_whole(exc)
 
@@ -1399,14 +1413,14 @@ class CudaExecutable:
             self.graph = self.runtime.instantiate(memory._builder)
             self.plan = plan
             self._definitions = [memory]
-            self.last_bind = "instantiate"
+            self.last_bind, self.last_bind_reason = "instantiate", f"{type(why).__name__}: {why}"
             return
         # the instantiated graph keeps the first definition's nodes: the plan keeps their handles
         # and takes the new definition's arguments
         for (_, a), (_, b) in zip(self.plan.walk(), plan.walk()):
             a.args, a.dst, a.src = b.args, b.dst, b.src
         self.plan.slots[:] = plan.slots
-        self._definitions.append(memory)
+        self._definitions = self._definitions[:1] + [memory]     # the first (its nodes index the graph), the latest
         self.last_bind = "graph"
         self.last_bind_reason = f"{type(why).__name__}: {why}"
 

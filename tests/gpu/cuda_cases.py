@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import hawk_fx as hawk
+from hawk_fx import Mutable, Param, Scalar, Vector
+from hawk_fx import math as hm
+
 _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
@@ -117,6 +121,50 @@ CASES = [
 ]
 
 
+# kernels called eagerly
+
+@hawk.kernel
+def norm3(v: Vector[3], w: Param) -> Scalar:
+    return w * hm.sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2])
+
+
+@hawk.kernel
+def centre(x: Scalar) -> Scalar:             # two passes: the mean, then every sample
+    return x - hawk.mean(x)
+
+
+@hawk.kernel
+def pair_out(x: Scalar, s: Mutable[Scalar]):
+    s = s + x
+    return x * 2.0, hawk.sum(x)
+
+
+_rng = np.random.default_rng(3)
+_x, _v = _rng.normal(size=7), _rng.normal(size=(3, 7))
+EAGER = [   # (kernel, arguments): eager calls on device arrays against the NumPy call
+    (tour.inc, (_x,)),
+    (tour.affine, (_x, 2.0, -1.0)),
+    (tour.affine, (_x, np.array([0.5]), np.float64(3.0))),   # a one-cell Param array, a NumPy scalar
+    (tour.below, (_x, 0.25, cell(9))),
+    (tour.peak_below, (_x, 10.0, cell(0))),
+    (tour.accumulate, (_x, np.zeros(7))),
+    (norm3, (_v, 1.5)),
+    (centre, (_x,)),
+    (pair_out, (_x, np.ones(7))),
+]
+EAGER_HOST = {2: (1,)}     # EAGER index -> the arguments left as NumPy arrays (a Param cell: uploaded)
+
+
+def eager_args(k, put):
+    """EAGER[k]'s kernel, reference arguments (NumPy copies) and device arguments (put(copy))."""
+    kern, args = EAGER[k]
+    ref = [np.array(a, copy=True) if isinstance(a, np.ndarray) else a for a in args]
+    host = EAGER_HOST.get(k, ())
+    dev = [(np.array(a, copy=True) if i in host else put(np.array(a, copy=True))) if isinstance(a, np.ndarray) else a
+           for i, a in enumerate(args)]
+    return kern, ref, dev
+
+
 class NumpyDevice:
     """The reference: the builder on NumPy arrays, the NumPy backend."""
     suffix = "cpu>"
@@ -157,7 +205,8 @@ def assert_same(got, want, device, what):
         assert got is None, what
     else:
         g = np.asarray(device.get(got))
-        assert g.shape == want.shape and g.dtype == want.dtype, f"{what}: {g.shape} {g.dtype} vs {want.shape} {want.dtype}"
+        assert g.shape == want.shape and g.dtype == want.dtype, \
+            f"{what}: {g.shape} {g.dtype} vs {want.shape} {want.dtype}"
         if want.dtype.kind == "f":
             np.testing.assert_allclose(g, want, rtol=1e-12, atol=0, err_msg=what)
         else:
