@@ -46,45 +46,7 @@ REPEAT = 3 if QUICK else 7
 TARGET = 0.02 if QUICK else 0.05
 
 
-@hawk.kernel
-def dbl(x: Scalar) -> Scalar:
-    return 2.0 * x
-
-
-@hawk.kernel
-def inc(x: Scalar) -> Scalar:
-    return x + 1.0
-
-
-@hawk.kernel
-def halve(x: Scalar) -> Scalar:
-    return 0.5 * x + 1.0
-
-
-@hawk.kernel
-def below(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s < lim))
-
-
-@eagle.Graph.builder
-def w_chain(x):
-    g = eagle.Graph()
-    for _ in range(10):
-        x = inc(dbl(x))
-    g.result = x
-    return g
-
-
-@eagle.Graph.builder
-def w_loop(x, flag):
-    g = eagle.Graph()
-    for _ in range(50):
-        if not flag:
-            break
-        x = halve(x)
-        below(x, 1e9, flag)
-    g.result = x
-    return g
+from workloads import below, dbl, halve, inc, w_chain, w_loop  # noqa: F401
 
 
 @eagle.Graph.builder

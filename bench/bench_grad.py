@@ -29,62 +29,7 @@ from hawk_fx.diff import kernel_vjp
 TARGET = 4.0
 
 
-@hawk.kernel
-def dbl(x: Scalar) -> Scalar:
-    return 2.0 * x
-
-
-@hawk.kernel
-def inc(x: Scalar) -> Scalar:
-    return x + 1.0
-
-
-@hawk.kernel
-def k1(x: Scalar) -> Scalar:
-    return hm.sin(x) * x
-
-
-@hawk.kernel
-def k2(x: Scalar) -> Scalar:
-    return hm.exp(-x * x)
-
-
-@hawk.kernel
-def halve(x: Scalar) -> Scalar:
-    return 0.5 * x + 1.0
-
-
-@hawk.kernel
-def below(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s < lim))
-
-
-@eagle.Graph.builder
-def w_chain(x, record=False):
-    g = eagle.Graph(record=record)
-    for _ in range(10):
-        x = inc(dbl(x))
-    g.result = x
-    return g
-
-
-@eagle.Graph.builder
-def w_trans(x, record=False):
-    g = eagle.Graph(record=record)
-    g.result = k2(k1(x))
-    return g
-
-
-@eagle.Graph.builder
-def w_loop(x, flag, record=False):
-    g = eagle.Graph(record=record)
-    for _ in range(50):
-        if not flag:
-            break
-        x = halve(x)
-        below(x, 1e9, flag)          # never clears: all 50 turns run
-    g.result = x
-    return g
+from workloads import w_chain, w_loop, w_trans
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,7 +72,7 @@ def memory(gr):
     def turns_of(e):
         return int(np.asarray(rec.buffers()[res.turns[id(e)]]).reshape(-1)[0])
 
-    needed = _needed_bytes(gr._program, turns_of)
+    needed = _needed_bytes(gr._grad_program, turns_of)
     return rec.nbytes, needed
 
 

@@ -16,59 +16,7 @@ from hawk_fx import Mutable, Param, Scalar, UInt32
 from hawk_fx import math as hm
 
 
-@hawk.kernel
-def dbl(x: Scalar) -> Scalar:
-    return 2.0 * x
-
-
-@hawk.kernel
-def inc(x: Scalar) -> Scalar:
-    return x + 1.0
-
-
-@hawk.kernel
-def halve(x: Scalar) -> Scalar:
-    return 0.5 * x + 1.0
-
-
-@hawk.kernel
-def below(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s < lim))
-
-
-@eagle.Graph.builder
-def w_chain(x):
-    g = eagle.Graph()
-    for _ in range(10):
-        x = inc(dbl(x))
-    g.result = x
-    return g
-
-
-@eagle.Graph.builder
-def w_loop(x, flag):
-    g = eagle.Graph()
-    for _ in range(50):
-        if not flag:
-            break
-        x = halve(x)
-        below(x, 1e9, flag)
-    g.result = x
-    return g
-
-
-@eagle.Graph.builder
-def w_fork(x):
-    g = eagle.Graph()
-    with g.parallel() as p:
-        with p.branch():
-            a = inc(dbl(inc(dbl(x))))
-        with p.branch():
-            b = dbl(inc(dbl(inc(x))))
-        with p.branch():
-            c = halve(halve(halve(halve(x))))
-    g.result = (a, b, c)
-    return g
+from workloads import w_chain, w_fork, w_loop
 
 
 def numpy_chain(x, out, tmp):

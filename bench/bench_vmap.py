@@ -18,45 +18,7 @@ from hawk_fx import Mutable, Param, Scalar, UInt32
 from hawk_fx import math as hm
 
 
-@hawk.kernel
-def dbl(x: Scalar) -> Scalar:
-    return 2.0 * x
-
-
-@hawk.kernel
-def inc(x: Scalar) -> Scalar:
-    return x + 1.0
-
-
-@hawk.kernel
-def halve(x: Scalar) -> Scalar:
-    return 0.5 * x + 1.0
-
-
-@hawk.kernel
-def below(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s < lim))
-
-
-@eagle.Graph.builder
-def w_chain(x):
-    g = eagle.Graph()
-    for _ in range(10):
-        x = inc(dbl(x))
-    g.result = x
-    return g
-
-
-@eagle.Graph.builder
-def w_loop(x, flag, lim):
-    g = eagle.Graph()
-    for _ in range(50):
-        if not flag:
-            break
-        x = dbl(x)
-        below(x, lim, flag)
-    g.result = x
-    return g
+from workloads import w_chain, w_loop_to as w_loop
 
 
 def median(fn, number, repeat=7):

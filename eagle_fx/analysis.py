@@ -107,3 +107,31 @@ def count_stages(prog: Program) -> int:
             level[v] = lv
         last = max(last, lv)
     return last
+
+
+def reads_after(prog: Program, idx: int) -> set:
+    """Vars read by the equations after `idx` (a sub-program's reads are its equation's operands)."""
+    out = set()
+    for e in prog.eqns[idx + 1:]:
+        out.update(a for a in e.inputs if isinstance(a, Var))
+    return out
+
+
+def buffer_root(prog: Program, v: Var):
+    """(Var, equation index) that made v's buffer, following `inplace` outputs back; (None, None)
+    when the buffer is one of the program's inputs. A backend may place that Var straight into the
+    buffer an output needs when nothing reads the buffer's old contents afterwards."""
+    producers = {}
+    for i, e in enumerate(prog.eqns):
+        for j, o in enumerate(e.outputs):
+            producers[o] = (i, e, j)
+    while True:
+        if v not in producers:
+            return None, None
+        i, e, j = producers[v]
+        src = dict(e.params.get("inplace", ()) or ()).get(j)
+        if src is None:
+            return v, i
+        v = e.inputs[src]
+        if not isinstance(v, Var):
+            return None, None

@@ -30,7 +30,7 @@ class Record:
         g = self.graph
         _check_fresh(self, "eagle.diff.Record.copy")
         exe = g._exe
-        kept = {id(v): exe.array_of(v).copy() for v in _all_vars(g._program) if exe.array_of(v) is not None}
+        kept = {id(v): exe.array_of(v).copy() for v in _all_vars(g._grad_program) if exe.array_of(v) is not None}
         bufs = [r.copy() for r in exe.records]
         return Record(g, None, bufs, lambda v: kept.get(id(v)))
 
@@ -105,7 +105,7 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
         _seed(ct, v_out, seed, api, key)
     want = {names[w][1][0] for w in wrt if names[w][0] == "buffer"}
     bw = Backward(g._residuals, record.buffers(), record.forward_value, want)
-    ct = bw.run(g._program, ct)
+    ct = bw.run(g._grad_program, ct)
     out = {}
     for w in wrt:
         kind, (v_in, _) = names[w]
@@ -161,7 +161,7 @@ def forward(record: Record, tangents: dict, of=None) -> dict:
         if o not in names:
             raise KeyError(_unknown(api, o))
     fw = Forward(g._residuals, record.buffers(), record.forward_value)
-    tan = fw.run(g._program, tan)
+    tan = fw.run(g._grad_program, tan)
     out = {}
     for o in of:
         if o == "result":

@@ -21,6 +21,7 @@ from .autograph import convert_builder
 from .backends import cuda as _cuda
 from .backends.numpy import NumpyExecutable
 from .staging import GraphTrace, Plane
+from .backends.fusion import fuse
 from .transforms.vjp import forward_with_residuals
 
 
@@ -249,7 +250,10 @@ class Graph:
             self._exe = _cuda.CudaExecutable(self._program, arrays, keep, t.n or 1, runtime=backend,
                                              names=[e.name for e in t.input_planes])
         elif self._record:
-            fwd, self._residuals = forward_with_residuals(self._program, self._loop_capacity)
+            # the reverse walks the fused program: one vjp kernel per fused chain, and the residuals
+            # are those the fused kernels' backwards read
+            self._grad_program = fuse(self._program, keep, {h.var for h in t.buffers})
+            fwd, self._residuals = forward_with_residuals(self._grad_program, self._loop_capacity)
             self._exe = NumpyExecutable(fwd, arrays, keep | self._residuals.referenced, t.n or 1,
                                         records=self._residuals.allocate())
         else:

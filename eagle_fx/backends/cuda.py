@@ -101,6 +101,7 @@ from hawk_fx.core import Literal, Program, Var
 from hawk_fx.emit import cuda as hcuda
 
 from .. import ir
+from ..analysis import buffer_root, reads_after
 
 BLOCK = hcuda.BLOCK        # threads per block of the grid-stride map kernels
 MAX_GRID = 1024            # blocks at most; the map kernels stride over the rest
@@ -465,31 +466,6 @@ def lower(program: Program, input_arrays, keep, n: int, builder, records=None) -
     return _Lowering(program, input_arrays, keep, n, builder, records).plan
 
 
-def _reads_after(prog: Program, idx: int) -> set:
-    out = set()
-    for e in prog.eqns[idx + 1:]:
-        out.update(a for a in e.inputs if isinstance(a, Var))
-    return out
-
-
-def _chain_root(prog: Program, v: Var):
-    """Follow inplace outputs back to the equation that made the buffer; None if it is an input."""
-    producers = {}
-    for i, e in enumerate(prog.eqns):
-        for j, o in enumerate(e.outputs):
-            producers[o] = (i, e, j)
-    while True:
-        if v not in producers:
-            return None, None
-        i, e, j = producers[v]
-        src = dict(e.params.get("inplace", ()) or ()).get(j)
-        if src is None:
-            return v, i
-        v = e.inputs[src]
-        if not isinstance(v, Var):
-            return None, None
-
-
 def _has_records(prog: Program) -> bool:
     for e in prog.eqns:
         if e.prim is ir.record_p or (e.prim is ir.while_p and e.params.get("record_turns") is not None):
@@ -810,11 +786,11 @@ class _Lowering:
         for j, (o, s) in enumerate(zip(sub.outputs, out_slots)):
             if not isinstance(o, Var):
                 continue
-            root, at = _chain_root(sub, o)
+            root, at = buffer_root(sub, o)
             if root is None or root in pre:
                 continue
             occupants = {v for v in sub.inputs if self.slot_of.get(v) == s}
-            later = _reads_after(sub, at) | {x for k, x in enumerate(sub.outputs) if k != j}
+            later = reads_after(sub, at) | {x for k, x in enumerate(sub.outputs) if k != j}
             if not (occupants & later):
                 pre[root] = s
         for i, e in enumerate(sub.eqns):

@@ -27,11 +27,14 @@ class _FusedKernel:
 class FusedSpec:
     """A kernel body made of several calls' bodies: what a call equation's `spec` needs."""
 
-    def __init__(self, prog: Program, names, out_sample):
+    def __init__(self, prog: Program, names, out_sample, commits=()):
         self.prog = prog
         self.kernel = _FusedKernel(names, len(prog.inputs))
-        self.n_results = len(prog.outputs)
-        self.commits: list = []
+        # as a Specialization: outputs are results, then the new values of the `commits` inputs
+        self.commits = list(commits)
+        self.n_results = len(prog.outputs) - len(self.commits)
+        self.result_kinds = [a.aval.kind for a in prog.outputs[:self.n_results]]
+        self.layout = tuple((v.aval.kind, v.aval.dtype, v.aval.shape, v.aval.weak) for v in prog.inputs)
         self.compiled = NumpyKernel(prog, out_sample)
 
     def result_shape(self, j, n):
@@ -90,13 +93,17 @@ def _fuse_pair(e1, e2, needed_later):
     out_vars = [e1.outputs[j] for j in keep1] + list(e2.outputs)
     prog = Program(kernel_inputs, body, [_as_var(a, body) for a in out_atoms])
     names = [s1.kernel.name, s2.kernel.name]
-    spec = FusedSpec(prog, names, [a.aval.kind == "sample" for a in prog.outputs])
     # e2's in-place writes (Mutable commits, buffer= arrays) stay in place: its output j overwrites
     # graph input i; a buffer= array is an input the body does not read
     for _, i in e2.params["inplace"]:
         kin(e2.inputs[i], e2.inputs[i].aval if i >= n2 else s2.prog.inputs[i].aval)
-    inplace = tuple((len(keep1) + j, next(k for k, g in enumerate(graph_inputs) if g is e2.inputs[i]))
-                    for j, i in e2.params["inplace"])
+    prog = prog.replace(inputs=kernel_inputs)
+
+    def position(atom):
+        return next(k for k, g in enumerate(graph_inputs) if g is atom)
+    inplace = tuple((len(keep1) + j, position(e2.inputs[i])) for j, i in e2.params["inplace"])
+    commits = [position(e2.inputs[k]) for k in s2.commits]
+    spec = FusedSpec(prog, names, [a.aval.kind == "sample" for a in prog.outputs], commits)
     params = dict(kernel=spec.kernel, spec=spec, n=e2.params["n"], inplace=inplace)
     return Eqn(ir.call_p, graph_inputs, out_vars, params, e2.info)
 
@@ -110,8 +117,9 @@ def _as_var(a, body):
     return v
 
 
-def fuse(prog: Program, keep: set) -> Program:
-    """`prog` with chains of fusible calls merged; sub-programs fused too."""
+def fuse(prog: Program, keep: set, barriers=frozenset()) -> Program:
+    """`prog` with chains of fusible calls merged; sub-programs fused too. A call that makes one of
+    `barriers` ends a chain (a gradient taken with respect to it must see every use of it)."""
     reads_after: list[set] = [set() for _ in prog.eqns]
     later: set = set(a for a in prog.outputs if isinstance(a, Var)) | set(keep)
     for i in range(len(prog.eqns) - 1, -1, -1):
@@ -119,9 +127,10 @@ def fuse(prog: Program, keep: set) -> Program:
         later |= {a for a in prog.eqns[i].inputs if isinstance(a, Var)}
     out: list[Eqn] = []
     for i, e in enumerate(prog.eqns):
-        e = _fuse_inside(e, keep)
+        e = _fuse_inside(e, keep, barriers)
         prev = out[-1] if out else None
         if (prev is not None and _fusible(prev, True) and _fusible(e, False) and prev.params["n"] == e.params["n"]
+                and not any(v in barriers for v in prev.outputs)
                 and any(a in prev.outputs for a in e.inputs if isinstance(a, Var))
                 and not any(e.inputs[i] in prev.outputs for _, i in e.params["inplace"])
                 and not any(a in e.outputs for a in prev.inputs if isinstance(a, Var))):
@@ -131,9 +140,10 @@ def fuse(prog: Program, keep: set) -> Program:
     return prog.replace(eqns=out)
 
 
-def _fuse_inside(e, keep):
+def _fuse_inside(e, keep, barriers):
     if e.prim in (ir.cond_p, ir.switch_p):
-        return e.replace(params=dict(e.params, branches=tuple(fuse(b, keep) for b in e.params["branches"])))
+        branches = tuple(fuse(b, keep, barriers) for b in e.params["branches"])
+        return e.replace(params=dict(e.params, branches=branches))
     if e.prim is ir.while_p:
-        return e.replace(params=dict(e.params, body=fuse(e.params["body"], keep)))
+        return e.replace(params=dict(e.params, body=fuse(e.params["body"], keep, barriers)))
     return e

@@ -20,6 +20,7 @@ from hawk_fx.core import Literal, Program, Var
 from hawk_fx.emit.numpy import NumpyKernel
 
 from .. import ir
+from ..analysis import buffer_root, reads_after
 from ..transforms.vmap import batch_broadcast_p
 from .fusion import fuse
 
@@ -51,36 +52,12 @@ class _Gen:
         self.lines.append("    " * depth + line)
 
 
-def _reads_after(prog: Program, idx: int) -> set:
-    out = set()
-    for e in prog.eqns[idx + 1:]:
-        out.update(a for a in e.inputs if isinstance(a, Var))
-    return out
-
-
-def _chain_root(prog: Program, v: Var):
-    """Follow inplace outputs back to the equation that made the buffer; None if it is an input."""
-    producers = {}
-    for i, e in enumerate(prog.eqns):
-        for j, o in enumerate(e.outputs):
-            producers[o] = (i, e, j)
-    while True:
-        if v not in producers:
-            return None, None
-        i, e, j = producers[v]
-        src = dict(e.params.get("inplace", ()) or ()).get(j)
-        if src is None:
-            return v, i
-        v = e.inputs[src]
-        if not isinstance(v, Var):
-            return None, None
-
-
 class NumpyExecutable:
     def __init__(self, prog: Program, input_arrays, keep: set, n: int, records=None):
         self.prog = prog                # the Program as staged (other backends and tools read it)
-        # what runs: fused calls, unless a recorded forward, whose record names its calls
-        self.plan = fuse(prog, set(keep)) if records is None else prog
+        # what runs: fused calls. A recorded forward fuses too: its `record` copies sit between calls
+        # and the values its reverse reads in place are in `keep`, so both stay outputs
+        self.plan = fuse(prog, set(keep))
         self.n = n
         self.records = list(records or [])    # record buffers of a record=True forward
         self.reuse = True                      # a recorded forward keeps what its reverse reads via `keep`
@@ -233,11 +210,11 @@ class NumpyExecutable:
         for j, (o, s) in enumerate(zip(sub.outputs, out_slots)):
             if not isinstance(o, Var):
                 continue
-            root, at = _chain_root(sub, o)
+            root, at = buffer_root(sub, o)
             if root is None or root in pre:
                 continue
             occupants = {v for v in sub.inputs if self.slot_of.get(v) == s}
-            later = _reads_after(sub, at) | {x for k, x in enumerate(sub.outputs) if k != j}
+            later = reads_after(sub, at) | {x for k, x in enumerate(sub.outputs) if k != j}
             if not (occupants & later):
                 pre[root] = s
         start = len(g.lines)
