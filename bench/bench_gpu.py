@@ -29,9 +29,6 @@ import time
 import numpy as np
 
 import eagle_fx as eagle
-import hawk_fx as hawk
-from hawk_fx import Mutable, Param, Scalar, UInt32
-from hawk_fx import math as hm
 
 try:
     import cupy as cp

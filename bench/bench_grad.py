@@ -19,10 +19,7 @@ import timeit
 import numpy as np
 
 import eagle_fx as eagle
-import hawk_fx as hawk
 from eagle_fx import ir
-from hawk_fx import Mutable, Param, Scalar, UInt32
-from hawk_fx import math as hm
 from hawk_fx.core import Var
 from hawk_fx.diff import kernel_vjp
 

@@ -10,10 +10,6 @@ import timeit
 
 import numpy as np
 
-import eagle_fx as eagle
-import hawk_fx as hawk
-from hawk_fx import Mutable, Param, Scalar, UInt32
-from hawk_fx import math as hm
 
 
 from workloads import w_chain, w_fork, w_loop

@@ -133,7 +133,7 @@ class _Pass(ast.NodeTransformer):
 
     def visit_Match(self, node):
         subject = self.visit(node.subject)
-        values, fns, default = [], [], None
+        values, default = [], None
         arms = []
         for case in node.cases:
             p = case.pattern

@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 
-from hawk_fx.core import CELL, PLANE, AVal, Eqn, EqnInfo, Literal, Program, Var
+from hawk_fx.core import AVal, Eqn, EqnInfo, Literal, Program, Var
 from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.source import SourceInfo, user_line
 from hawk_fx.trace import UNDEF

@@ -120,16 +120,16 @@ def _fast_entry(spec: Specialization):
             shapes.append(f"not may_share(a{spec.commits[a]}, a{spec.commits[b]})")
     lines = [f"def fast({', '.join(args)}):",
              f"    if not ({' and '.join(types + dtypes) or 'True'}):",
-             f"        return MISS"]
+             "        return MISS"]
     if first is None:
         lines.append("    n = 1")
     else:
         lines += [f"    s = a{first}.shape",
                   f"    if len(s) != {len(layout[first][2]) + 1}:",
-                  f"        return MISS",
-                  f"    n = s[-1]",
-                  f"    if n == 1:",
-                  f"        return MISS"]
+                  "        return MISS",
+                  "    n = s[-1]",
+                  "    if n == 1:",
+                  "        return MISS"]
     if shapes:
         lines += [f"    if not ({' and '.join(shapes)}):", "        return MISS"]
     outs = []

@@ -19,7 +19,8 @@ import hawk_fx.math as hm
 from hawk_fx import prims
 from hawk_fx.core import SAMPLE, UNIFORM, AVal, Eqn, Literal, Program, Var, abstract_eval
 from hawk_fx.emit import cuda
-from hawk_fx.roles import Matrix, Mutable, Param, Scalar, UInt32, Vector
+from hawk_fx.roles import Matrix, Mutable, Param, Scalar, Vector
+from tour_kernels import below
 
 P = prims.P
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -196,11 +197,6 @@ def test_inplace_controls_restrict():
     known = cuda.plan_kernel(prog, "k", [True], inplace={0: 0})
     sig = [p.ctype for p in known.params]
     assert sig[:3] == ["const double*", "const double* __restrict__", "double*"]
-
-
-@hawk.kernel
-def below(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s < lim))
 
 
 @hawk.kernel

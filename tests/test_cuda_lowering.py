@@ -22,6 +22,7 @@ from eagle_fx.graph import opaque
 from hawk_fx import Mutable, Param, Scalar, UInt32
 from hawk_fx import math as hm
 from hawk_fx.emit import cuda as hcuda
+from tour_kernels import accumulate, add, affine, below, cell, dbl, inc, over, square
 
 ORDERS = ("creation", "lifo", 7)
 
@@ -30,45 +31,8 @@ ORDERS = ("creation", "lifo", 7)
 # the tour's kernels and builders
 
 @hawk.kernel
-def inc(x: Scalar) -> Scalar:
-    return x + 1.0
-
-@hawk.kernel
-def dbl(x: Scalar) -> Scalar:
-    return 2.0 * x
-
-@hawk.kernel
-def add(a: Scalar, b: Scalar) -> Scalar:
-    return a + b
-
-@hawk.kernel
-def square(v: Scalar) -> Scalar:
-    return v * v
-
-@hawk.kernel
-def affine(x: Scalar, a: Param, b: Param) -> Scalar:
-    return a * x + b
-
-@hawk.kernel
-def below(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s < lim))
-
-@hawk.kernel
-def over(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s > lim))
-
-@hawk.kernel
 def peak_below(s: Scalar, lim: Param, flag: Mutable[UInt32]):     # a max: its workspace starts at -inf
     flag = hm.uint32(hawk.max(s) < lim)
-
-@hawk.kernel
-def accumulate(s: Scalar, y: Mutable[Scalar]):
-    y = s + 1.0
-
-
-def cell(v):
-    return np.array([v], dtype=np.uint32)
-
 
 @eagle.Graph.builder
 def twice(g: eagle.Graph, v):

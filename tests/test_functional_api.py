@@ -5,7 +5,7 @@ import pytest
 
 import eagle_fx as ef
 import hawk_fx as hawk
-from hawk_fx import Mutable, Param, Scalar, UInt32
+from hawk_fx import Param, Scalar
 from hawk_fx import math as hm
 
 

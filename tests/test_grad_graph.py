@@ -19,6 +19,7 @@ import hawk_fx as hawk
 from hawk_fx import Mutable, Param, Scalar, UInt32
 from hawk_fx import math as hm
 from hawk_fx.tree import tree_flatten
+from tour_kernels import accumulate, affine, below, cell, dbl, inc, over, square
 
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
@@ -31,26 +32,6 @@ JTOL = {np.float64: 1e-12, np.float32: 2e-5}      # vs jax in float64
 
 # ---------------------------------------------------------------------------------------------
 # kernels
-
-@hawk.kernel
-def inc(x: Scalar) -> Scalar:
-    return x + 1.0
-
-@hawk.kernel
-def dbl(x: Scalar) -> Scalar:
-    return 2.0 * x
-
-@hawk.kernel
-def add(a: Scalar, b: Scalar) -> Scalar:
-    return a + b
-
-@hawk.kernel
-def square(v: Scalar) -> Scalar:
-    return v * v
-
-@hawk.kernel
-def affine(x: Scalar, a: Param, b: Param) -> Scalar:
-    return a * x + b
 
 @hawk.kernel
 def wave(x: Scalar) -> Scalar:
@@ -67,18 +48,6 @@ def grow(x: Scalar) -> Scalar:                   # increasing: 1.5 + 0.25 cos(x)
 @hawk.kernel
 def mix(a: Scalar, b: Scalar) -> Scalar:
     return a * b + hm.sin(a)
-
-@hawk.kernel
-def below(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s < lim))
-
-@hawk.kernel
-def over(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s > lim))
-
-@hawk.kernel
-def accumulate(s: Scalar, y: Mutable[Scalar]):
-    y = s + 1.0
 
 @hawk.kernel
 def blend(s: Scalar, y: Mutable[Scalar]):          # reads the value it overwrites
@@ -99,10 +68,6 @@ def jgrow(x):
 
 def jmix(a, b):
     return a * b + jnp.sin(a)
-
-
-def cell(v):
-    return np.array([v], dtype=np.uint32)
 
 
 # ---------------------------------------------------------------------------------------------

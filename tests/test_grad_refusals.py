@@ -9,38 +9,14 @@ import pytest
 
 import eagle_fx as eagle
 import hawk_fx as hawk
-from hawk_fx import Mutable, Param, Scalar, UInt32
+from hawk_fx import Scalar
 from hawk_fx import math as hm
+from tour_kernels import accumulate, affine, below, cell, inc, square
 
-
-@hawk.kernel
-def affine(x: Scalar, a: Param, b: Param) -> Scalar:
-    return a * x + b
-
-@hawk.kernel
-def square(v: Scalar) -> Scalar:
-    return v * v
 
 @hawk.kernel
 def wave(x: Scalar) -> Scalar:
     return hm.sin(x) * x
-
-@hawk.kernel
-def inc(x: Scalar) -> Scalar:
-    return x + 1.0
-
-@hawk.kernel
-def accumulate(s: Scalar, y: Mutable[Scalar]):
-    y = s + 1.0
-
-@hawk.kernel
-def below(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s < lim))
-
-
-def cell(v):
-    return np.array([v], dtype=np.uint32)
-
 
 @eagle.Graph.builder
 def model(x, y, record=False):

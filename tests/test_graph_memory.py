@@ -11,23 +11,9 @@ import eagle_fx
 import hawk_fx as hawk
 from hawk_fx import Mutable, Param, Scalar, UInt32
 from hawk_fx import math as hm
+from tour_kernels import accumulate, affine, cell, dbl, inc
 
 N = 100_000
-
-
-@hawk.kernel
-def inc(x: Scalar) -> Scalar:
-    return x + 1.0
-
-
-@hawk.kernel
-def dbl(x: Scalar) -> Scalar:
-    return 2.0 * x
-
-
-@hawk.kernel
-def affine(x: Scalar, a: Param, b: Param) -> Scalar:
-    return a * x + b
 
 
 @hawk.kernel
@@ -38,15 +24,6 @@ def min_below(s: Scalar, lim: Param, flag: Mutable[UInt32]):    # 1 while the sm
 @hawk.kernel
 def count_below(s: Scalar, lim: Param, flag: Mutable[UInt32]):  # the tour's guard: how many are below lim
     flag = hm.uint32(hawk.sum(s < lim))
-
-
-@hawk.kernel
-def accumulate(s: Scalar, y: Mutable[Scalar]):
-    y = s + 1.0
-
-
-def cell(v):
-    return np.array([v], dtype=np.uint32)
 
 
 class no_gc:

@@ -7,38 +7,7 @@ import numpy as np
 import pytest
 
 import eagle_fx
-import hawk_fx as hawk
-from hawk_fx import Mutable, Param, Scalar, UInt32
-from hawk_fx import math as hm
-
-
-@hawk.kernel
-def inc(x: Scalar) -> Scalar:
-    return x + 1.0
-
-
-@hawk.kernel
-def dbl(x: Scalar) -> Scalar:
-    return 2.0 * x
-
-
-@hawk.kernel
-def add(a: Scalar, b: Scalar) -> Scalar:
-    return a + b
-
-
-@hawk.kernel
-def accumulate(s: Scalar, y: Mutable[Scalar]):
-    y = s + 1.0
-
-
-@hawk.kernel
-def below(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s < lim))
-
-
-def cell(v):
-    return np.array([v], dtype=np.uint32)
+from tour_kernels import accumulate, add, below, cell, dbl, inc
 
 
 def where(builder, fragment):

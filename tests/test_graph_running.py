@@ -7,52 +7,13 @@ import pytest
 
 import eagle_fx
 import hawk_fx as hawk
-from hawk_fx import Mutable, Param, Scalar, UInt32
-from hawk_fx import math as hm
-
-
-@hawk.kernel
-def inc(x: Scalar) -> Scalar:
-    return x + 1.0
-
-
-@hawk.kernel
-def dbl(x: Scalar) -> Scalar:
-    return 2.0 * x
-
-
-@hawk.kernel
-def add(a: Scalar, b: Scalar) -> Scalar:
-    return a + b
-
-
-@hawk.kernel
-def square(v: Scalar) -> Scalar:
-    return v * v
-
-
-@hawk.kernel
-def affine(x: Scalar, a: Param, b: Param) -> Scalar:
-    return a * x + b
-
-
-@hawk.kernel
-def accumulate(s: Scalar, y: Mutable[Scalar]):
-    y = s + 1.0
+from hawk_fx import Mutable, Scalar
+from tour_kernels import accumulate, add, affine, below, cell, dbl, inc, square
 
 
 @hawk.kernel
 def bump(s: Scalar, y: Mutable[Scalar]):        # y grows by s at every replay
     y = y + s
-
-
-@hawk.kernel
-def below(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s < lim))
-
-
-def cell(v):
-    return np.array([v], dtype=np.uint32)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,15 +7,11 @@ import pytest
 import hawk_fx as hawk
 import hawk_fx.math as hm
 from hawk_fx import Int32, Matrix, Mutable, Param, Scalar, Terminated, UInt32, Vector
+from tour_kernels import affine
 
 
 # ---------------------------------------------------------------------------------------------
 # Scalar and Param
-
-@hawk.kernel
-def affine(x: Scalar, a: Param, b: Param) -> Scalar:
-    return a * x + b
-
 
 def test_scalar_plane_with_python_number_params(rng):
     x = rng.random(7)

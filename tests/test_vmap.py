@@ -5,33 +5,14 @@ import pytest
 
 import eagle_fx as eagle
 import hawk_fx as hawk
-from hawk_fx import Mutable, Param, Scalar, UInt32, Vector
+from hawk_fx import Mutable, Param, Scalar, Vector
 from hawk_fx import math as hm
-
-
-@hawk.kernel
-def dbl(x: Scalar) -> Scalar:
-    return 2.0 * x
-
-
-@hawk.kernel
-def inc(x: Scalar) -> Scalar:
-    return x + 1.0
+from tour_kernels import below, dbl, inc, over
 
 
 @hawk.kernel
 def centre(x: Scalar) -> Scalar:
     return x - hawk.mean(x)          # a sample reduction: per instance under vmap
-
-
-@hawk.kernel
-def below(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s < lim))
-
-
-@hawk.kernel
-def over(s: Scalar, lim: Param, flag: Mutable[UInt32]):
-    flag = hm.uint32(hawk.sum(s > lim))
 
 
 @hawk.kernel

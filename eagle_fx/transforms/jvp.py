@@ -10,7 +10,7 @@ from hawk_fx.core import Program, Var
 from hawk_fx.diff import kernel_jvp
 
 from .. import ir
-from .vjp import Backward, _accumulate
+from .vjp import Backward
 
 
 class Forward(Backward):

@@ -330,12 +330,12 @@ class NumpyKernel:
         code += ["    " + ln for ln in hoisted]
         if body:
             code += [f"    if n <= {ch}:",
-                     f"        S = _cache.get(n)",
-                     f"        if S is None:",
-                     f"            S = scratch(n)"]
+                     "        S = _cache.get(n)",
+                     "        if S is None:",
+                     "            S = scratch(n)"]
             code += ["        " + ln for ln in body]
             part_args = "".join(a + ", " for a in whole + ["U", "scratch", "n"])
-            code += [f"    else:",
+            code += ["    else:",
                      f"        _run_chunks(part, n, {ch}, ({part_args}))"]
         code += ["    " + ln for ln in after] + ["    return"]
         code += ["def run(ins, outs, n, U, scratch):",
