@@ -41,10 +41,10 @@ def is_cond_cell(aval: AVal) -> bool:
 
 
 @abstract_eval.register(call_p)
-def _call_abstract(*avals, kernel, spec, n, inplace):
+def _call_abstract(*avals, kernel, spec, n, inplace, batch=(), in_batched=None):
     out = []
     for j, a in enumerate(spec.prog.outputs[:spec.n_results]):
-        out.append(plane_aval(spec.result_shape(j, n), spec.result_dtype(j)))
+        out.append(plane_aval(tuple(batch) + spec.result_shape(j, n), spec.result_dtype(j)))
     for k in spec.commits:
         out.append(avals[k])
     return out

@@ -327,6 +327,8 @@ def check_program(prog: Program) -> None:
     for a in prog.outputs:
         if isinstance(a, Var) and a not in defined:
             raise AssertionError(f"program output {a} is never defined")
+    for sub in prog.subprograms():       # closed: each sub-program defines what it uses
+        check_program(sub)
 
 
 # ---------------------------------------------------------------------------------------------

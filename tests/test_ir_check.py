@@ -1,0 +1,56 @@
+"""Every Program the library makes type-checks: check_program re-runs abstract evaluation over
+kernel bodies, their derivatives and staged graphs (sub-programs included), and must also catch
+a Program that was put together wrong."""
+import contextlib
+import io
+import runpy
+
+import numpy as np
+import pytest
+
+from hawk_fx import diff
+from hawk_fx.core import Eqn, Program, Var, check_program
+from hawk_fx.prims import P
+
+
+@pytest.fixture(scope="module")
+def tour():
+    with contextlib.redirect_stdout(io.StringIO()), pytest.warns(Warning):
+        return runpy.run_module("eagle_fx.tour")
+
+
+def test_tour_graphs_type_check(tour):
+    x, c = np.arange(4.0), np.array([1], np.uint32)
+    graphs = [tour["first"](x), tour["forks"](x), tour["choose"](x, c.copy(), c.copy(), True),
+              tour["capped"](np.ones(4), c.copy()), tour["counted"](np.zeros(4), np.array([3], np.uint32)),
+              tour["chooser"](np.full(4, 3.0), c.copy()), tour["keep"](x)]
+    for g in graphs:
+        check_program(g.program)
+
+
+def test_kernel_bodies_and_their_derivatives_type_check(tour):
+    for name in ("inc", "dbl", "add", "square", "affine", "below", "over", "accumulate"):
+        k = tour[name]
+        spec = k.specialize(k.default_layout())
+        check_program(spec.prog)
+        check_program(diff.kernel_vjp(spec).prog)
+        check_program(diff.kernel_jvp(spec).prog)
+
+
+def test_a_mistyped_program_is_caught():
+    from hawk_fx.core import SAMPLE, AVal
+    a = Var(AVal((), np.float64, SAMPLE))
+    wrong = Var(AVal((3,), np.float64, SAMPLE))          # sin keeps the shape: () -> (), not (3,)
+    with pytest.raises(AssertionError, match="abstract evaluation"):
+        check_program(Program([a], [Eqn(P["sin"], [a], [wrong])], [wrong]))
+    undefined = Var(AVal((), np.float64, SAMPLE))
+    with pytest.raises(AssertionError, match="used before it is defined"):
+        check_program(Program([a], [Eqn(P["sin"], [undefined], [wrong])], [wrong]))
+
+
+def test_batched_programs_type_check(tour):
+    import eagle_fx as eagle
+    xs = np.random.rand(3, 4)
+    cells = np.ones((3, 1), np.uint32)
+    check_program(eagle.vmap(tour["choose"], in_axes=(0, 0, 0, None))(xs, cells, cells.copy(), True).program)
+    check_program(eagle.vmap(tour["capped"])(xs + 1.0, cells.copy()).program)
