@@ -118,7 +118,7 @@ def vmap(f, in_axes=0, out_axes=0):
                 outs[j] = v
         bprog = bprog.replace(eqns=eqns, outputs=outs)
         from .graph import Graph
-        return Graph._from_program(bprog, planes, tree, nres, g._trace.n, out_axes=oax)
+        return Graph._from_program(bprog, planes, tree, nres, g._trace.n)
     batched.__name__ = f"vmap({name})"
     return batched
 

@@ -146,7 +146,7 @@ class Graph:
     builder = staticmethod(lambda fn: Builder(fn))
 
     @classmethod
-    def _from_program(cls, program, input_planes, tree, n_results, n, out_axes=None):
+    def _from_program(cls, program, input_planes, tree, n_results, n):
         """A built graph running a Program a transform made (vmap): the same verbs as any graph."""
         g = cls.__new__(cls)
         cls.__init__(g)
@@ -161,10 +161,8 @@ class Graph:
         g._result_tree = tree_unflatten(tree, handles) if tree is not None else None
         g._has_result = tree is not None
         g._result_flat = (handles, tree)
-        g._keep = handles
         g._exe = NumpyExecutable(program, [e.array for e in t.input_planes], {h.var for h in handles}, n or 1)
         g._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
-        g._out_axes = out_axes
         g._transformed = True
         return g
 

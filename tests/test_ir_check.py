@@ -54,3 +54,15 @@ def test_batched_programs_type_check(tour):
     cells = np.ones((3, 1), np.uint32)
     check_program(eagle.vmap(tour["choose"], in_axes=(0, 0, 0, None))(xs, cells, cells.copy(), True).program)
     check_program(eagle.vmap(tour["capped"])(xs + 1.0, cells.copy()).program)
+
+
+def test_the_reference_interpreter_agrees_with_the_compiled_kernel(tour):
+    # eval_program walks a body with the plain eager NumPy rules: an independent path from the
+    # generated chunked code
+    from hawk_fx.core import eval_program
+    k = tour["affine"]
+    x = np.linspace(-2.0, 3.0, 7)
+    spec = k.specialize(k.layout_of([x, 2.0, 1.0])[0])
+    (ref,) = eval_program(spec.prog, [x, 2.0, 1.0])
+    np.testing.assert_allclose(k(x, 2.0, 1.0), ref)
+    np.testing.assert_allclose(ref, 2.0 * x + 1.0)
