@@ -135,3 +135,20 @@ def buffer_root(prog: Program, v: Var):
         v = e.inputs[src]
         if not isinstance(v, Var):
             return None, None
+
+
+def direct_outputs(sub: Program, out_slots, slot_of) -> dict:
+    """{Var: slot}: the values of `sub` a backend may compute straight into the slot its output
+    needs (no copy at the end), because nothing reads that slot's old contents afterwards."""
+    pre = {}
+    for j, (o, s) in enumerate(zip(sub.outputs, out_slots)):
+        if not isinstance(o, Var):
+            continue
+        root, at = buffer_root(sub, o)
+        if root is None or root in pre:
+            continue
+        occupants = {v for v in sub.inputs if slot_of.get(v) == s}
+        later = reads_after(sub, at) | {x for k, x in enumerate(sub.outputs) if k != j}
+        if not (occupants & later):
+            pre[root] = s
+    return pre

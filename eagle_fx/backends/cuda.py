@@ -101,7 +101,7 @@ from hawk_fx.core import Literal, Program, Var
 from hawk_fx.emit import cuda as hcuda
 
 from .. import ir
-from ..analysis import buffer_root, reads_after
+from ..analysis import direct_outputs
 
 BLOCK = hcuda.BLOCK        # threads per block of the grid-stride map kernels
 MAX_GRID = 1024            # blocks at most; the map kernels stride over the rest
@@ -782,17 +782,7 @@ class _Lowering:
                 self._copy_item(seq, self.slot_of[v], a)
             else:
                 self.slot_of[v] = self.slot_of[a]
-        pre = {}
-        for j, (o, s) in enumerate(zip(sub.outputs, out_slots)):
-            if not isinstance(o, Var):
-                continue
-            root, at = buffer_root(sub, o)
-            if root is None or root in pre:
-                continue
-            occupants = {v for v in sub.inputs if self.slot_of.get(v) == s}
-            later = reads_after(sub, at) | {x for k, x in enumerate(sub.outputs) if k != j}
-            if not (occupants & later):
-                pre[root] = s
+        pre = direct_outputs(sub, out_slots, self.slot_of)
         for i, e in enumerate(sub.eqns):
             self._gen_eqn(seq, sub, i, e, pre)
         self._gen_copies(seq, sub.outputs, out_slots)

@@ -20,7 +20,7 @@ from hawk_fx.core import Literal, Program, Var
 from hawk_fx.emit.numpy import NumpyKernel
 
 from .. import ir
-from ..analysis import buffer_root, reads_after
+from ..analysis import direct_outputs
 from ..transforms.vmap import batch_broadcast_p
 from .fusion import fuse
 
@@ -206,17 +206,7 @@ class NumpyExecutable:
                 g.emit(d, f"np.copyto(b{self.slot_of[v]}, {self.b(a)})")
             else:
                 self.slot_of[v] = self.slot_of[a]
-        pre = {}
-        for j, (o, s) in enumerate(zip(sub.outputs, out_slots)):
-            if not isinstance(o, Var):
-                continue
-            root, at = buffer_root(sub, o)
-            if root is None or root in pre:
-                continue
-            occupants = {v for v in sub.inputs if self.slot_of.get(v) == s}
-            later = reads_after(sub, at) | {x for k, x in enumerate(sub.outputs) if k != j}
-            if not (occupants & later):
-                pre[root] = s
+        pre = direct_outputs(sub, out_slots, self.slot_of)
         start = len(g.lines)
         for i, e in enumerate(sub.eqns):
             self._gen_eqn(g, d, sub, i, e, pre)
