@@ -1,35 +1,349 @@
-"""JAX-shaped entry points over builders: make_program and vmap.
+"""JAX-shaped transformations of builders, each a Program -> Program transform that composes.
 
-    prog = eagle_fx.make_program(f)(x, flag)     # the staged Program of builder f (like jax.make_jaxpr)
-    fb = eagle_fx.vmap(f, in_axes=(0, None))     # a builder over a leading batch axis of B instances
-    g = fb(xs, flag); g()                        # results gain the leading axis
+    prog = eagle_fx.make_program(f)(x, flag)          # the staged Program of f (like jax.make_jaxpr)
+    y, pullback = eagle_fx.vjp(f, x, flag)             # pullback(ct) -> a cotangent per argument
+    y, ty = eagle_fx.jvp(f, (x, flag), (dx, None))     # forward mode
+    dx = eagle_fx.grad(loss)(x, flag)                  # loss's result is one value
+    fb = eagle_fx.vmap(f, in_axes=(0, None))           # B instances in one graph
+    eagle_fx.vmap(eagle_fx.grad(loss), in_axes=(0, None))(xs, flag)     # per-instance gradients
+    eagle_fx.jvp(eagle_fx.grad(loss), (x, flag), (v, None))             # Hessian-vector product
+
+A transformed function stages a Graph from a Program (`.graph(*args)` gives it: bind, launch and
+result work on it) and, called, runs it and returns copies of its result. vmap of a builder is a
+builder: it returns the Graph. Inside a function handed to a transform (vmap(lambda x, t:
+eagle_fx.jvp(f, (x,), (t,)))), transformed functions and jvp return their Graphs, for the outer
+transform to take.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from hawk_fx.core import Var
+from hawk_fx.core import Eqn, Var
+from hawk_fx.diff import match_tree
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from .staging import Extern
+from .transforms.jvp_graph import jvp_graph
+from .transforms.program import TransformError, ct_aval, dce, is_float
+from .transforms.vjp_graph import vjp_graph
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
+
+_STAGING: list = []          # > 0: a transform is staging a plain function; transforms return Graphs
+_BATCH_FULL: dict = {}       # id(instance array) -> its batched array, while vmap stages an instance
+
+
+class Transformed:
+    """A function a transform made. `graph(*args)`: the Graph it runs for these arguments."""
+
+    def __init__(self, name, stage, values=True, finish=None):
+        self.__name__ = name
+        self._stage, self._values, self._finish = stage, values, finish
+
+    def graph(self, *args):
+        return self._stage(*args)
+
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            raise TypeError(f"{self.__name__}: pass the arguments positionally (got {', '.join(kwargs)} by keyword)")
+        g = self._stage(*args)
+        if _STAGING or not self._values:
+            return g
+        out = _run(g)
+        return self._finish(out) if self._finish else out
+
+    def __repr__(self):
+        return f"<eagle_fx transformed function {self.__name__}>"
+
+
+def _name(f):
+    return getattr(f, "__name__", type(f).__name__)
+
+
+def _run(g):
+    g.launch()
+    return _copy_tree(g.result)
+
+
+def _copy_tree(tree):
+    leaves, t = tree_flatten(tree, is_leaf=lambda x: isinstance(x, np.ndarray))
+    return tree_unflatten(t, [np.array(x) for x in leaves])
+
+
+def stage(f, args, api):
+    """The Graph `f` stages for these arguments: a builder builds it, a transformed function makes
+    it, a plain function must return one (it calls a transform inside: a lambda around jvp)."""
+    from .graph import Builder, Graph
+    if isinstance(f, Transformed):
+        return f.graph(*args)
+    if not callable(f):
+        raise TypeError(f"{api}: takes a graph builder (@eagle_fx.Graph.builder) or a transformed function, got "
+                        f"{type(f).__name__}")
+    if isinstance(f, Builder):
+        g = f(*args)
+    else:
+        _STAGING.append(True)
+        try:
+            g = f(*args)
+        finally:
+            _STAGING.pop()
+    if not isinstance(g, Graph):
+        raise TypeError(f"{api}: {_name(f)!r} returned {type(g).__name__}; a transform takes a graph builder "
+                        "(@eagle_fx.Graph.builder on a function that returns its graph), a transformed function, "
+                        "or a function returning one transform's result (lambda x, t: eagle_fx.jvp(f, (x,), (t,)))")
+    if g._record:
+        raise TransformError(f"{api}: a record=True graph cannot be transformed; transform the plain builder")
+    return g
 
 
 def make_program(f):
-    """A function returning the Program that builder `f` stages for these arguments."""
-    def program(*args, **kwargs):
-        return _build(f, args, kwargs, "eagle_fx.make_program").program
+    """A function returning the Program that `f` stages for these arguments."""
+    def program(*args):
+        return stage(f, args, "eagle_fx.make_program").program
     return program
 
 
-def _build(f, args, kwargs, api):
-    from .graph import Graph
-    g = f(*args, **kwargs)
-    if not isinstance(g, Graph):
-        raise TypeError(f"{api}: {getattr(f, '__name__', f)!r} returned {type(g).__name__}; it takes a graph "
-                        "builder (@eagle_fx.Graph.builder on a function that returns its graph)")
-    return g
+# ---------------------------------------------------------------------------------------------
+# the pieces every transform needs from a staged graph
 
+class _Staged:
+    """A staged graph seen as a function: its Program restricted to the result, and which builder
+    argument each Program input is."""
+
+    def __init__(self, f, args, api):
+        self.api, self.fname = api, _name(f)
+        self.g = g = stage(f, args, api)
+        leaves, self.tree = g._result_vars() if g._has_result else ([], None)
+        if not leaves:
+            raise TypeError(f"{api}: {self.fname} declares no result (g.result = ...); transforms act on results")
+        self.results = leaves
+        self.prog = dce(g.program.replace(outputs=leaves))
+        self.planes = list(g._trace.input_planes)
+        self.arg_of = [next((k for k, a in enumerate(args) if a is e.array), None) for e in self.planes]
+        self.n = g._trace.n
+
+    def graph(self, prog, extra_planes, tree, n_results):
+        from .graph import Graph
+        return Graph._from_program(prog, self.planes + list(extra_planes), tree, n_results, self.n)
+
+    def capacity(self, trip, e):
+        """The most turns a counted loop of trip count `trip` (a Program input) runs: its value now,
+        the largest over the instances under vmap."""
+        if trip in self.prog.inputs:
+            arr = self.planes[self.prog.inputs.index(trip)].array
+            full = _BATCH_FULL.get(id(arr))
+            return int(np.max(full if full is not None else arr))
+        raise TransformError(f"{self.api}: the trip count of the counted loop at {e.info.where} is computed in the "
+                             "graph; reverse mode needs to know its turns: cap the loop "
+                             "(`for _ in range(N): if not cell: break`)")
+
+
+def _float_array(a):
+    return isinstance(a, np.ndarray) and a.dtype.kind == "f"
+
+
+def _pair_tree(*trees):
+    return tree_flatten(tuple(tree_unflatten(t, [0] * t.num_leaves) for t in trees))[1]
+
+
+def _leaf_tree(n):
+    return tree_flatten(0 if n is None else tuple([0] * n))[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# forward mode
+
+def jvp(f, primals, tangents):
+    """(result, result tangent) for tangents given per argument (None: no tangent; cells have none)."""
+    api = "eagle_fx.jvp"
+    primals, tangents = tuple(primals), tuple(tangents)
+    if len(primals) != len(tangents):
+        raise ValueError(f"{api}: {len(primals)} primals and {len(tangents)} tangents; give one tangent (or None) "
+                         "per argument")
+    names = _arg_names(f, len(primals))
+    for k, (p, t) in enumerate(zip(primals, tangents)):
+        if t is None:
+            continue
+        if not _float_array(p) or np.shape(t) != np.shape(p) or np.asarray(t).dtype != p.dtype:
+            need = f"{np.shape(p)} {p.dtype}, or None" if _float_array(p) else "None (it is not a floating array)"
+            raise ValueError(f"{api}: the tangent for argument {names[k]} has shape {np.shape(t)} and dtype "
+                             f"{np.asarray(t).dtype}; it needs {need}")
+    s = _Staged(f, primals, api)
+    flags = [k is not None and tangents[k] is not None for k in s.arg_of]
+    force = [is_float(v.aval) for v in s.results]
+    jp, out_flags = jvp_graph(s.prog, flags, force)
+    k = len(s.results)
+    outs, eqns = list(jp.outputs[:k]), list(jp.eqns)
+    t_iter = iter(jp.outputs[k:])
+    for v, fl in zip(s.results, out_flags):          # an integer result's tangent: float zeros
+        if fl:
+            outs.append(next(t_iter))
+        else:
+            z = Var(ct_aval(v.aval))
+            eqns.append(Eqn(_zeros_p(), [], [z], {"aval": z.aval}))
+            outs.append(z)
+    jp = jp.replace(eqns=eqns, outputs=outs)
+    t_planes = [Extern(np.asarray(tangents[a]), f"t_{names[a]}") for a, fl in zip(s.arg_of, flags) if fl]
+    g = s.graph(jp, t_planes, _pair_tree(s.tree, s.tree), 2 * k)
+    if _STAGING:
+        return g
+    return _run(g)
+
+
+def _zeros_p():
+    from .ir import zeros_p
+    return zeros_p
+
+
+def _arg_names(f, n):
+    sig = getattr(f, "signature", None)
+    names = list(sig.parameters)[:n] if sig is not None else []
+    return names + [str(k) for k in range(len(names), n)]
+
+
+# ---------------------------------------------------------------------------------------------
+# reverse mode
+
+def _vjp_program(s: _Staged, wrt_args, api):
+    """The vjp Program of the staged graph: (inputs, a cotangent per float result) -> (results, a
+    cotangent per argument in wrt_args, zeros for one the graph does not read)."""
+    wrt = [k is not None and k in wrt_args for k in s.arg_of]
+    vp = vjp_graph(s.prog, wrt, s.capacity, api)
+    k = len(s.results)
+    grads = dict(zip([a for a, w in zip(s.arg_of, wrt) if w], vp.outputs[k:]))
+    eqns, outs = list(vp.eqns), list(vp.outputs[:k])
+    for a in wrt_args:
+        if a not in grads:
+            z = Var(ct_aval(_arg_aval(s, a)))
+            eqns.append(Eqn(_zeros_p(), [], [z], {"aval": z.aval}))
+            grads[a] = z
+        outs.append(grads[a])
+    return vp.replace(eqns=eqns, outputs=outs)
+
+
+def _arg_aval(s, k):
+    from .ir import plane_aval
+    a = s.args[k]
+    return plane_aval(a.shape, a.dtype)
+
+
+def _seed_planes(s, values=None):
+    """Extern planes for the cotangent inputs (one per float result), holding `values` or zeros."""
+    out = []
+    for j, v in enumerate(r for r in s.results if is_float(r.aval)):
+        a = ct_aval(v.aval)
+        out.append(Extern(values[j] if values is not None else np.zeros(a.shape, a.dtype), "ct"))
+    return out
+
+
+def vjp(f, *args):
+    """(result, pullback): pullback(cotangent tree) -> a cotangent per positional argument (None for
+    arguments that are not floating arrays, such as cells)."""
+    api = "eagle_fx.vjp"
+    if _STAGING:
+        raise TransformError(f"{api}: inside a transformed function, use eagle_fx.grad or eagle_fx.jacrev (they "
+                             "return their graph to the outer transform); vjp returns a Python pullback")
+    s = _Staged(f, args, api)
+    s.args = args
+    y = _run(s.g)
+    floats = [k for k, a in enumerate(args) if _float_array(a)]
+    prog = _vjp_program(s, floats, api)
+    k = len(s.results)
+    seeds = _seed_planes(s)
+    g = s.graph(dce(prog.replace(outputs=prog.outputs[k:])), seeds, _leaf_tree(len(floats)), len(floats))
+    float_results = [j for j, v in enumerate(s.results) if is_float(v.aval)]
+
+    def pullback(ct):
+        leaves = match_tree(ct, s.tree)
+        if leaves is None:
+            raise ValueError(f"{api}: the cotangent has structure {tree_flatten(ct)[1]}; {s.fname}'s result is "
+                             f"{s.tree}")
+        for p, j in zip(seeds, float_results):
+            c = np.asarray(leaves[j])
+            if c.shape != p.array.shape:
+                raise ValueError(f"{api}: the cotangent of result {j} has shape {c.shape}; the result has "
+                                 f"{p.array.shape}")
+            np.copyto(p.array, c)
+        cts = dict(zip(floats, _run(g)))
+        return tuple(cts.get(k) for k in range(len(args)))
+    return y, pullback
+
+
+def grad(f, argnums=0):
+    """The gradient of `f`, whose result is one value (a one-cell array or a 0-d value), with
+    respect to argument(s) `argnums`."""
+    api = "eagle_fx.grad"
+    pick = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+
+    def make(*args):
+        s = _Staged(f, args, api)
+        s.args = args
+        if len(s.results) != 1 or int(np.prod(s.results[0].aval.shape)) != 1 or not is_float(s.results[0].aval):
+            shapes = [v.aval.shape for v in s.results]
+            raise TypeError(f"{api}: {s.fname} returns {shapes}; grad needs one value (a one-cell result, e.g. from "
+                            "hawk.sum); for other results use eagle_fx.vjp or eagle_fx.jacrev")
+        for k in pick:
+            if not -len(args) <= k < len(args):
+                raise ValueError(f"{api}: argnums {k} for {len(args)} arguments")
+            if not _float_array(args[k]):
+                raise TypeError(f"{api}: argument {k} is not a floating array; it has no gradient")
+        ks = [k % len(args) for k in pick]
+        prog = _vjp_program(s, ks, api)
+        prog = dce(prog.replace(outputs=prog.outputs[1:]))
+        v = s.results[0]
+        seed = [Extern(np.ones(v.aval.shape, v.aval.dtype), "ct")]
+        return s.graph(prog, seed, _leaf_tree(None if isinstance(argnums, int) else len(ks)), len(ks))
+    return Transformed(f"grad({_name(f)})", make)
+
+
+def jacfwd(f, argnums=0):
+    """The Jacobian of `f`'s one result with respect to argument `argnums`, by forward mode: a vmap
+    of jvp over the basis of that argument. Shape: result.shape + argument.shape."""
+    return _jacobian(f, argnums, "eagle_fx.jacfwd", forward=True)
+
+
+def jacrev(f, argnums=0):
+    """The Jacobian by reverse mode: a vmap of the vjp over the basis of the result."""
+    return _jacobian(f, argnums, "eagle_fx.jacrev", forward=False)
+
+
+def _jacobian(f, argnums, api, forward):
+    if not isinstance(argnums, int):
+        raise TypeError(f"{api}: argnums is one argument position (an int)")
+    shapes = {}
+
+    def make(*args):
+        x = args[argnums]
+        if not _float_array(x):
+            raise TypeError(f"{api}: argument {argnums} is not a floating array; it has no derivative")
+        s = _Staged(f, args, api)
+        if len(s.results) != 1:
+            raise TypeError(f"{api}: {s.fname} returns {len(s.results)} results; a Jacobian takes one")
+        out = s.results[0].aval
+        shapes["out"], shapes["in"] = out.shape, x.shape
+        if forward:
+            basis = np.eye(x.size, dtype=x.dtype).reshape((x.size,) + x.shape)
+
+            def one(t):
+                return jvp(f, args, tuple(t if k == argnums else None for k in range(len(args))))
+            return vmap(one, in_axes=0).graph(basis)
+        basis = np.eye(int(np.prod(out.shape)), dtype=ct_aval(out).dtype).reshape((-1,) + out.shape)
+
+        def one(ct):
+            s2 = _Staged(f, args, api)
+            s2.args = args
+            prog = _vjp_program(s2, [argnums % len(args)], api)
+            return s2.graph(dce(prog.replace(outputs=prog.outputs[1:])), _seed_planes(s2, [ct]), _leaf_tree(None), 1)
+        return vmap(Transformed(f"vjp({_name(f)})", one), in_axes=0).graph(basis)
+
+    def finish(value):
+        j = value[1] if forward else value                   # (inputs..., *out) or (outputs..., *in)
+        j = np.moveaxis(j, 0, -1) if forward else j
+        return j.reshape(shapes["out"] + shapes["in"])
+    return Transformed(f"{api.split('.')[-1]}({_name(f)})", make, finish=finish)
+
+
+# ---------------------------------------------------------------------------------------------
+# batching
 
 def _axes(in_axes, n, api):
     if isinstance(in_axes, (int, type(None))):
@@ -41,172 +355,146 @@ def _axes(in_axes, n, api):
     return axes
 
 
+def _returns_graph(f):
+    from .graph import Builder
+    return isinstance(f, Builder) or (isinstance(f, Transformed) and not f._values)
+
+
 def vmap(f, in_axes=0, out_axes=0):
-    """Batch builder `f` over an axis of its array arguments: B independent instances in one graph.
+    """Batch `f` over an axis of its array arguments: B independent instances in one graph.
 
     in_axes: per positional argument, the batch axis (usually 0) or None (shared by all instances).
     Per-sample planes (B, n), Vector planes (B, k, n), cells (B, 1), Params (B,) or (B, 1).
     A device condition that differs by instance runs every arm (each instance keeps its own) and a
-    loop with per-instance guards runs until every instance is done, finished ones frozen."""
+    loop with per-instance guards runs until every instance is done, finished ones frozen.
+    vmap of a builder is a builder (it returns the Graph); of any other function, it returns values."""
     api = "eagle_fx.vmap"
-    name = getattr(f, "__name__", "f")
-
+    name = _name(f)
     for ax in (out_axes if isinstance(out_axes, (tuple, list)) else [out_axes]):
         if ax not in (0, None):
             raise ValueError(f"{api}({name}): out_axes {ax!r}: results take the batch axis first (0) or are shared "
                              "(None); move it afterwards with np.moveaxis")
 
-    def batched(*args, **kwargs):
-        if kwargs:
-            raise TypeError(f"{api}({name}): pass the arguments positionally; in_axes names them by position "
-                            f"(got {', '.join(kwargs)} by keyword)")
+    def make(*args):
         axes = _axes(in_axes, len(args), api)
-        B, first = None, None
-        inst, full = [], {}
-        for k, (a, ax) in enumerate(zip(args, axes)):
-            if ax is None:
-                inst.append(a)
-                continue
-            if not isinstance(a, np.ndarray):
-                raise TypeError(f"{api}({name}): argument {k} has in_axes {ax} but is {type(a).__name__}; only "
-                                "arrays are batched: give it in_axes None")
-            if not -a.ndim <= ax < a.ndim:
-                raise ValueError(f"{api}({name}): in_axes {ax} for argument {k} of shape {a.shape}")
-            if a.shape == (1,) and a.dtype == np.uint32:
-                raise ValueError(f"{api}({name}): argument {k} is a one-cell array of shape {a.shape}; its only "
-                                 "axis is the cell, not a batch: give it in_axes None, or stack B cells as (B, 1)")
-            a = np.moveaxis(a, ax, 0)
-            if B is None:
-                B, first = a.shape[0], k
-            elif a.shape[0] != B:
-                raise ValueError(f"{api}({name}): mismatched batch sizes: argument {first} has {B} instances "
-                                 f"along its batch axis, argument {k} has {a.shape[0]}")
-            if a.ndim == 1:                    # a batched Param or cell given as (B,)
-                a = a[:, None]
-            one = a[0]
-            inst.append(one)
-            full[id(one)] = a
+        if isinstance(f, Transformed) and getattr(f, "_vmap_of", None) is not None:
+            return _nested(f, args, axes, out_axes, api, name)
+        return _batch(f, args, axes, out_axes, api, name)
+    t = Transformed(f"vmap({name})", make, values=not _returns_graph(f))
+    t._vmap_of = (f, in_axes, out_axes)
+    return t
+
+
+def _batch(f, args, axes, out_axes, api, name):
+    B, first = None, None
+    inst, full = [], {}
+    for k, (a, ax) in enumerate(zip(args, axes)):
+        if ax is None:
+            inst.append(a)
+            continue
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{api}({name}): argument {k} has in_axes {ax} but is {type(a).__name__}; only "
+                            "arrays are batched: give it in_axes None")
+        if not -a.ndim <= ax < a.ndim:
+            raise ValueError(f"{api}({name}): in_axes {ax} for argument {k} of shape {a.shape}")
+        if a.shape == (1,) and a.dtype == np.uint32:
+            raise ValueError(f"{api}({name}): argument {k} is a one-cell array of shape {a.shape}; its only "
+                             "axis is the cell, not a batch: give it in_axes None, or stack B cells as (B, 1)")
+        a = np.moveaxis(a, ax, 0)
         if B is None:
-            raise ValueError(f"{api}({name}): no argument is batched; give at least one array an in_axes of 0")
-        g = _build(f, inst, {}, api)
-        if getattr(g, "_transformed", False):
-            raise VmapError(f"{api}({name}): the builder returns a graph another transform made (a vmap inside a "
-                            "vmap); nested batching is not supported yet: batch both axes at once by reshaping "
-                            "them into one, (B1 * B2, ...)")
-        if g._record:
-            raise VmapError(f"{api}({name}): a record=True graph cannot be batched; vmap the plain builder")
-        prog = g.program
-        flags, planes = [], []
-        for e in g._trace.input_planes:
-            big = full.get(id(e.array))
-            flags.append(big is not None)
-            planes.append(Extern(big if big is not None else e.array, e.name))
-        bprog, out_flags = batch_program(prog, flags, B)
-        leaves, tree = g._result_vars() if g._has_result else ([], None)
-        outs = list(bprog.outputs)
-        nres = len(leaves)
-        oax = _axes(out_axes, nres, api) if nres else []
-        eqns = list(bprog.eqns)
-        for j in range(nres):
-            if oax[j] is None and out_flags[j]:
-                raise ValueError(f"{api}({name}): result {j} differs by instance but out_axes is None for it; "
-                                 "give it out_axes 0")
-            if oax[j] is not None and not out_flags[j]:
-                v = Var(_batched(outs[j].aval, B))
-                from hawk_fx.core import Eqn
-                eqns.append(Eqn(batch_broadcast_p, [outs[j]], [v], {"size": B}))
-                outs[j] = v
-        bprog = bprog.replace(eqns=eqns, outputs=outs)
-        from .graph import Graph
-        return Graph._from_program(bprog, planes, tree, nres, g._trace.n)
-    batched.__name__ = f"vmap({name})"
-    return batched
+            B, first = a.shape[0], k
+        elif a.shape[0] != B:
+            raise ValueError(f"{api}({name}): mismatched batch sizes: argument {first} has {B} instances "
+                             f"along its batch axis, argument {k} has {a.shape[0]}")
+        if a.ndim == 1:                    # a batched Param or cell given as (B,)
+            a = a[:, None]
+        one = a[0]
+        inst.append(one)
+        full[id(one)] = a
+    if B is None:
+        raise ValueError(f"{api}({name}): no argument is batched; give at least one array an in_axes of 0")
+    _BATCH_FULL.update(full)
+    try:
+        g = stage(f, inst, api)
+    finally:
+        for key in full:
+            _BATCH_FULL.pop(key, None)
+    prog = g.program
+    if any(e.params.get("batch") for e in prog.eqns):
+        raise VmapError(f"{api}({name}): the function returns a graph another vmap made; batch nested vmaps as "
+                        "eagle_fx.vmap(eagle_fx.vmap(f, ...), ...), or reshape both axes into one, (B1 * B2, ...)")
+    flags, planes = [], []
+    for e in g._trace.input_planes:
+        big = full.get(id(e.array))
+        flags.append(big is not None)
+        planes.append(Extern(big if big is not None else e.array, e.name))
+    bprog, out_flags = batch_program(prog, flags, B)
+    leaves, tree = g._result_vars() if g._has_result else ([], None)
+    outs = list(bprog.outputs)
+    nres = len(leaves)
+    oax = _axes(out_axes, nres, api) if nres else []
+    eqns = list(bprog.eqns)
+    for j in range(nres):
+        if oax[j] is None and out_flags[j]:
+            raise ValueError(f"{api}({name}): result {j} differs by instance but out_axes is None for it; "
+                             "give it out_axes 0")
+        if oax[j] is not None and not out_flags[j]:
+            v = Var(_batched(outs[j].aval, B))
+            eqns.append(Eqn(batch_broadcast_p, [outs[j]], [v], {"size": B}))
+            outs[j] = v
+    bprog = bprog.replace(eqns=eqns, outputs=outs)
+    from .graph import Graph
+    return Graph._from_program(bprog, planes, tree, nres, g._trace.n)
+
+
+def _nested(f, args, outer_axes, out_axes, api, name):
+    """vmap(vmap(inner, in_axes=ia), in_axes=oa): one vmap over B2 * B1 instances, results seen as
+    (B2, B1, ...). An argument batched by one level only is repeated along the other."""
+    inner, ia, inner_out = f._vmap_of
+    if out_axes != 0 or inner_out != 0:
+        raise ValueError(f"{api}({name}): nested vmap takes out_axes 0 at both levels")
+    B2 = B1 = None
+    moved = []
+    for k, (a, ax) in enumerate(zip(args, outer_axes)):
+        if ax is not None:
+            if not isinstance(a, np.ndarray) or not -a.ndim <= ax < a.ndim:
+                raise ValueError(f"{api}({name}): in_axes {ax} for argument {k} of shape {np.shape(a)}")
+            a = np.moveaxis(a, ax, 0)
+            if B2 is not None and a.shape[0] != B2:
+                raise ValueError(f"{api}({name}): mismatched batch sizes: {B2} and {a.shape[0]} instances (argument {k})")
+            B2 = a.shape[0]
+        moved.append(a)
+    inner_axes = _axes(ia, len(args), api)
+    combined, flat = [], []
+    for k, (a, o, i) in enumerate(zip(moved, outer_axes, inner_axes)):
+        if i is not None:
+            one = a[0] if o is not None else a
+            if not -one.ndim <= i < one.ndim:
+                raise ValueError(f"{api}({name}): inner in_axes {i} for argument {k} of shape {one.shape}")
+            a = np.moveaxis(a, i + (1 if o is not None else 0) if i >= 0 else i, 1 if o is not None else 0)
+            b1 = a.shape[1] if o is not None else a.shape[0]
+            if B1 is not None and b1 != B1:
+                raise ValueError(f"{api}({name}): mismatched inner batch sizes: {B1} and {b1} (argument {k})")
+            B1 = b1
+        combined.append((a, o, i))
+    if B2 is None or B1 is None:
+        raise ValueError(f"{api}({name}): each level of a nested vmap batches at least one argument")
+    for a, o, i in combined:
+        if o is not None and i is not None:
+            flat.append(a.reshape((B2 * B1,) + a.shape[2:]))
+        elif o is not None:
+            flat.append(np.repeat(a, B1, axis=0))
+        elif i is not None:
+            flat.append(np.concatenate([a] * B2, axis=0))
+        else:
+            flat.append(a)
+    axes = [0 if (o is not None or i is not None) else None for _, o, i in combined]
+    g = _batch(inner, flat, axes, 0, api, name)
+    for h in g._result_flat[0]:
+        g._views[id(h)] = (B2, B1) + h.aval.shape[1:]
+    return g
 
 
 def _batched(aval, B):
     from . import ir
     return ir.plane_aval((B,) + aval.shape, aval.dtype)
-
-
-# ---------------------------------------------------------------------------------------------
-# derivatives with JAX's shapes, over a recorded run of the builder
-
-def _recorded(f, args, api):
-    from .graph import _force_record
-    _force_record.append(True)
-    try:
-        g = _build(f, args, {}, api)
-    finally:
-        _force_record.pop()
-    g.launch()
-    return g
-
-
-def _arg_names(f, args, api):
-    sig = getattr(f, "signature", None)
-    if sig is None:
-        raise TypeError(f"{api}: takes a builder (@eagle_fx.Graph.builder), got {type(f).__name__}")
-    names = list(sig.parameters)[:len(args)]
-    return [n if isinstance(a, np.ndarray) and a.dtype.kind == "f" else None for n, a in zip(names, args)]
-
-
-def _copy_tree(tree):
-    leaves, t = tree_flatten(tree, is_leaf=lambda x: isinstance(x, np.ndarray))
-    return tree_unflatten(t, [np.array(x) for x in leaves])
-
-
-def vjp(f, *args):
-    """(result, pullback): pullback(cotangent tree) -> a cotangent per positional argument
-    (None for arguments that are not floating arrays, such as cells)."""
-    from .diff import reverse
-    api = "eagle_fx.vjp"
-    names = _arg_names(f, args, api)
-    g = _recorded(f, args, api)
-    y = _copy_tree(g.result)
-    record = g.record
-
-    def pullback(ct):
-        wrt = tuple(n for n in names if n)
-        r = reverse(record, {"result": ct}, wrt=wrt) if wrt else {}
-        return tuple(r[n] if n else None for n in names)
-    return y, pullback
-
-
-def jvp(f, primals, tangents):
-    """(result, result tangent) for tangents given per argument (None: no tangent; cells have none)."""
-    from .diff import forward
-    api = "eagle_fx.jvp"
-    primals, tangents = tuple(primals), tuple(tangents)
-    if len(primals) != len(tangents):
-        raise ValueError(f"{api}: {len(primals)} primals and {len(tangents)} tangents; give one tangent (or None) "
-                         "per argument")
-    names = _arg_names(f, primals, api)
-    for n, p, t in zip(names, primals, tangents):
-        if t is not None and (n is None or np.shape(t) != np.shape(p) or np.asarray(t).dtype != p.dtype):
-            raise ValueError(f"{api}: the tangent for argument {n or '(not a floating array)'} has shape "
-                             f"{np.shape(t)} and dtype {np.asarray(t).dtype}; it needs {np.shape(p)} {p.dtype}, "
-                             "or None")
-    g = _recorded(f, primals, api)
-    y = _copy_tree(g.result)
-    ts = {n: np.asarray(t) for n, t in zip(names, tangents) if n and t is not None}
-    return y, forward(g.record, ts, of="result")["result"]
-
-
-def grad(f, argnums=0):
-    """The gradient of a builder whose result is one value (a one-cell array or a 0-d value)."""
-    api = "eagle_fx.grad"
-
-    def gradient(*args):
-        y, pullback = vjp(f, *args)
-        leaves, _ = tree_flatten(y, is_leaf=lambda x: isinstance(x, np.ndarray))
-        if len(leaves) != 1 or np.size(leaves[0]) != 1:
-            shapes = [np.shape(x) for x in leaves]
-            raise TypeError(f"{api}: {getattr(f, '__name__', f)} returns {shapes}; grad needs one value (a one-cell "
-                            "result, e.g. from hawk.sum); for other results use eagle_fx.vjp")
-        cts = pullback(np.ones_like(leaves[0]))
-        pick = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-        for k in pick:
-            if cts[k] is None:
-                raise TypeError(f"{api}: argument {k} is not a floating array; it has no gradient")
-        return cts[argnums] if isinstance(argnums, int) else tuple(cts[k] for k in pick)
-    return gradient

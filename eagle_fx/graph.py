@@ -64,7 +64,6 @@ class _BuildContext:
 
 
 _building: list[_BuildContext] = []
-_force_record: list[bool] = []       # eagle_fx.vjp/jvp/grad build a recorded twin of any builder
 
 
 class Branch:
@@ -122,7 +121,7 @@ class Graph:
     """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue."""
 
     def __init__(self, record: bool = False, backend=None):
-        self._record = bool(record) or bool(_force_record and _force_record[-1] and _building)
+        self._record = bool(record)
         self._backend = backend      # None: by the arrays (NumPy -> numpy, CuPy -> cuda); see backends.cuda.choose
         self._trace = GraphTrace(self)
         self._result_tree = None
@@ -134,6 +133,7 @@ class Graph:
         self._input_names: dict[str, int] = {}
         self._generation = 0
         self._residuals = None
+        self._views: dict = {}       # id(result plane) -> the shape it is seen with (nested vmap)
         if _building and _building[-1].graph is None:
             ctx = _building[-1]
             ctx.graph = self
@@ -147,7 +147,7 @@ class Graph:
 
     @classmethod
     def _from_program(cls, program, input_planes, tree, n_results, n):
-        """A built graph running a Program a transform made (vmap): the same verbs as any graph."""
+        """A built graph running a Program a transform made: the same verbs as any graph."""
         g = cls.__new__(cls)
         cls.__init__(g)
         t = g._trace
@@ -308,7 +308,9 @@ class Graph:
     def _array_of_plane(self, h: Plane):
         if self._exe is None:
             return None
-        return self._exe.array_of(h.var)
+        arr = self._exe.array_of(h.var)
+        shape = self._views.get(id(h))
+        return arr if shape is None else arr.reshape(shape)
 
     # -- running -----------------------------------------------------------------------------
     def __call__(self, n: int = 1):

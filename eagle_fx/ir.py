@@ -121,3 +121,42 @@ pp_params_rules[switch_p] = _pp_branches
 # index of the enclosing device loops' turns, so the reverse pass can read what this run saw.
 record_p = Primitive("record", multiple_results=True)
 abstract_eval[record_p] = lambda *avals, slot: []
+
+
+# ---------------------------------------------------------------------------------------------
+# primitives the derivative transforms emit (transforms/jvp_graph.py, transforms/vjp_graph.py)
+#
+#   zeros       a plane of zeros (a cotangent or tangent nothing flows into): params aval
+#   add_any     the sum of two planes of one type (cotangents meeting at a value)
+#   stack_push  stack' = stack with stack[turn] = value (in place): a loop's carries, per turn
+#   stack_read  stack[turn] (the backward loop reads the turn it undoes)
+#   cell_inc    turn + 1 (a loop counting its turns)
+#   cell_rev    max(turns - 1 - turn, 0) (the turn the backward loop's turn-th turn undoes)
+
+zeros_p = Primitive("zeros")
+add_any_p = Primitive("add_any")
+stack_push_p = Primitive("stack_push")
+stack_read_p = Primitive("stack_read")
+cell_inc_p = Primitive("cell_inc")
+cell_rev_p = Primitive("cell_rev")
+
+abstract_eval[zeros_p] = lambda *, aval: [aval]
+abstract_eval[add_any_p] = lambda x, y: [x if len(x.shape) >= len(y.shape) else y]
+abstract_eval[cell_inc_p] = lambda turn: [turn]
+abstract_eval[cell_rev_p] = lambda turns, turn: [turns if len(turns.shape) >= len(turn.shape) else turn]
+
+
+@abstract_eval.register(stack_push_p)
+def _push_abstract(stack, turn, value, *, cap, batched=False, inplace=((0, 0),)):
+    return [stack]
+
+
+@abstract_eval.register(stack_read_p)
+def _read_abstract(stack, turn, *, batched=False, turn_batched=False):
+    shape = stack.shape[:1] + stack.shape[2:] if batched else stack.shape[1:]
+    return [plane_aval(shape, stack.dtype)]
+
+
+pp_params_rules[zeros_p] = lambda params: {}
+pp_params_rules[stack_push_p] = lambda params: {"cap": params["cap"]}
+pp_params_rules[stack_read_p] = lambda params: {}

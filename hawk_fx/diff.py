@@ -599,3 +599,48 @@ def kernel_jvp(spec) -> KernelJVP:
     if jvp_ is None:
         jvp_ = spec._jvp = KernelJVP(spec)
     return jvp_
+
+
+# ---------------------------------------------------------------------------------------------
+# derivative bodies as call specs, for graph transforms that emit them as equations
+
+def _conform(prog: Program, avals) -> Program:
+    """`prog` with each output given exactly `avals[j]`: a literal zero or a uniform tangent becomes
+    a broadcast, a weak or other dtype a cast. A call's output buffers have these shapes."""
+    from .core import Eqn, abstract_eval
+    eqns, outs = list(prog.eqns), []
+    for a, want in zip(prog.outputs, avals):
+        for prim, params, bad in ((prims.broadcast_p, {"shape": want.shape, "kind": want.kind},
+                                   lambda av: isinstance(a, Literal) or (av.shape, av.kind) != (want.shape, want.kind)),
+                                  (prims.convert_p, {"dtype": want.dtype}, lambda av: av.dtype != want.dtype or av.weak)):
+            if bad(a.aval):
+                v = Var(abstract_eval[prim](a.aval, **params)[0])
+                eqns.append(Eqn(prim, [a], [v], params))
+                a = v
+        outs.append(a)
+    return prog.replace(eqns=eqns, outputs=outs)
+
+
+def jvp_spec(spec, flags):
+    """The call body (params..., tangents of the flagged params...) -> (outputs..., a tangent per
+    output), for the kernel Specialization (or BodySpec) `spec`."""
+    from .kernel import BodySpec
+    cache = spec.__dict__.setdefault("_jvp_specs", {})
+    key = tuple(bool(f) for f in flags)
+    if key not in cache:
+        outs = [a.aval for a in spec.prog.outputs]
+        prog = _conform(jvp_program(spec.prog, key), outs + [_ct_aval(a) for a in outs])
+        cache[key] = BodySpec(prog, f"jvp({spec.kernel.name})")
+    return cache[key]
+
+
+def vjp_spec(spec):
+    """The call body (params..., a cotangent per output...) -> a cotangent per differentiable
+    param (those `kernel_vjp(spec).wrt` flags), for `spec`."""
+    from .kernel import BodySpec
+    body = spec.__dict__.get("_vjp_spec")
+    if body is None:
+        vjp_ = kernel_vjp(spec)
+        prog = _conform(vjp_.prog, [_ct_aval(a) for a in vjp_.in_avals])
+        body = spec._vjp_spec = BodySpec(prog, f"vjp({spec.kernel.name})")
+    return body

@@ -77,6 +77,32 @@ class Specialization:
         return self.prog.outputs[j].aval.dtype
 
 
+class _BodyKernel:
+    """Stands in for a Kernel in a call of a BodySpec: a name and one parameter name per input."""
+
+    def __init__(self, name, n_inputs):
+        self.name = name
+        self.param_names = [f"in{k}" for k in range(n_inputs)]
+
+
+class BodySpec:
+    """A kernel body given as a Program (a fused chain of calls, a kernel's derivative): what a call
+    equation's `spec` needs, as a Specialization gives it. Outputs are results, then the new values
+    of the `commits` inputs."""
+
+    def __init__(self, prog: Program, name: str, commits=()):
+        self.prog = prog
+        self.kernel = _BodyKernel(name, len(prog.inputs))
+        self.commits = list(commits)
+        self.n_results = len(prog.outputs) - len(self.commits)
+        self.result_kinds = [a.aval.kind for a in prog.outputs[:self.n_results]]
+        self.layout = tuple((v.aval.kind, v.aval.dtype, v.aval.shape, v.aval.weak) for v in prog.inputs)
+        self.compiled = NumpyKernel(prog, [a.aval.kind == SAMPLE for a in prog.outputs])
+
+    result_shape = Specialization.result_shape
+    result_dtype = Specialization.result_dtype
+
+
 def _broadcasts_to(src, dst) -> bool:
     try:
         return np.broadcast_shapes(src, dst) == dst

@@ -11,38 +11,9 @@ from __future__ import annotations
 
 from hawk_fx import prims
 from hawk_fx.core import Eqn, Literal, Program, Var
-from hawk_fx.emit.numpy import NumpyKernel
+from hawk_fx.kernel import BodySpec
 
 from .. import ir
-
-
-class _FusedKernel:
-    """Stands in for a Kernel in a fused call: a name and one parameter name per input."""
-
-    def __init__(self, names, n_inputs):
-        self.name = "+".join(names)
-        self.param_names = [f"in{k}" for k in range(n_inputs)]
-
-
-class FusedSpec:
-    """A kernel body made of several calls' bodies: what a call equation's `spec` needs."""
-
-    def __init__(self, prog: Program, names, out_sample, commits=()):
-        self.prog = prog
-        self.kernel = _FusedKernel(names, len(prog.inputs))
-        # as a Specialization: outputs are results, then the new values of the `commits` inputs
-        self.commits = list(commits)
-        self.n_results = len(prog.outputs) - len(self.commits)
-        self.result_kinds = [a.aval.kind for a in prog.outputs[:self.n_results]]
-        self.layout = tuple((v.aval.kind, v.aval.dtype, v.aval.shape, v.aval.weak) for v in prog.inputs)
-        self.compiled = NumpyKernel(prog, out_sample)
-
-    def result_shape(self, j, n):
-        aval = self.prog.outputs[j].aval
-        return aval.shape + ((n,) if aval.kind == "sample" else (1,))
-
-    def result_dtype(self, j):
-        return self.prog.outputs[j].aval.dtype
 
 
 def _fusible(e, first: bool) -> bool:
@@ -103,7 +74,7 @@ def _fuse_pair(e1, e2, needed_later):
         return next(k for k, g in enumerate(graph_inputs) if g is atom)
     inplace = tuple((len(keep1) + j, position(e2.inputs[i])) for j, i in e2.params["inplace"])
     commits = [position(e2.inputs[k]) for k in s2.commits]
-    spec = FusedSpec(prog, names, [a.aval.kind == "sample" for a in prog.outputs], commits)
+    spec = BodySpec(prog, "+".join(names), commits)
     params = dict(kernel=spec.kernel, spec=spec, n=e2.params["n"], inplace=inplace)
     return Eqn(ir.call_p, graph_inputs, out_vars, params, e2.info)
 

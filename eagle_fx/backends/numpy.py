@@ -38,6 +38,13 @@ def _batched_kernel(spec, batch):
     return k
 
 
+def _shared(x, batch, kernel):
+    """A shared plane in a batched call: a size-1 batch axis, or, where the body reduces over
+    samples (whose results must be one per instance), a stride-0 view over every instance."""
+    x = x[..., None, :]
+    return np.broadcast_to(x, x.shape[:-2] + tuple(batch) + x.shape[-1:]) if kernel.has_reduction else x
+
+
 class _Gen:
     def __init__(self, exe):
         self.exe = exe
@@ -195,6 +202,8 @@ class NumpyExecutable:
             self._gen_sub(g, d + 1, default, e.inputs[1:], outs)
         elif p is ir.while_p:
             self._gen_while(g, d, e, outs)
+        elif p in _DERIVATIVE_OPS:
+            _DERIVATIVE_OPS[p](self, g, d, e, outs)
         else:
             raise NotImplementedError(f"eagle numpy backend: no rule for primitive '{p}'")
 
@@ -387,7 +396,7 @@ class NumpyExecutable:
             kernel = spec.compiled
             if batch:        # vmap: (B, *shape, n) planes seen as (*shape, B, n); shared ones get a size-1 axis
                 kernel = _batched_kernel(spec, batch)
-                ins = [x if not isinstance(x, np.ndarray) else (np.moveaxis(x, 0, -2) if b else x[..., None, :])
+                ins = [x if not isinstance(x, np.ndarray) else (np.moveaxis(x, 0, -2) if b else _shared(x, batch, kernel))
                        for x, b in zip(ins, in_batched)]
                 out_arrays = [np.moveaxis(o, 0, -2) for o in out_arrays]
             ns[f"c{k}"] = functools.partial(kernel.run_fn, tuple(ins), tuple(out_arrays), n, kernel._uniform,
@@ -408,3 +417,51 @@ class NumpyExecutable:
     def array_of(self, var):
         k = self.slot_of.get(var)
         return None if k is None else self.slots[k]
+
+
+# -- the primitives of derivative programs (ir.py): one line each ------------------------------------
+
+def _zeros(exe, g, d, e, outs):
+    g.emit(d, f"b{outs[0]}.fill(0)")
+
+
+def _add_any(exe, g, d, e, outs):
+    g.emit(d, f"np.add({exe.b(e.inputs[0])}, {exe.b(e.inputs[1])}, out=b{outs[0]})")
+
+
+def _stack_push(exe, g, d, e, outs):
+    stack, turn, value = e.inputs
+    cap = e.params["cap"]
+    i = f"i{len(g.lines)}"
+    g.emit(d, f"{i} = int({exe.b(turn)}[0])")
+    g.emit(d, f"if {i} >= {cap}: raise RuntimeError('eagle: a differentiated counted loop runs ' + str({i} + 1) + "
+              f"' turns; its saved turns hold {cap} (the trip count when the derivative was built): build it again "
+              "with the larger count')")
+    g.emit(d, f"b{outs[0]}[{':, ' if e.params['batched'] else ''}{i}] = {exe.b(value)}")
+
+
+def _stack_read(exe, g, d, e, outs):
+    stack, turn = exe.b(e.inputs[0]), exe.b(e.inputs[1])
+    if e.params["turn_batched"]:             # a turn per instance: gather row by row
+        if e.params["batched"]:
+            rows = exe._const(np.arange(exe.slots[outs[0]].shape[0]))
+            src = f"{stack}[{rows}, {turn}[:, 0]]"
+        else:
+            src = f"{stack}[{turn}[:, 0]]"
+    else:
+        src = f"{stack}[{':, ' if e.params['batched'] else ''}int({turn}[0])]"
+    g.emit(d, f"np.copyto(b{outs[0]}, {src})")
+
+
+def _cell_inc(exe, g, d, e, outs):
+    g.emit(d, f"np.add({exe.b(e.inputs[0])}, 1, out=b{outs[0]})")
+
+
+def _cell_rev(exe, g, d, e, outs):
+    turns, turn = exe.b(e.inputs[0]), exe.b(e.inputs[1])
+    g.emit(d, f"np.copyto(b{outs[0]}, np.maximum({turns}.astype(np.int64) - 1 - {turn}.astype(np.int64), 0), "
+              "casting='unsafe')")
+
+
+_DERIVATIVE_OPS = {ir.zeros_p: _zeros, ir.add_any_p: _add_any, ir.stack_push_p: _stack_push,
+                   ir.stack_read_p: _stack_read, ir.cell_inc_p: _cell_inc, ir.cell_rev_p: _cell_rev}

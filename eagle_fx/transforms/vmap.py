@@ -10,6 +10,8 @@ Rules, one per primitive:
     on a batched cell: every arm runs and each instance keeps its own arm's values ("masked");
   * while: carries found batched by a fixpoint over the body; with a batched guard (or trip
     count) the loop runs until every instance's guard is 0, finished instances frozen (masked);
+  * derivative primitives: zeros and sums as elementwise ops; a stack of saved loop turns gains
+    the batch axis after its turn axis is read per instance (each instance ran its own turns);
   * opaque host nodes and record=True graphs are refused.
 """
 from __future__ import annotations
@@ -90,6 +92,13 @@ class _Batcher:
             self.branches(e, atoms, fl, env, flags, eqns)
         elif p is ir.while_p:
             self.loop(e, atoms, fl, env, flags, eqns)
+        elif p in (ir.add_any_p, ir.cell_inc_p, ir.cell_rev_p, ir.zeros_p):
+            self.copy(e, atoms, [any(fl)], env, flags, eqns)
+        elif p is ir.stack_push_p:
+            self.push(e, atoms, fl, env, flags, eqns)
+        elif p is ir.stack_read_p:
+            params = dict(e.params, batched=fl[0], turn_batched=fl[1])
+            self.copy(e, atoms, [any(fl)], env, flags, eqns, params)
         else:
             raise NotImplementedError(f"no batching rule for primitive '{p}'")
 
@@ -115,6 +124,17 @@ class _Batcher:
                                 "(in_axes=0), so each instance has its own")
         params = dict(e.params, batch=(self.B,), in_batched=tuple(fl))
         self.copy(e, atoms, [True] * len(e.outputs), env, flags, eqns, params)
+
+    def push(self, e, atoms, fl, env, flags, eqns):
+        stack_b, turn_b, value_b = fl
+        if turn_b:
+            raise VmapError("eagle_fx.vmap: a per-instance turn for a stack of saved loop turns; the turns of a "
+                            "batched loop are shared")
+        atoms = list(atoms)
+        if value_b and not stack_b:
+            atoms[0] = self.broadcast(atoms[0], eqns)
+        batched = stack_b or value_b
+        self.copy(e, atoms, [batched], env, flags, eqns, dict(e.params, batched=batched))
 
     def branches(self, e, atoms, fl, env, flags, eqns):
         pred_b, op_flags = fl[0], fl[1:]

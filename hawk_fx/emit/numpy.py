@@ -172,8 +172,8 @@ class NumpyKernel:
         # vmap: every value gains these axes just before the sample axis (*shape, *batch, n); inputs
         # without them broadcast (size-1 axes), reductions over the last axis stay per instance
         self.batch = tuple(batch)
-        has_reduction = any(e.prim in prims.REDUCTION for e in prog.eqns)
-        self.chunk = 1 << 62 if has_reduction else chunk
+        self.has_reduction = any(e.prim in prims.REDUCTION for e in prog.eqns)
+        self.chunk = 1 << 62 if self.has_reduction else chunk
         self._scratch_cache: dict[int, tuple] = {}
         self.source = self._generate()
         self._uniform = tuple(np.empty(s + self.batch + (1,), d) for s, d in self.uniform_specs)

@@ -1,0 +1,163 @@
+"""jvp as a Program transform: (inputs, tangents) -> (outputs, output tangents), control flow kept.
+
+One rule per primitive:
+  * call: the kernel's jvp body (hawk_fx.diff.jvp_spec) computes outputs and tangents in one call;
+  * cond/switch: the same predicate; each arm transformed, tangents of the outputs added to its
+    outputs (zero in an arm that makes none);
+  * while: tangents of the carries ride along as carries (found by a fixpoint over the body),
+    tangents of the consts as consts; the guard reads the primal carries only;
+  * the derivative primitives are linear in their planes (zeros, add_any, stack_push/read);
+  * cells carry no tangent; opaque host nodes are refused.
+The result is a Program like any other: printed, built into a graph, batched, transformed again.
+"""
+from __future__ import annotations
+
+from hawk_fx.core import Literal, Program, Var
+from hawk_fx.diff import jvp_spec
+
+from .. import ir
+from .program import Eqns, copy_eqn, copy_program, ct_aval, dce, is_float, refuse_untransformable
+from .vmap import batch_broadcast_p
+
+API = "eagle_fx.jvp"
+
+
+def jvp_graph(prog: Program, flags, force=None):
+    """(Program over (inputs..., a tangent per flagged input...) -> (outputs..., a tangent per
+    flagged output...), output flags). `force`: outputs that get a tangent even when it is zero."""
+    inputs = [Var(v.aval, v.hint) for v in prog.inputs]
+    env = dict(zip(prog.inputs, inputs))
+    tan: dict = {}
+    t_inputs = []
+    for v, f in zip(prog.inputs, flags):
+        if f:
+            tan[v] = Var(ct_aval(v.aval))
+            t_inputs.append(tan[v])
+    eqns = Eqns()
+    for e in prog.eqns:
+        _eqn(e, env, tan, eqns)
+    outs = [a if isinstance(a, Literal) else env[a] for a in prog.outputs]
+    out_flags = [isinstance(a, Var) and is_float(a.aval) and (a in tan or bool(force and force[j]))
+                 for j, a in enumerate(prog.outputs)]
+    t_outs = [tan.get(a) or eqns.zeros(ct_aval(a.aval)) for a, f in zip(prog.outputs, out_flags) if f]
+    return dce(Program(inputs + t_inputs, eqns, outs + t_outs)), out_flags
+
+
+def _eqn(e, env, tan, eqns):
+    refuse_untransformable(e, API)
+    ts = [tan.get(a) if isinstance(a, Var) else None for a in e.inputs]
+    p = e.prim
+    if all(t is None for t in ts):
+        copy_eqn(e, env, eqns)
+    elif p is ir.call_p:
+        _call(e, env, tan, eqns)
+    elif p in (ir.cond_p, ir.switch_p):
+        _branches(e, env, tan, eqns)
+    elif p is ir.while_p:
+        _while(e, env, tan, eqns)
+    else:
+        outs = copy_eqn(e, env, eqns)
+        if p in _LINEAR:
+            t = _LINEAR[p](e, env, tan, eqns)
+            if t is not None:
+                tan[e.outputs[0]] = t
+        elif p not in (ir.cell_not_p, ir.cell_and_p, ir.cell_or_p, ir.cell_inc_p, ir.cell_rev_p):
+            raise NotImplementedError(f"{API}: no rule for primitive '{p}'")
+        del outs
+
+
+def _read(a, env):
+    return a if isinstance(a, Literal) else env[a]
+
+
+def _call(e, env, tan, eqns):
+    spec, n = e.params["spec"], e.params["n"]
+    params = e.inputs[:len(e.params["kernel"].param_names)]
+    flags = [isinstance(a, Var) and a in tan and is_float(v.aval) and not v.aval.weak
+             for a, v in zip(params, spec.prog.inputs)]
+    outs = eqns.call(jvp_spec(spec, flags), [_read(a, env) for a in params] + [tan[a] for a, f in zip(params, flags) if f],
+                     n, e.info)
+    k = len(e.outputs)
+    for v, o, t in zip(e.outputs, outs[:k], outs[k:]):
+        env[v] = o
+        if is_float(v.aval):
+            tan[v] = t
+
+
+def _branches(e, env, tan, eqns):
+    ops = e.inputs[1:]
+    op_flags = [isinstance(a, Var) and a in tan for a in ops]
+    arms = e.params["branches"]
+    trial = [jvp_graph(a, op_flags)[1] for a in arms]
+    out_flags = [any(t[j] for t in trial) for j in range(len(e.outputs))]
+    new_arms = tuple(jvp_graph(a, op_flags, force=out_flags)[0] for a in arms)
+    inputs = [_read(e.inputs[0], env)] + [_read(a, env) for a in ops] + [tan[a] for a, f in zip(ops, op_flags) if f]
+    outs = eqns.bind(e.prim, inputs, dict(e.params, branches=new_arms, inplace=()), e.info)
+    k = len(e.outputs)
+    env.update(zip(e.outputs, outs[:k]))
+    for v, t in zip([v for v, f in zip(e.outputs, out_flags) if f], outs[k:]):
+        tan[v] = t
+
+
+def _while(e, env, tan, eqns):
+    body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
+    head = 1 if e.params["counted"] else 0
+    consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
+    const_f = [isinstance(a, Var) and a in tan for a in consts]
+    carry_f = [isinstance(a, Var) and a in tan for a in init]
+    for _ in range(len(init) + 1):                     # carries with a tangent: a fixpoint over the body
+        out_f = jvp_graph(body, [False] + const_f + carry_f)[1]
+        new = [c or o for c, o in zip(carry_f, out_f)]
+        if new == carry_f:
+            break
+        carry_f = new
+    jb = jvp_graph(body, [False] + const_f + carry_f, force=carry_f)[0]
+    # its inputs are (turn, consts, carries, const tangents, carry tangents): the loop takes
+    # (turn, consts + const tangents, carries + carry tangents)
+    ntc, nt = sum(const_f), sum(carry_f)
+    ins = list(jb.inputs)
+    ctr, c_in, k_in = ins[0], ins[1:1 + nc], ins[1 + nc:1 + len(consts) + len(init)]
+    tc_in, tk_in = ins[1 + nc + len(init):1 + nc + len(init) + ntc], ins[1 + nc + len(init) + ntc:]
+    jb = jb.replace(inputs=[ctr] + c_in + tc_in + k_in + tk_in)
+    new_cond = None
+    if cond is not None:
+        cc = copy_program(cond)
+        extra = lambda avals: [Var(a) for a in avals]           # noqa: E731 -- the guard ignores tangents
+        cin = list(cc.inputs)
+        t_consts = extra([ct_aval(a.aval) for a, f in zip(consts, const_f) if f])
+        t_carries = extra([ct_aval(a.aval) for a, f in zip(init, carry_f) if f])
+        new_cond = cc.replace(inputs=cin[:nc] + t_consts + cin[nc:] + t_carries)
+    t_init = [tan.get(a) or eqns.zeros(ct_aval(a.aval)) for a, f in zip(init, carry_f) if f]
+    inputs = ([_read(e.inputs[0], env)] if head else []) + [_read(a, env) for a in consts] \
+        + [tan[a] for a, f in zip(consts, const_f) if f] + [_read(a, env) for a in init] + t_init
+    params = dict(e.params, body=jb, cond=new_cond, n_consts=nc + ntc, inplace=())
+    outs = eqns.bind(ir.while_p, inputs, params, e.info)
+    k = len(e.outputs)
+    env.update(zip(e.outputs, outs[:k]))
+    for v, t in zip([v for v, f in zip(e.outputs, carry_f) if f], outs[k:k + nt]):
+        tan[v] = t
+
+
+def _add_tangent(e, env, tan, eqns):
+    return eqns.add(tan.get(e.inputs[0]), tan.get(e.inputs[1]))
+
+
+def _push_tangent(e, env, tan, eqns):
+    stack, turn, value = e.inputs
+    ts = tan.get(stack) or eqns.zeros(ct_aval(stack.aval))
+    tv = tan.get(value) if isinstance(value, Var) else None
+    tv = tv or eqns.zeros(ct_aval(value.aval))
+    return eqns.bind(ir.stack_push_p, [ts, env[turn], tv], dict(e.params, inplace=((0, 0),)))[0]
+
+
+def _read_tangent(e, env, tan, eqns):
+    t = tan.get(e.inputs[0])
+    return None if t is None else eqns.bind(ir.stack_read_p, [t, env[e.inputs[1]]], e.params)[0]
+
+
+def _broadcast_tangent(e, env, tan, eqns):
+    return eqns.bind(batch_broadcast_p, [tan[e.inputs[0]]], e.params)[0]
+
+
+_LINEAR = {ir.add_any_p: _add_tangent, ir.stack_push_p: _push_tangent, ir.stack_read_p: _read_tangent,
+           batch_broadcast_p: _broadcast_tangent}

@@ -1,0 +1,188 @@
+"""vjp as a Program transform: (inputs, output cotangents) -> (outputs, input cotangents).
+
+The result is one functional Program: the forward, then the backward reading the forward's values.
+  * call: the kernel's vjp body (hawk_fx.diff.vjp_spec) maps the call's inputs and the cotangents
+    of its outputs to the cotangents of its inputs;
+  * cond/switch: a cond on the same predicate whose arms are the vjp of each arm (an arm's
+    forward runs again inside its backward: nothing of the arm needs saving);
+  * while: the forward loop also pushes each turn's carries onto a stack (a carry of its own,
+    `cap` deep: the loop's cap, or the trip count when the derivative is built) and counts its
+    turns; the backward is a counted loop over those turns, last first, that reads the turn's
+    carries back, runs the body's vjp, and carries the cotangents of the carries (and sums those
+    of the consts). An uncapped `while` has no bound for its stack and is refused.
+"""
+from __future__ import annotations
+
+from hawk_fx.core import Literal, Program, Var
+from hawk_fx.diff import kernel_vjp, vjp_spec
+
+from .. import ir
+from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, inline, is_float, \
+    refuse_untransformable
+
+API = "eagle_fx.grad"
+
+
+def vjp_graph(prog: Program, wrt, capacity, api=API) -> Program:
+    """Program over (inputs..., a cotangent per float output...) -> (outputs..., a cotangent per
+    input flagged in `wrt`). `capacity(trip)`: the most turns of a counted loop whose trip count
+    is the top-level input `trip` (a Var of the Program given to the outermost call)."""
+    return _Vjp(capacity, api).program(prog, wrt)
+
+
+class _Vjp:
+    def __init__(self, capacity, api):
+        self.capacity, self.api = capacity, api
+        self.alias: dict = {}       # a sub-program's input -> the outer atom it reads (for trip counts)
+
+    def program(self, prog, wrt):
+        inputs = [Var(v.aval, v.hint) for v in prog.inputs]
+        env = dict(zip(prog.inputs, inputs))
+        ct_in = [Var(ct_aval(a.aval)) for a in prog.outputs if is_float(a.aval)]
+        eqns = Eqns()
+        saved: dict = {}
+        for e in prog.eqns:
+            refuse_untransformable(e, self.api)
+            if e.prim is ir.while_p:
+                saved[e] = self.forward_loop(e, env, eqns)
+            else:
+                copy_eqn(e, env, eqns)
+        ct: dict = {}
+        it = iter(ct_in)
+        for a in prog.outputs:
+            if is_float(a.aval):
+                c = next(it)
+                if isinstance(a, Var):
+                    ct[a] = eqns.add(ct.get(a), c)
+        for e in reversed(prog.eqns):
+            cts = [ct.get(v) for v in e.outputs]
+            if all(c is None for c in cts):
+                continue
+            if e.prim is ir.call_p:
+                self.call(e, cts, env, ct, eqns)
+            elif e.prim in (ir.cond_p, ir.switch_p):
+                self.branches(e, cts, env, ct, eqns)
+            elif e.prim is ir.while_p:
+                self.loop(e, cts, env, ct, eqns, saved[e])
+            elif e.prim is ir.add_any_p:
+                for a in e.inputs:
+                    _accumulate(ct, a, cts[0], eqns)
+            elif e.prim in (ir.stack_push_p, ir.stack_read_p):
+                raise TransformError(f"{self.api}: the program already holds a reverse pass through a device loop; "
+                                     "reverse mode over it again is not supported: take the outer derivative in "
+                                     "forward mode (eagle_fx.jvp(eagle_fx.grad(f), ...): a Hessian-vector product)")
+            elif e.prim not in (ir.zeros_p, ir.cell_not_p, ir.cell_and_p, ir.cell_or_p, ir.cell_inc_p, ir.cell_rev_p):
+                raise NotImplementedError(f"{self.api}: no reverse rule for primitive '{e.prim}'")
+        outs = [a if isinstance(a, Literal) else env[a] for a in prog.outputs]
+        grads = [ct.get(v) or eqns.zeros(ct_aval(v.aval)) for v, w in zip(prog.inputs, wrt) if w]
+        return dce(Program(inputs + ct_in, eqns, outs + grads))
+
+    # -- rules -------------------------------------------------------------------------------
+    def call(self, e, cts, env, ct, eqns):
+        spec, n = e.params["spec"], e.params["n"]
+        params = e.inputs[:len(e.params["kernel"].param_names)]
+        seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v in zip(cts, e.outputs)]
+        grads = iter(eqns.call(vjp_spec(spec), [_read(a, env) for a in params] + seeds, n, e.info))
+        for a, w in zip(params, kernel_vjp(spec).wrt):
+            if w:
+                _accumulate(ct, a, next(grads), eqns)
+
+    def branches(self, e, cts, env, ct, eqns):
+        ops = e.inputs[1:]
+        op_wrt = [isinstance(a, Var) and is_float(a.aval) for a in ops]
+        arms = []
+        for arm in e.params["branches"]:
+            self._alias(arm.inputs, ops)
+            b = self.program(arm, op_wrt)
+            arms.append(dce(b.replace(outputs=b.outputs[len(arm.outputs):])))
+        seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v in zip(cts, e.outputs) if is_float(v.aval)]
+        inputs = [_read(e.inputs[0], env)] + [_read(a, env) for a in ops] + seeds
+        grads = eqns.bind(e.prim, inputs, dict(e.params, branches=tuple(arms), inplace=()), e.info)
+        for a, g in zip([a for a, w in zip(ops, op_wrt) if w], grads):
+            _accumulate(ct, a, g, eqns)
+
+    def _alias(self, inner, outer):
+        for v, a in zip(inner, outer):
+            if isinstance(a, Var):
+                self.alias[v] = self.alias.get(a, a)
+
+    def _cap(self, e):
+        if e.params["cap"] is not None:
+            return e.params["cap"]
+        if e.params["counted"]:
+            trip = e.inputs[0]
+            return max(1, self.capacity(self.alias.get(trip, trip), e))
+        raise TransformError(f"{self.api}: reverse mode through the uncapped device loop at {e.info.where} needs a "
+                             "bound on its turns to save them: cap it (`for _ in range(N): if not cond: break`) "
+                             "or count it (`for i in range(n):`); forward mode (eagle_fx.jvp) takes it as it is")
+
+    def forward_loop(self, e, env, eqns):
+        """The loop, also stacking each turn's carries and counting its turns."""
+        body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
+        head = 1 if e.params["counted"] else 0
+        consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
+        cap = self._cap(e)
+        stack_avals = [ir.plane_aval((cap,) + a.aval.shape, a.aval.dtype) for a in init]
+        b_ins = [Var(v.aval, v.hint) for v in body.inputs]
+        stacks = [Var(a) for a in stack_avals]
+        turns = Var(ir.U32_CELL)
+        b_eqns = Eqns()
+        pushed = [b_eqns.bind(ir.stack_push_p, [s, b_ins[0], c], {"cap": cap, "batched": False, "inplace": ((0, 0),)})[0]
+                  for s, c in zip(stacks, b_ins[1 + nc:])]
+        outs = inline(body, b_ins, b_eqns)
+        counted = b_eqns.bind(ir.cell_inc_p, [b_ins[0]], {})[0]
+        new_body = Program(b_ins + stacks + [turns], b_eqns, outs + pushed + [counted])
+        new_cond = copy_program(cond, stack_avals + [ir.U32_CELL]) if cond is not None else None
+        inputs = ([_read(e.inputs[0], env)] if head else []) + [_read(a, env) for a in consts + init] \
+            + [eqns.zeros(a) for a in stack_avals] + [eqns.zeros(ir.U32_CELL)]
+        params = dict(e.params, body=new_body, cond=new_cond, inplace=())
+        outs = eqns.bind(ir.while_p, inputs, params, e.info)
+        k = len(init)
+        env.update(zip(e.outputs, outs[:k]))
+        return outs[k:2 * k], outs[2 * k]
+
+    def loop(self, e, cts, env, ct, eqns, saved):
+        stacks, turns = saved
+        body, nc = e.params["body"], e.params["n_consts"]
+        head = 1 if e.params["counted"] else 0
+        consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
+        c_wrt = [isinstance(a, Var) and is_float(a.aval) for a in consts]
+        k_float = [is_float(a.aval) for a in init]
+        self._alias(body.inputs[1:1 + nc], consts)
+        bv = self.program(body, [False] + c_wrt + k_float)    # (turn, consts, carries, cts) -> (carries, cts...)
+        # the backward body: (turn, consts, turns, stacks, carry cts, const ct sums) -> (carry cts, sums)
+        r_turn = Var(ir.U32_CELL)
+        r_consts = [Var(a.aval) for a in consts]
+        r_turns = Var(ir.U32_CELL)
+        r_stacks = [Var(s.aval) for s in stacks]
+        r_cts = [Var(ct_aval(a.aval)) for a, f in zip(init, k_float) if f]
+        r_sums = [Var(ct_aval(a.aval)) for a, w in zip(consts, c_wrt) if w]
+        b = Eqns()
+        idx = b.bind(ir.cell_rev_p, [r_turns, r_turn], {})[0]
+        carries = [b.bind(ir.stack_read_p, [s, idx], {"batched": False, "turn_batched": False})[0] for s in r_stacks]
+        outs = inline(bv, [idx] + r_consts + carries + r_cts, b)[len(init):]
+        const_cts, carry_cts = outs[:len(r_sums)], outs[len(r_sums):]
+        sums = [b.add(s, c) for s, c in zip(r_sums, const_cts)]
+        r_body = dce(Program([r_turn] + r_consts + [r_turns] + r_stacks + r_cts + r_sums, b, carry_cts + sums))
+        seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v, f in zip(cts, e.outputs, k_float) if f]
+        zeros = [eqns.zeros(v.aval) for v in r_sums]
+        inputs = [turns] + [_read(a, env) for a in consts] + [turns] + list(stacks) + seeds + zeros
+        params = {"body": r_body, "cond": None, "cap": None, "counted": True, "n_consts": nc + 1 + len(stacks),
+                  "inplace": ()}
+        grads = eqns.bind(ir.while_p, inputs, params, e.info)
+        for a, g in zip([a for a, f in zip(init, k_float) if f], grads[:len(r_cts)]):
+            _accumulate(ct, a, g, eqns)
+        for a, g in zip([a for a, w in zip(consts, c_wrt) if w], grads[len(r_cts):]):
+            _accumulate(ct, a, g, eqns)
+
+
+def _read(a, env):
+    return a if isinstance(a, Literal) else env[a]
+
+
+def _accumulate(ct, a, g, eqns):
+    if g is None or not isinstance(a, Var) or not is_float(a.aval):
+        return
+    if g.aval.shape != a.aval.shape:
+        raise AssertionError(f"cotangent of type {g.aval} for a value of type {a.aval}")
+    ct[a] = eqns.add(ct.get(a), g)
