@@ -66,3 +66,37 @@ def test_the_reference_interpreter_agrees_with_the_compiled_kernel(tour):
     (ref,) = eval_program(spec.prog, [x, 2.0, 1.0])
     np.testing.assert_allclose(k(x, 2.0, 1.0), ref)
     np.testing.assert_allclose(ref, 2.0 * x + 1.0)
+
+
+def test_derived_programs_type_check(tour):
+    # the Programs jvp, grad and their compositions make: derivative bodies, stacks of saved
+    # turns, backward loops, masked versions of all of these
+    import eagle_fx as eagle
+    x, c = np.arange(4.0) + 1.0, np.array([1], np.uint32)
+    for f, args in ((tour["capped"], (np.ones(4), c.copy())), (tour["counted"], (np.zeros(4), np.array([3], np.uint32))),
+                    (tour["chooser"], (np.full(4, 3.0), c.copy()))):
+        check_program(eagle.make_program(eagle.jacrev(f))(*args))
+        check_program(eagle.make_program(eagle.jacfwd(f))(*args))
+    loss = _loss()
+    check_program(eagle.make_program(eagle.grad(loss))(x, c))
+    check_program(eagle.make_program(eagle.jacfwd(eagle.grad(loss)))(x, c))
+    check_program(eagle.make_program(eagle.vmap(eagle.grad(loss), in_axes=(0, 0)))(np.ones((3, 4)), np.ones((3, 1), np.uint32)))
+
+
+def _loss():
+    import eagle_fx as eagle
+    import hawk_fx as hawk
+    from tour_kernels import dbl, inc
+
+    @hawk.kernel
+    def total(x: hawk.Scalar) -> hawk.Scalar:
+        return hawk.sum(x * x)
+
+    @eagle.Graph.builder
+    def loss(x, n):
+        g = eagle.Graph()
+        for _ in range(n):
+            x = inc(dbl(x))
+        g.result = total(x)
+        return g
+    return loss
