@@ -102,6 +102,15 @@ def make_program(f):
     return program
 
 
+def make_graph(f):
+    """A function returning the built Graph that `f` stages for these arguments, to replay:
+    make_graph(lambda x, v: eagle_fx.jvp(eagle_fx.grad(f), (x,), (v,)))(x, v) is a
+    Hessian-vector product graph; bind new arrays to it, launch it, read its result."""
+    def graph(*args):
+        return stage(f, args, "eagle_fx.make_graph")
+    return graph
+
+
 # ---------------------------------------------------------------------------------------------
 # the pieces every transform needs from a staged graph
 

@@ -4,39 +4,7 @@ import numpy as np
 import pytest
 
 import eagle_fx as ef
-import hawk_fx as hawk
-from hawk_fx import Param, Scalar
-from hawk_fx import math as hm
-
-
-@hawk.kernel
-def wobble(x: Scalar) -> Scalar:
-    return hm.sin(x) * x
-
-
-@hawk.kernel
-def grow(x: Scalar, a: Param) -> Scalar:
-    return a * x + 0.1 * hm.tanh(x)
-
-
-@hawk.kernel
-def total(x: Scalar) -> Scalar:
-    return hawk.sum(x * x)
-
-
-@ef.Graph.builder
-def loss(x, flag, n):
-    g = ef.Graph()
-    if flag:
-        x = wobble(x)
-    for i in range(n):
-        x = grow(x, 1.1)
-    g.result = total(x)
-    return g
-
-
-def cell(v):
-    return np.array([v], np.uint32)
+from tour_kernels import cell, grow, loss, total, wobble
 
 
 def numpy_loss(x, flag, n):

@@ -1,6 +1,7 @@
-"""The builder tour's kernels, shared by the tests (defined once, as the tour writes them)."""
+"""Kernels and builders the tests share: the builder tour's kernels (as the tour writes them) and the derivative tests' loss."""
 import numpy as np
 
+import eagle_fx as eagle
 import hawk_fx as hawk
 from hawk_fx import Mutable, Param, Scalar, UInt32
 from hawk_fx import math as hm
@@ -44,6 +45,34 @@ def over(s: Scalar, lim: Param, flag: Mutable[UInt32]):
 @hawk.kernel
 def accumulate(s: Scalar, y: Mutable[Scalar]):
     y = s + 1.0
+
+
+# kernels of the derivative tests (test_functional_api.py, test_compose.py)
+@hawk.kernel
+def wobble(x: Scalar) -> Scalar:
+    return hm.sin(x) * x
+
+
+@hawk.kernel
+def grow(x: Scalar, a: Param) -> Scalar:
+    return a * x + 0.1 * hm.tanh(x)
+
+
+@hawk.kernel
+def total(x: Scalar) -> Scalar:
+    return hawk.sum(x * x)
+
+
+@eagle.Graph.builder
+def loss(x, flag, n):
+    """An optional wobble, n turns of grow, then sum(x * x)."""
+    g = eagle.Graph()
+    if flag:
+        x = wobble(x)
+    for i in range(n):
+        x = grow(x, 1.1)
+    g.result = total(x)
+    return g
 
 
 def cell(v):

@@ -434,9 +434,9 @@ def _stack_push(exe, g, d, e, outs):
     cap = e.params["cap"]
     i = f"i{len(g.lines)}"
     g.emit(d, f"{i} = int({exe.b(turn)}[0])")
-    g.emit(d, f"if {i} >= {cap}: raise RuntimeError('eagle: a differentiated counted loop runs ' + str({i} + 1) + "
-              f"' turns; its saved turns hold {cap} (the trip count when the derivative was built): build it again "
-              "with the larger count')")
+    g.emit(d, f"if {i} >= {cap}: raise RuntimeError('eagle: a differentiated counted loop runs more than {cap} "
+              f"turns; its stack of saved turns holds {cap} (the trip count when the derivative was built): build "
+              "it again with the larger count')")
     g.emit(d, f"b{outs[0]}[{':, ' if e.params['batched'] else ''}{i}] = {exe.b(value)}")
 
 

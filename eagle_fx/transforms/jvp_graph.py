@@ -56,14 +56,13 @@ def _eqn(e, env, tan, eqns):
     elif p is ir.while_p:
         _while(e, env, tan, eqns)
     else:
-        outs = copy_eqn(e, env, eqns)
+        copy_eqn(e, env, eqns)
         if p in _LINEAR:
             t = _LINEAR[p](e, env, tan, eqns)
             if t is not None:
                 tan[e.outputs[0]] = t
         elif p not in (ir.cell_not_p, ir.cell_and_p, ir.cell_or_p, ir.cell_inc_p, ir.cell_rev_p):
             raise NotImplementedError(f"{API}: no rule for primitive '{p}'")
-        del outs
 
 
 def _read(a, env):

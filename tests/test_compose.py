@@ -1,0 +1,497 @@
+"""Composed transformations, checked against JAX (the same computation written with jax.numpy,
+lax.cond and lax.fori_loop, in float64) and against central finite differences.
+
+What is checked:
+  * vmap(grad(f)): per-instance gradients with a shared condition and trip count, with a
+    per-instance condition cell (B, 1), and with per-instance trip counts (B, 1), against
+    jax.vmap(jax.grad(...)) or a Python loop of jax.grad over the instances;
+  * jvp(grad(f)): the gradient and a Hessian-vector product, through a cond and a counted loop,
+    against jax.jvp(jax.grad(...));
+  * grad(grad(f)) on one sample: the second derivative, against jax.grad(jax.grad(...)) and a
+    central finite difference of JAX's first derivative;
+  * vmap(vmap(f)) of a builder: a Graph whose result has shape (B2, B1, n), against a double loop
+    of unbatched runs and plain NumPy, with both levels batching the same or different arguments;
+  * vmap(lambda x, t: jvp(f, ...)): batched primal and tangent outputs, against jax.vmap(jax.jvp);
+  * jacfwd / jacrev: shape result.shape + arg.shape (JAX's convention), for a diagonal, a dense
+    (sample reduction) and a cond Jacobian, and a one-value result;
+  * make_program of composed transformations prints `cond` and `while`; grad(f).graph(...) is a
+    Graph that replays to the same numbers;
+  * refusals: mismatched batch sizes, in_axes of the wrong length, a tangent of the wrong shape or
+    dtype, grad of a result that is not one value, vmap of a graph with a host node; the caller's
+    arrays are left unchanged by a refused call.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eagle_fx as ef
+import hawk_fx as hawk
+from hawk_fx import Scalar
+from hawk_fx import math as hm
+from tour_kernels import add, affine, cell, dbl, grow, loss, total, wobble
+
+jax = pytest.importorskip("jax")
+jax.config.update("jax_enable_x64", True)
+jnp, lax = jax.numpy, jax.lax
+
+RTOL = 1e-9          # vs JAX, both float64
+ATOL = 1e-11
+FD_RTOL = 1e-6       # vs central finite differences
+FD_ATOL = 1e-7
+
+B, N = 4, 6
+B1, B2 = 3, 2
+rng = np.random.default_rng(20240607)
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels and builders
+
+@hawk.kernel
+def plain_sum(x: Scalar) -> Scalar:
+    return hawk.sum(x)
+
+
+@hawk.kernel
+def sinexp(x: Scalar) -> Scalar:
+    return hm.sin(x) * hm.exp(x)
+
+
+@hawk.kernel
+def mul(a: Scalar, b: Scalar) -> Scalar:
+    return a * b
+
+
+@hawk.kernel
+def centre(x: Scalar) -> Scalar:
+    return x - hawk.mean(x)          # a sample reduction: couples the samples of one instance
+
+
+@ef.Graph.builder
+def chain_a(x):                      # sum(x sin(x) exp(x))
+    g = ef.Graph()
+    g.result = plain_sum(mul(sinexp(x), x))
+    return g
+
+
+@ef.Graph.builder
+def chain_b(x):                      # sum((1.1 w + 0.1 tanh w)^2), w = x sin(x)
+    g = ef.Graph()
+    g.result = total(grow(wobble(x), 1.1))
+    return g
+
+
+@ef.Graph.builder
+def shift(x, c):                     # a cond on a cell, a reduction on one arm
+    g = ef.Graph()
+    if c:
+        x = centre(x)
+    else:
+        x = dbl(x)
+    g.result = wobble(x)
+    return g
+
+
+@ef.Graph.builder
+def aff(x, a):                       # a Param argument, then a reduction
+    g = ef.Graph()
+    g.result = wobble(centre(affine(x, a, 0.5)))
+    return g
+
+
+@ef.Graph.builder
+def wob(x):                          # elementwise: a diagonal Jacobian
+    g = ef.Graph()
+    g.result = wobble(x)
+    return g
+
+
+@ef.Graph.builder
+def cwob(x):                         # x - mean(x) first: a dense Jacobian
+    g = ef.Graph()
+    g.result = wobble(centre(x))
+    return g
+
+
+# ---------------------------------------------------------------------------------------------
+# the same computations in JAX / NumPy
+
+def jwobble(x):
+    return jnp.sin(x) * x
+
+
+def jgrow(x):
+    return 1.1 * x + 0.1 * jnp.tanh(x)
+
+
+def jloss(x, flag, n):
+    x = lax.cond(flag != 0, jwobble, lambda v: v, x)
+    x = lax.fori_loop(0, n, lambda i, v: jgrow(v), x)
+    return jnp.sum(x * x)
+
+
+jloss_grad = jax.jit(jax.grad(jloss), static_argnums=2)     # flag traced, trip count static
+jloss_hvp = jax.jit(lambda x, v, flag, n: jax.jvp(jax.grad(lambda u: jloss(u, flag, n)), (x,), (v,)),
+                    static_argnums=3)
+jloss_hessian = jax.jit(jax.jacfwd(jax.grad(jloss)), static_argnums=2)
+
+
+def jchain_a(x):
+    return jnp.sum(x * jnp.sin(x) * jnp.exp(x))
+
+
+def jchain_b(x):
+    return jnp.sum(jgrow(jwobble(x)) ** 2)
+
+
+def jshift(x, c):
+    return jwobble(x - jnp.mean(x) if c else 2.0 * x)
+
+
+def jcwob(x):
+    return jwobble(x - jnp.mean(x))
+
+
+def np_aff(x, a):
+    v = a * x + 0.5
+    v = v - v.mean()
+    return np.sin(v) * v
+
+
+def np_shift(x, c):
+    v = x - x.mean() if c else 2.0 * x
+    return np.sin(v) * v
+
+
+def close(got, want, rtol=RTOL, atol=ATOL):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------------------------------------
+# vmap(grad(f))
+
+def test_vmap_grad_shared_condition_and_trip_count():
+    xs = rng.normal(size=(B, N))
+    keep = xs.copy()
+    got = ef.vmap(ef.grad(loss), in_axes=(0, None, None))(xs, cell(1), cell(3))
+    assert isinstance(got, np.ndarray) and got.shape == (B, N) and got.dtype == np.float64
+    want = jax.vmap(jax.grad(jloss), in_axes=(0, None, None))(xs, 1, 3)
+    close(got, want)
+    np.testing.assert_array_equal(xs, keep)
+
+
+@pytest.mark.parametrize("flag,n", [(0, 2), (1, 0)])
+def test_vmap_grad_other_arms_and_zero_turns(flag, n):
+    xs = rng.normal(size=(B, N))
+    got = ef.vmap(ef.grad(loss), in_axes=(0, None, None))(xs, cell(flag), cell(n))
+    want = np.stack([jloss_grad(xs[b], flag, n) for b in range(B)])
+    close(got, want)
+
+
+def test_vmap_grad_per_instance_condition():
+    xs = rng.normal(size=(B, N))
+    flags = np.array([[1], [0], [0], [1]], np.uint32)
+    keep_x, keep_f = xs.copy(), flags.copy()
+    got = ef.vmap(ef.grad(loss), in_axes=(0, 0, None))(xs, flags, cell(2))
+    assert np.shape(got) == (B, N)
+    want = np.stack([jloss_grad(xs[b], int(flags[b, 0]), 2) for b in range(B)])
+    close(got, want)
+    np.testing.assert_array_equal(xs, keep_x)
+    np.testing.assert_array_equal(flags, keep_f)
+
+
+def test_vmap_grad_per_instance_trip_counts():
+    xs = rng.normal(size=(B, N))
+    trips = np.array([[0], [3], [1], [2]], np.uint32)
+    got = ef.vmap(ef.grad(loss), in_axes=(0, None, 0))(xs, cell(1), trips)
+    assert np.shape(got) == (B, N)
+    want = np.stack([jloss_grad(xs[b], 1, int(trips[b, 0])) for b in range(B)])
+    close(got, want)
+    np.testing.assert_array_equal(trips.ravel(), [0, 3, 1, 2])
+
+
+# ---------------------------------------------------------------------------------------------
+# jvp(grad(f)): Hessian-vector products
+
+@pytest.mark.parametrize("flag,n", [(1, 3), (0, 2), (1, 0)])
+def test_jvp_of_grad_is_a_hessian_vector_product(flag, n):
+    x = np.linspace(-1.0, 1.2, N)
+    v = np.cos(np.arange(N) + 0.5)
+    keep_x, keep_v = x.copy(), v.copy()
+    gx, hv = ef.jvp(ef.grad(loss), (x, cell(flag), cell(n)), (v, None, None))
+    jg, jhv = jloss_hvp(x, v, flag, n)
+    assert np.shape(gx) == (N,) and np.shape(hv) == (N,)
+    close(gx, jg)
+    close(hv, jhv)
+    np.testing.assert_array_equal(x, keep_x)
+    np.testing.assert_array_equal(v, keep_v)
+
+
+def test_jvp_of_grad_matches_the_dense_hessian():
+    x = rng.normal(size=N)
+    H = np.asarray(jloss_hessian(x, 1, 2))
+    for k in (0, N - 1):
+        e = np.zeros(N)
+        e[k] = 1.0
+        _, hv = ef.jvp(ef.grad(loss), (x, cell(1), cell(2)), (e, None, None))
+        close(hv, H[:, k])
+
+
+# ---------------------------------------------------------------------------------------------
+# grad(grad(f)) on one sample
+
+@pytest.mark.parametrize("builder,jf", [(chain_a, jchain_a), (chain_b, jchain_b)], ids=["sinexp_mul", "wobble_grow"])
+@pytest.mark.parametrize("x0", [0.3, -0.7])
+def test_second_derivative(builder, jf, x0):
+    x = np.array([x0])
+    keep = x.copy()
+    got = ef.grad(ef.grad(builder))(x)
+    assert np.shape(got) == (1,) and np.asarray(got).dtype == np.float64
+    want = jax.grad(jax.grad(lambda s: jf(jnp.reshape(s, (1,)))))(x0)
+    close(got, [want])
+    d1 = jax.grad(lambda s: jf(jnp.reshape(s, (1,))))
+    h = 1e-5
+    fd = (d1(x0 + h) - d1(x0 - h)) / (2 * h)
+    close(got, [fd], rtol=FD_RTOL, atol=FD_ATOL)
+    np.testing.assert_array_equal(x, keep)
+
+
+def test_first_derivative_of_the_chain_matches_its_formula():
+    x0 = 0.45
+    got = ef.grad(chain_a)(np.array([x0]))
+    want = np.exp(x0) * (np.sin(x0) + x0 * np.cos(x0) + x0 * np.sin(x0))
+    close(got, [want])
+
+
+# ---------------------------------------------------------------------------------------------
+# vmap(vmap(f)) of a builder
+
+@pytest.mark.parametrize("c", [0, 1])
+def test_nested_vmap_shared_cell(c):
+    xss = rng.normal(size=(B2, B1, N))
+    keep = xss.copy()
+    g = ef.vmap(ef.vmap(shift, in_axes=(0, None)), in_axes=(0, None))(xss, cell(c))
+    assert isinstance(g, ef.Graph)
+    out = g()
+    assert np.shape(out) == (B2, B1, N)
+    loop = np.stack([np.stack([shift(xss[i, j].copy(), cell(c))() for j in range(B1)]) for i in range(B2)])
+    close(out, loop)
+    want = np.stack([np.stack([np_shift(xss[i, j], c) for j in range(B1)]) for i in range(B2)])
+    close(out, want)
+    np.testing.assert_array_equal(xss, keep)
+
+
+def test_nested_vmap_per_instance_cells_at_both_levels():
+    xss = rng.normal(size=(B2, B1, N))
+    cs = np.array([[[1], [0], [1]], [[0], [0], [1]]], np.uint32)
+    out = ef.vmap(ef.vmap(shift))(xss, cs)()
+    assert np.shape(out) == (B2, B1, N)
+    want = np.stack([np.stack([np_shift(xss[i, j], cs[i, j, 0]) for j in range(B1)]) for i in range(B2)])
+    close(out, want)
+
+
+def test_nested_vmap_outer_batches_param_inner_batches_plane():
+    xs = rng.normal(size=(B1, N))
+    a = np.array([0.5, -1.5])                                    # (B2,) Params
+    g = ef.vmap(ef.vmap(aff, in_axes=(0, None)), in_axes=(None, 0))(xs, a)
+    out = g()
+    assert np.shape(out) == (B2, B1, N)
+    loop = np.stack([np.stack([aff(xs[j].copy(), a[i])() for j in range(B1)]) for i in range(B2)])
+    close(out, loop)
+    close(out, np.stack([np.stack([np_aff(xs[j], a[i]) for j in range(B1)]) for i in range(B2)]))
+
+
+def test_nested_vmap_outer_batches_plane_inner_batches_param():
+    xss = rng.normal(size=(B2, N))
+    a = np.array([0.5, 2.0, -1.0])                               # (B1,) Params
+    out = ef.vmap(ef.vmap(aff, in_axes=(None, 0)), in_axes=(0, None))(xss, a)()
+    assert np.shape(out) == (B2, B1, N)
+    close(out, np.stack([np.stack([np_aff(xss[i], a[j]) for j in range(B1)]) for i in range(B2)]))
+
+
+# ---------------------------------------------------------------------------------------------
+# vmap of a jvp
+
+@pytest.mark.parametrize("c", [0, 1])
+def test_vmap_of_jvp(c):
+    xs = rng.normal(size=(B, N))
+    ts = rng.normal(size=(B, N))
+    keep_x, keep_t = xs.copy(), ts.copy()
+    cc = cell(c)
+    ys, tys = ef.vmap(lambda x, t: ef.jvp(shift, (x, cc), (t, None)), in_axes=(0, 0))(xs, ts)
+    assert np.shape(ys) == (B, N) and np.shape(tys) == (B, N)
+    jys, jtys = jax.vmap(lambda x, t: jax.jvp(lambda u: jshift(u, c), (x,), (t,)))(xs, ts)
+    close(ys, jys)
+    close(tys, jtys)
+    for b in range(B):
+        y1, ty1 = ef.jvp(shift, (xs[b].copy(), cell(c)), (ts[b].copy(), None))
+        close(ys[b], y1)
+        close(tys[b], ty1)
+    np.testing.assert_array_equal(xs, keep_x)
+    np.testing.assert_array_equal(ts, keep_t)
+
+
+# ---------------------------------------------------------------------------------------------
+# jacfwd / jacrev
+
+JACS = ["jacfwd", "jacrev"]
+
+
+@pytest.mark.parametrize("which", JACS)
+def test_jacobian_of_an_elementwise_map_is_diagonal(which):
+    x = np.linspace(-1.0, 1.3, N)
+    J = getattr(ef, which)(wob, argnums=0)(x)
+    assert np.shape(J) == (N, N)
+    close(J, getattr(jax, which)(jwobble)(x))
+    close(J, np.diag(np.sin(x) + x * np.cos(x)))
+
+
+@pytest.mark.parametrize("which", JACS)
+def test_jacobian_with_a_sample_reduction_is_dense(which):
+    x = rng.normal(size=N)
+    J = getattr(ef, which)(cwob, argnums=0)(x)
+    assert np.shape(J) == (N, N)
+    want = np.asarray(getattr(jax, which)(jcwob)(x))
+    close(J, want)
+    assert np.count_nonzero(np.abs(want) > 1e-12) > N     # really dense, and not symmetric
+    assert not np.allclose(want, want.T)
+
+
+@pytest.mark.parametrize("which", JACS)
+@pytest.mark.parametrize("c", [0, 1])
+def test_jacobian_through_a_cond(which, c):
+    x = rng.normal(size=N)
+    J = getattr(ef, which)(shift, argnums=0)(x, cell(c))
+    assert np.shape(J) == (N, N)
+    close(J, getattr(jax, which)(lambda u: jshift(u, c))(x))
+
+
+@pytest.mark.parametrize("which", JACS)
+def test_jacobian_of_a_one_value_result(which):
+    x = rng.normal(size=N)
+    J = getattr(ef, which)(loss, argnums=0)(x, cell(1), cell(2))
+    assert np.shape(J) == (1, N)                                 # result (1,) + argument (N,)
+    close(J, np.asarray(jax.grad(jloss)(x, 1, 2))[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
+# programs and graphs of composed transformations
+
+def test_make_program_of_grad_shows_cond_and_while():
+    x = np.linspace(-1.0, 1.2, N)
+    text = str(ef.make_program(ef.grad(loss))(x, cell(1), cell(3)))
+    assert text.startswith("{ lambda")
+    assert "cond" in text and "while" in text
+
+
+def test_make_program_of_vmap_grad_prints_a_batched_program():
+    xs = rng.normal(size=(B, N))
+    text = str(ef.make_program(ef.vmap(ef.grad(loss), in_axes=(0, None, None)))(xs, cell(1), cell(3)))
+    assert text.startswith("{ lambda")
+    assert "cond" in text and "while" in text
+    assert f"f64[{B},{N}]" in text
+
+
+def test_grad_graph_replays_to_the_same_numbers():
+    x = np.linspace(-1.0, 1.2, N)
+    g = ef.grad(loss).graph(x, cell(1), cell(3))
+    assert isinstance(g, ef.Graph)
+    text = str(g.program)
+    assert "cond" in text and "while" in text
+    want = np.asarray(jax.grad(jloss)(x, 1, 3))
+    first = np.array(g())
+    second = np.array(g())
+    close(first, want)
+    np.testing.assert_array_equal(first, second)
+
+
+def test_grad_graph_replay_follows_its_cells_and_refuses_more_turns_than_it_saved():
+    x = np.linspace(-1.0, 1.2, N)
+    c, n = cell(1), cell(2)
+    g = ef.grad(loss).graph(x, c, n)
+    close(g(), jloss_grad(x, 1, 2))
+    c[0] = 0                                       # the other arm, read at the replay
+    close(g(), jloss_grad(x, 0, 2))
+    n[0] = 1                                       # fewer turns than when it was built
+    close(g(), jloss_grad(x, 0, 1))
+    n[0] = 4                                       # more turns than it saved: refused, not wrong
+    with pytest.raises(RuntimeError, match="turns"):
+        g()
+    n[0] = 2
+    close(g(), jloss_grad(x, 0, 2))
+
+
+# ---------------------------------------------------------------------------------------------
+# refusals
+
+def test_refused_mismatched_batch_sizes():
+    xs = rng.normal(size=(B, N))
+    flags = np.ones((B + 1, 1), np.uint32)
+    keep_x, keep_f = xs.copy(), flags.copy()
+    with pytest.raises(ValueError, match="batch sizes"):
+        ef.vmap(ef.grad(loss), in_axes=(0, 0, None))(xs, flags, cell(2))
+    np.testing.assert_array_equal(xs, keep_x)
+    np.testing.assert_array_equal(flags, keep_f)
+    ts = rng.normal(size=(B + 1, N))
+    with pytest.raises(ValueError, match="batch sizes"):
+        ef.vmap(lambda x, t: ef.jvp(shift, (x, cell(1)), (t, None)), in_axes=(0, 0))(xs, ts)
+    np.testing.assert_array_equal(xs, keep_x)
+
+
+def test_refused_in_axes_of_the_wrong_length():
+    xs = rng.normal(size=(B, N))
+    keep = xs.copy()
+    with pytest.raises(ValueError, match="in_axes"):
+        ef.vmap(ef.grad(loss), in_axes=(0, None))(xs, cell(1), cell(3))
+    with pytest.raises(ValueError, match="in_axes"):
+        ef.vmap(ef.vmap(shift, in_axes=(0, None, None)), in_axes=(0, None))(xs[None], cell(1))
+    np.testing.assert_array_equal(xs, keep)
+
+
+def test_refused_tangent_of_the_wrong_shape_or_dtype():
+    x = np.linspace(-1.0, 1.2, N)
+    keep = x.copy()
+    with pytest.raises(ValueError, match="tangent"):
+        ef.jvp(ef.grad(loss), (x, cell(1), cell(3)), (np.ones(N + 1), None, None))
+    with pytest.raises(ValueError, match="tangent"):
+        ef.jvp(ef.grad(loss), (x, cell(1), cell(3)), (np.ones(N, np.float32), None, None))
+    np.testing.assert_array_equal(x, keep)
+
+
+def test_refused_grad_of_a_result_that_is_not_one_value():
+    x = np.linspace(-1.0, 1.2, N)                  # grad(loss) has N values: grad of it is refused
+    keep = x.copy()
+    with pytest.raises(TypeError, match="grad needs one value"):
+        ef.grad(ef.grad(loss))(x, cell(1), cell(3))
+    np.testing.assert_array_equal(x, keep)
+    xs = rng.normal(size=(B, N))
+    keep_xs = xs.copy()
+    with pytest.raises(TypeError, match="grad needs one value"):
+        ef.vmap(ef.grad(wob))(xs)
+    np.testing.assert_array_equal(xs, keep_xs)
+
+
+def test_refused_vmap_of_a_graph_with_a_host_node():
+    @ef.Graph.builder
+    def hosted(x, y):
+        g = ef.Graph()
+        g.add_node(ef.opaque(lambda: None, reads={"x": x}, writes={"y": y}))
+        g.result = total(add(x, y))
+        return g
+
+    xs = rng.normal(size=(B, N))
+    y = np.zeros(N)
+    keep_x, keep_y = xs.copy(), y.copy()
+    with pytest.raises(ValueError, match="host"):
+        ef.vmap(ef.grad(hosted), in_axes=(0, None))(xs, y)
+    np.testing.assert_array_equal(xs, keep_x)
+    np.testing.assert_array_equal(y, keep_y)
+    xss = rng.normal(size=(B2, B1, N))
+    yss = np.zeros((B2, B1, N))
+    keep_xss = xss.copy()
+    with pytest.raises(ValueError, match="host"):
+        ef.vmap(ef.vmap(hosted))(xss, yss)
+    np.testing.assert_array_equal(xss, keep_xss)
+    np.testing.assert_array_equal(yss, 0.0)
+
