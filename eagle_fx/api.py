@@ -119,8 +119,11 @@ class _Staged:
     argument each Program input is."""
 
     def __init__(self, f, args, api):
-        self.api, self.fname = api, _name(f)
+        self.api, self.fname, self.args = api, _name(f), args
         self.g = g = stage(f, args, api)
+        if any(e.params.get("batch") for e in g.program.eqns):
+            raise TransformError(f"{api}: {self.fname} is batched (made by vmap); differentiate first, then batch: "
+                                 "eagle_fx.vmap(eagle_fx.grad(f))")
         leaves, self.tree = g._result_vars() if g._has_result else ([], None)
         if not leaves:
             raise TypeError(f"{api}: {self.fname} declares no result (g.result = ...); transforms act on results")
@@ -252,13 +255,13 @@ def vjp(f, *args):
         raise TransformError(f"{api}: inside a transformed function, use eagle_fx.grad or eagle_fx.jacrev (they "
                              "return their graph to the outer transform); vjp returns a Python pullback")
     s = _Staged(f, args, api)
-    s.args = args
-    y = _run(s.g)
     floats = [k for k, a in enumerate(args) if _float_array(a)]
     prog = _vjp_program(s, floats, api)
-    k = len(s.results)
     seeds = _seed_planes(s)
-    g = s.graph(dce(prog.replace(outputs=prog.outputs[k:])), seeds, _leaf_tree(len(floats)), len(floats))
+    # one functional graph gives the result (at zero seeds) and the pullback: the caller's arrays
+    # are never written, so every pullback sees the arguments as they were
+    g = s.graph(prog, seeds, _pair_tree(s.tree, _leaf_tree(len(floats))), len(s.results) + len(floats))
+    y = _run(g)[0]
     float_results = [j for j, v in enumerate(s.results) if is_float(v.aval)]
 
     def pullback(ct):
@@ -272,7 +275,7 @@ def vjp(f, *args):
                 raise ValueError(f"{api}: the cotangent of result {j} has shape {c.shape}; the result has "
                                  f"{p.array.shape}")
             np.copyto(p.array, c)
-        cts = dict(zip(floats, _run(g)))
+        cts = dict(zip(floats, _run(g)[1]))
         return tuple(cts.get(k) for k in range(len(args)))
     return y, pullback
 
@@ -285,7 +288,6 @@ def grad(f, argnums=0):
 
     def make(*args):
         s = _Staged(f, args, api)
-        s.args = args
         if len(s.results) != 1 or int(np.prod(s.results[0].aval.shape)) != 1 or not is_float(s.results[0].aval):
             shapes = [v.aval.shape for v in s.results]
             raise TypeError(f"{api}: {s.fname} returns {shapes}; grad needs one value (a one-cell result, e.g. from "
@@ -339,7 +341,6 @@ def _jacobian(f, argnums, api, forward):
 
         def one(ct):
             s2 = _Staged(f, args, api)
-            s2.args = args
             prog = _vjp_program(s2, [argnums % len(args)], api)
             return s2.graph(dce(prog.replace(outputs=prog.outputs[1:])), _seed_planes(s2, [ct]), _leaf_tree(None), 1)
         return vmap(Transformed(f"vjp({_name(f)})", one), in_axes=0).graph(basis)

@@ -103,7 +103,9 @@ def _pp_while(params):
 
 
 def _pp_branches(params):
-    shown = {k: v for k, v in params.items() if k not in ("inplace", "branches")}
+    shown = {k: v for k, v in params.items() if k not in ("inplace", "branches", "masked")}
+    if params.get("masked"):
+        shown["masked"] = True
     if params["inplace"]:
         shown["inplace"] = params["inplace"]
     shown["branches"] = params["branches"]

@@ -16,7 +16,10 @@ What is checked:
     (sample reduction) and a cond Jacobian, and a one-value result;
   * make_program of composed transformations prints `cond` and `while`; grad(f).graph(...) is a
     Graph that replays to the same numbers;
-  * refusals: mismatched batch sizes, in_axes of the wrong length, a tangent of the wrong shape or
+  * derived graphs are functional: vjp/grad of a builder that writes its arguments in place
+    leave them untouched and differentiate the function of their values on entry;
+  * refusals: reverse mode over a reverse pass through a loop, grad of a vmapped function,
+    mismatched batch sizes, in_axes of the wrong length, a tangent of the wrong shape or
     dtype, grad of a result that is not one value, vmap of a graph with a host node; the caller's
     arrays are left unchanged by a refused call.
 """
@@ -495,3 +498,66 @@ def test_refused_vmap_of_a_graph_with_a_host_node():
     np.testing.assert_array_equal(xss, keep_xss)
     np.testing.assert_array_equal(yss, 0.0)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# functional semantics and the remaining refusals
+
+@hawk.kernel
+def shrink_until(x: hawk.Mutable[Scalar], lim: hawk.Param, flag: hawk.Mutable[hawk.UInt32]):
+    x = 0.5 * x + 0.1 * hm.sin(x)
+    flag = hm.uint32(hawk.sum(hm.abs(x) > lim))
+
+
+@ef.Graph.builder
+def shrink_loss(x, flag):
+    g = ef.Graph()
+    for _ in range(20):
+        if not flag:
+            break
+        shrink_until(x, 0.3, flag)
+    g.result = total(x)
+    return g
+
+
+def numpy_shrink_loss(x):
+    x = x.copy()
+    for _ in range(20):
+        x = 0.5 * x + 0.1 * np.sin(x)
+        if not np.any(np.abs(x) > 0.3):
+            break
+    return np.sum(x * x)
+
+
+def test_vjp_and_grad_of_a_builder_writing_its_arguments_leave_them_untouched():
+    # the builder writes x and flag in place (Mutable); derived graphs are functional, so the
+    # pullback sees the arguments as they were and the caller's arrays are not written
+    x = np.linspace(-2.0, 2.5, N)
+    flag = cell(1)
+    x0 = x.copy()
+    eps = 1e-6
+    fd = np.array([(numpy_shrink_loss(x0 + e) - numpy_shrink_loss(x0 - e)) / (2 * eps) for e in np.eye(N) * eps])
+    y, pullback = ef.vjp(shrink_loss, x, flag)
+    np.testing.assert_allclose(y, numpy_shrink_loss(x0), rtol=1e-12)
+    np.testing.assert_allclose(pullback(np.ones(1))[0], fd, rtol=FD_RTOL, atol=FD_ATOL)
+    np.testing.assert_allclose(pullback(np.ones(1))[0], fd, rtol=FD_RTOL, atol=FD_ATOL)   # again: same
+    np.testing.assert_allclose(ef.grad(shrink_loss)(x, flag), fd, rtol=FD_RTOL, atol=FD_ATOL)
+    np.testing.assert_array_equal(x, x0)
+    assert flag[0] == 1
+
+
+def test_refused_reverse_mode_over_a_reverse_pass_through_a_loop_names_forward_mode():
+    x, n = np.array([0.4]), cell(3)
+    with pytest.raises(ValueError, match="already holds a reverse pass"):
+        ef.grad(ef.grad(loss))(x, cell(0), n)
+    # forward over reverse takes it: the second derivative, against JAX
+    def jl(v):
+        return jnp.sum(lax.fori_loop(0, 3, lambda i, u: 1.1 * u + 0.1 * jnp.tanh(u), v) ** 2)
+    _, hv = ef.jvp(ef.grad(loss), (x, cell(0), n), (np.ones(1), None, None))
+    np.testing.assert_allclose(hv, np.asarray(jax.hessian(jl)(x))[0], rtol=RTOL)
+
+
+def test_refused_grad_of_a_vmapped_function_says_differentiate_first():
+    xs = rng.random((B, N))
+    with pytest.raises(ValueError, match="differentiate first"):
+        ef.grad(ef.vmap(loss, in_axes=(0, None, None)))(xs, cell(1), cell(2))

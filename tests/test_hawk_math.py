@@ -252,3 +252,16 @@ def test_nonfinite_constants_in_a_body():
     a, b = guard(x)
     np.testing.assert_array_equal(a, [1.0, np.inf])
     np.testing.assert_array_equal(b, [-np.inf, -np.inf])
+
+
+@pytest.mark.parametrize("shape", [(7,), (5, 8), (3, 16), (2, 3, 24), (4, 7), (100, 8), (30, 40)])
+@pytest.mark.parametrize("dtype", [np.bool_, np.float64, np.float32, np.int64])
+def test_sample_sums_over_every_row_layout(shape, dtype):
+    # the emitter picks count_nonzero, bit counts of bool words, a matrix-vector product or
+    # add.reduce by layout: each must equal np.sum over the sample axis
+    from hawk_fx.emit.numpy import _sample_sum
+    x = (np.random.default_rng(3).random(shape) * 10).astype(dtype) if dtype != np.bool_ else \
+        np.random.default_rng(3).random(shape) < 0.4
+    out = np.empty(shape[:-1] + (1,), np.int64 if dtype in (np.bool_, np.int64) else dtype)
+    _sample_sum(x, out)
+    np.testing.assert_allclose(out[..., 0], x.sum(-1, dtype=out.dtype), rtol=1e-6)

@@ -332,21 +332,26 @@ class NumpyExecutable:
                 self._merge(g, d, mask, outs, slots)
 
     def _gen_masked_while(self, g, d, e, outs):
+        """Every instance runs the body until the last one is done. An instance's carries are kept
+        (copied aside, its rows only) on the turn it finishes, and put back when the loop ends: the
+        turns it runs past its end touch nothing it returns, and no turn merges whole carries."""
         body, cond = e.params["body"], e.params["cond"]
         cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
         ops = list(e.inputs)
         trip = ops.pop(0) if counted else None
         consts, init = ops[:nc], ops[nc:]
-        written = [i - (1 if counted else 0) - nc for _, i in e.params["inplace"]]
         self._gen_copies(g, d, init, outs)
         B = self.slots[outs[0]].shape[0]
-        mask = self._new_slot(np.zeros((B, 1), bool))
-        live = self._new_slot(np.zeros((B, 1), bool))
+        live = self._new_slot(np.ones((B, 1), bool))       # not finished yet
+        mask = self._new_slot(np.zeros((B, 1), bool))      # runs this turn
+        done = self._new_slot(np.zeros((B, 1), bool))      # finished on this turn
+        kept = [self._sub_slot(v.aval) for v in e.outputs]  # the carries of finished instances
         t = f"t{g.turns}"
         g.turns += 1
         ctr = self._sub_slot(ir.U32_CELL)
         carries = [self._ref(s, a.aval) for s, a in zip(outs, init)]
         g.emit(d, f"{t} = 0")
+        g.emit(d, f"b{live}[...] = True")
         g.emit(d, "while True:")
         if cap is not None:
             g.emit(d + 1, f"if {t} >= {cap}: break")
@@ -359,22 +364,27 @@ class NumpyExecutable:
                 self._gen_sub(g, d + 1, cond, c_ops, [c_slot])
                 guard = f"b{c_slot}"
             g.emit(d + 1, f"np.not_equal({guard}, 0, out=b{mask})")
-        else:
-            g.emit(d + 1, f"b{mask}[...] = True")
-        if counted:
-            g.emit(d + 1, f"np.greater({self.b(trip)}, {t}, out=b{live})")
             g.emit(d + 1, f"np.logical_and(b{mask}, b{live}, out=b{mask})")
+        else:
+            g.emit(d + 1, f"np.copyto(b{mask}, b{live})")
+        if counted:
+            g.emit(d + 1, f"np.logical_and(b{mask}, {self.b(trip)} > {t}, out=b{mask})")
+        g.emit(d + 1, f"np.not_equal(b{live}, b{mask}, out=b{done})")
+        g.emit(d + 1, f"if b{done}.any():")
+        g.emit(d + 2, f"r = np.flatnonzero(b{done})")
+        for o, k in zip(outs, kept):
+            g.emit(d + 2, f"b{k}[r] = b{o}[r]")
+        g.emit(d + 2, f"np.copyto(b{live}, b{mask})")
         g.emit(d + 1, f"if not b{mask}.any(): break")
-        if any(body.inputs[0] in e.inputs for e in body.eqns) or body.inputs[0] in body.outputs:
+        if any(body.inputs[0] in q.inputs for q in body.eqns) or body.inputs[0] in body.outputs:
             g.emit(d + 1, f"b{ctr}[0] = {t}")
-        private = self._private(g, d + 1, carries, written)
-        # a carry written in place lands in its private copy: merge from there
-        t_slots = [self.slot_of[private[j]] if j in written else self._sub_slot(v.aval)
-                   for j, v in enumerate(e.outputs)]
-        refs = [self._ref(ctr, ir.U32_CELL)] + consts + private
-        self._gen_sub(g, d + 1, body, refs, t_slots)
-        self._merge(g, d + 1, mask, outs, t_slots)
+        refs = [self._ref(ctr, ir.U32_CELL)] + consts + carries
+        self._gen_sub(g, d + 1, body, refs, outs)
         g.emit(d + 1, f"{t} += 1")
+        g.emit(d, f"np.logical_not(b{live}, out=b{done})")       # every instance but those the cap stopped
+        g.emit(d, f"r = np.flatnonzero(b{done})")
+        for o, k in zip(outs, kept):
+            g.emit(d, f"b{o}[r] = b{k}[r]")
 
     # -- binding and running ------------------------------------------------------------------
     def _link(self):

@@ -49,7 +49,8 @@ class Eqns(list):
 def refuse_untransformable(e, api):
     """The equations no derivative passes through, with what to do instead."""
     if e.prim is ir.opaque_p:
-        raise TransformError(f"{api}: the host node {e.info.name or ''!r} ({e.info.where}) is a Python function "
+        raise TransformError(f"{api}: the host node {e.info.name or _name(e.params['fn'])!r} ({e.info.where}) is a "
+                             "Python function "
                              "the transform cannot see into; move its work into a kernel, or keep it out of the "
                              "function you differentiate")
     if e.prim is ir.record_p:
@@ -57,6 +58,10 @@ def refuse_untransformable(e, api):
     if e.prim is ir.call_p and e.params.get("batch"):
         raise TransformError(f"{api}: the program is batched (made by vmap); differentiate first, then batch: "
                              "eagle_fx.vmap(eagle_fx.grad(f))")
+
+
+def _name(fn):
+    return getattr(fn, "__name__", type(fn).__name__)
 
 
 def copy_program(prog: Program, extra_inputs=()) -> Program:

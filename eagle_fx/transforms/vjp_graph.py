@@ -67,10 +67,6 @@ class _Vjp:
             elif e.prim is ir.add_any_p:
                 for a in e.inputs:
                     _accumulate(ct, a, cts[0], eqns)
-            elif e.prim in (ir.stack_push_p, ir.stack_read_p):
-                raise TransformError(f"{self.api}: the program already holds a reverse pass through a device loop; "
-                                     "reverse mode over it again is not supported: take the outer derivative in "
-                                     "forward mode (eagle_fx.jvp(eagle_fx.grad(f), ...): a Hessian-vector product)")
             elif e.prim not in (ir.zeros_p, ir.cell_not_p, ir.cell_and_p, ir.cell_or_p, ir.cell_inc_p, ir.cell_rev_p):
                 raise NotImplementedError(f"{self.api}: no reverse rule for primitive '{e.prim}'")
         outs = [a if isinstance(a, Literal) else env[a] for a in prog.outputs]
@@ -107,6 +103,10 @@ class _Vjp:
                 self.alias[v] = self.alias.get(a, a)
 
     def _cap(self, e):
+        if _holds_backward(e.params["body"]):
+            raise TransformError(f"{self.api}: the program already holds a reverse pass through a device loop; "
+                                 "reverse mode over it again is not supported: take the outer derivative in "
+                                 "forward mode (eagle_fx.jvp(eagle_fx.grad(f), ...): a Hessian-vector product)")
         if e.params["cap"] is not None:
             return e.params["cap"]
         if e.params["counted"]:
@@ -174,6 +174,11 @@ class _Vjp:
             _accumulate(ct, a, g, eqns)
         for a, g in zip([a for a, w in zip(consts, c_wrt) if w], grads[len(r_cts):]):
             _accumulate(ct, a, g, eqns)
+
+
+def _holds_backward(prog) -> bool:
+    """Does a loop body read a stack of saved turns (is it a backward loop)?"""
+    return any(e.prim is ir.stack_read_p for e in prog.eqns) or any(_holds_backward(q) for q in prog.subprograms())
 
 
 def _read(a, env):

@@ -80,7 +80,7 @@ class _Batcher:
             self.call(e, atoms, fl, env, flags, eqns)
         elif p is ir.opaque_p:
             if any(fl):
-                raise VmapError(f"eagle_fx.vmap: the host node {e.info.name or ''!r} ({e.info.where}) reads batched "
+                raise VmapError(f"eagle_fx.vmap: the host node {e.info.name or getattr(e.params['fn'], '__name__', 'fn')!r} ({e.info.where}) reads batched "
                                 "arrays; a host function runs once per replay and cannot be batched: move its work "
                                 "into a kernel, or keep its arrays out of the batch (in_axes=None)")
             self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)

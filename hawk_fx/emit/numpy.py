@@ -106,6 +106,13 @@ def _sample_sum(x, out):
     costs several times more."""
     if x.dtype == np.bool_ and x.ndim == 1:
         out[0] = np.count_nonzero(x)
+    elif x.dtype == np.bool_ and x.shape[-1] % 8 == 0 and x.flags.c_contiguous and _POPCOUNT is not None:
+        # rows of bools, 8 per 64-bit word: each row's count is the bit count of its words
+        words = _POPCOUNT(x.view(np.uint64))
+        if words.shape[-1] == 1:
+            np.copyto(out, words, casting="unsafe")
+        else:
+            np.add.reduce(words, axis=-1, keepdims=True, out=out, dtype=out.dtype)
     elif x.ndim > 1 and x.dtype.kind in "bf" and x.shape[-1] <= _SHORT_ROW and x.size >= 8 * x.shape[-1]:
         _row_sums(x, out)
     else:
@@ -113,6 +120,7 @@ def _sample_sum(x, out):
 
 
 _SHORT_ROW = 64
+_POPCOUNT = getattr(np, "bitwise_count", None)      # NumPy >= 2.0
 _ROW_SCRATCH: dict = {}       # (shape, dtype) -> the buffers of _row_sums (kernels run one at a time per graph)
 
 
