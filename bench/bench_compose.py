@@ -8,7 +8,8 @@ Hessian-vector product 2 * 2**20 * v, which NumPy computes in a few array operat
   * vmap(grad(L-chain)) over B = 1000 instances of n = 8, replayed, / the NumPy gradient of all
     instances at once, and / 1000 replays of one prebuilt grad graph per instance;
   * the grad graph (a Program transform, replayed) / a record=True forward + diff.reverse of the
-    same graph, n = 1e5;
+    same graph, n = 1e5, for L-chain and for L-loop (50 turns of sin(x) * x, whose backward reads
+    every turn's x: a stack of saved turns);
   * jvp(grad(L-chain)) (a Hessian-vector product graph from make_graph, replayed) / the NumPy
     gradient and HVP, n = 1e5.
 Medians over repeats; the machine is shared, so read the ratios, not the times.
@@ -21,7 +22,7 @@ import eagle_fx as eagle
 import hawk_fx as hawk
 from hawk_fx import Scalar
 
-from workloads import dbl, inc
+from workloads import below, dbl, inc, k1
 
 
 @hawk.kernel
@@ -34,6 +35,18 @@ def l_chain(x, record=False):
     g = eagle.Graph(record=record)
     for _ in range(10):
         x = inc(dbl(x))
+    g.result = sumsq(x)
+    return g
+
+
+@eagle.Graph.builder
+def l_loop(x, flag, record=False):
+    g = eagle.Graph(record=record)
+    for _ in range(50):
+        if not flag:
+            break
+        x = k1(x)
+        below(x, 1e9, flag)          # never clears: all 50 turns run
     g.result = sumsq(x)
     return g
 
@@ -78,6 +91,26 @@ def main():
     t_g, t_r, t_np = median(gg.launch, 20), median(recorded, 20), median(lambda: numpy_grad(x), 20)
     print(f"grad(L-chain) n={n}: Program-transform graph / recorded forward + reverse = {t_g / t_r:5.2f}; "
           f"/ NumPy gradient = {t_g / t_np:5.2f}")
+
+    flag = np.ones(1, np.uint32)
+    xl = np.random.rand(n) * 0.5
+    gl = eagle.grad(l_loop).graph(xl, flag)
+    grl = l_loop(xl, flag, record=True)
+
+    def recorded_loop():
+        flag[0] = 1
+        grl.launch()
+        eagle.diff.reverse(grl.record, {"result": ones}, wrt=("x",))
+
+    def program_loop():
+        flag[0] = 1
+        gl.launch()
+    recorded_loop()
+    program_loop()
+    assert np.allclose(gl.result, eagle.diff.reverse(grl.record, {"result": ones}, wrt=("x",))["x"])
+    t_pl, t_rl = median(program_loop, 5), median(recorded_loop, 5)
+    print(f"grad(L-loop: 50 turns of sin(x) * x) n={n}: Program-transform graph / recorded forward + reverse = "
+          f"{t_pl / t_rl:5.2f}")
 
     v = np.random.rand(n)
     gh = eagle.make_graph(lambda x, v: eagle.jvp(eagle.grad(l_chain), (x,), (v,)))(x, v)

@@ -104,11 +104,52 @@ def copy_eqn(e, env, eqns: Eqns):
 
 
 def dce(prog: Program) -> Program:
-    """Drop equations no output reads (derived programs hold no effects: opaque nodes are refused)."""
+    """Drop equations no output reads, and loop carries nothing reads (a stack of saved turns
+    the backward never reads back). Derived programs hold no effects: opaque nodes are refused."""
     live = {a for a in prog.outputs if isinstance(a, Var)}
-    keep = []
+    keep, changed = [], False
     for e in reversed(prog.eqns):
         if any(v in live for v in e.outputs):
+            if e.prim is ir.while_p and not e.params["inplace"]:
+                pruned = _prune_carries(e, live)
+                changed |= pruned is not e
+                e = pruned
             keep.append(e)
             live.update(a for a in e.inputs if isinstance(a, Var))
-    return prog if len(keep) == len(prog.eqns) else prog.replace(eqns=keep[::-1])
+    return prog if len(keep) == len(prog.eqns) and not changed else prog.replace(eqns=keep[::-1])
+
+
+def _reads(prog: Program, outputs) -> set:
+    kept = dce(prog.replace(outputs=outputs))
+    return {a for q in kept.eqns for a in q.inputs if isinstance(a, Var)} | {a for a in outputs if isinstance(a, Var)}
+
+
+def _prune_carries(e, live):
+    """The loop without the carries no live output or later turn needs, and without unread consts."""
+    body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
+    head = 1 if e.params["counted"] else 0
+    n = len(e.outputs)
+    carry_in = body.inputs[1 + nc:]
+    kept = [v in live for v in e.outputs]
+    guard = _reads(cond, cond.outputs) if cond is not None else set()
+    guard_carries = cond.inputs[nc:] if cond is not None else ()
+    while True:
+        read = _reads(body, [o for o, k in zip(body.outputs, kept) if k])
+        more = [k or carry_in[j] in read or guard_carries and guard_carries[j] in guard for j, k in enumerate(kept)]
+        if more == kept:
+            break
+        kept = more
+    js = [j for j in range(n) if kept[j]]
+    read = _reads(body, [body.outputs[j] for j in js]) | guard
+    cs = [i for i in range(nc) if body.inputs[1 + i] in read or (cond is not None and cond.inputs[i] in guard)]
+    if len(js) == n and len(cs) == nc:
+        return e
+    new_body = dce(Program([body.inputs[0]] + [body.inputs[1 + i] for i in cs] + [carry_in[j] for j in js],
+                           body.eqns, [body.outputs[j] for j in js]))
+    new_cond = None
+    if cond is not None:
+        new_cond = cond.replace(inputs=[cond.inputs[i] for i in cs] + [cond.inputs[nc + j] for j in js])
+    consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
+    inputs = list(e.inputs[:head]) + [consts[i] for i in cs] + [init[j] for j in js]
+    return e.replace(inputs=inputs, outputs=[e.outputs[j] for j in js],
+                     params=dict(e.params, body=new_body, cond=new_cond, n_consts=len(cs)))

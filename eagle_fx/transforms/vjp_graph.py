@@ -34,6 +34,7 @@ class _Vjp:
     def __init__(self, capacity, api):
         self.capacity, self.api = capacity, api
         self.alias: dict = {}       # a sub-program's input -> the outer atom it reads (for trip counts)
+        self.in_loop = 0            # > 0: building the vjp of a loop body (its values come from saved turns)
 
     def program(self, prog, wrt):
         inputs = [Var(v.aval, v.hint) for v in prog.inputs]
@@ -78,7 +79,12 @@ class _Vjp:
         spec, n = e.params["spec"], e.params["n"]
         params = e.inputs[:len(e.params["kernel"].param_names)]
         seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v in zip(cts, e.outputs)]
-        grads = iter(eqns.call(vjp_spec(spec), [_read(a, env) for a in params] + seeds, n, e.info))
+        # in a loop body, a value the kernel's backward does not read (any input of a linear body)
+        # is not passed, so the loop saves no turns of it; elsewhere it is there anyway
+        reads = kernel_vjp(spec).reads
+        values = [_read(a, env) if r or not self.in_loop or isinstance(a, Literal) else eqns.zeros(a.aval)
+                  for a, r in zip(params, reads)]
+        grads = iter(eqns.call(vjp_spec(spec), values + seeds, n, e.info))
         for a, w in zip(params, kernel_vjp(spec).wrt):
             if w:
                 _accumulate(ct, a, next(grads), eqns)
@@ -149,7 +155,11 @@ class _Vjp:
         c_wrt = [isinstance(a, Var) and is_float(a.aval) for a in consts]
         k_float = [is_float(a.aval) for a in init]
         self._alias(body.inputs[1:1 + nc], consts)
-        bv = self.program(body, [False] + c_wrt + k_float)    # (turn, consts, carries, cts) -> (carries, cts...)
+        self.in_loop += 1
+        try:
+            bv = self.program(body, [False] + c_wrt + k_float)    # (turn, consts, carries, cts) -> (carries, cts...)
+        finally:
+            self.in_loop -= 1
         # the backward body: (turn, consts, turns, stacks, carry cts, const ct sums) -> (carry cts, sums)
         r_turn = Var(ir.U32_CELL)
         r_consts = [Var(a.aval) for a in consts]
