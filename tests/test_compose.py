@@ -561,3 +561,165 @@ def test_refused_grad_of_a_vmapped_function_says_differentiate_first():
     xs = rng.random((B, N))
     with pytest.raises(ValueError, match="differentiate first"):
         ef.grad(ef.vmap(loss, in_axes=(0, None, None)))(xs, cell(1), cell(2))
+
+
+# ---------------------------------------------------------------------------------------------
+# harder control flow: loops in loops with a cond and a Mutable, a switch, Vector planes,
+# float32, an uncapped loop in forward mode; oracles are NumPy functions and central differences
+
+@hawk.kernel
+def scale_tanh(x: Scalar, a: hawk.Param) -> Scalar:
+    return a * x + hm.tanh(x)
+
+
+@hawk.kernel
+def damp(s: Scalar, y: hawk.Mutable[Scalar]):
+    y = y + hm.cos(s) * y
+
+
+@ef.Graph.builder
+def nested(x, y, a, n, c):
+    g = ef.Graph()
+    for i in range(n):
+        if c:
+            x = wobble(x)
+        for j in range(n):
+            x = scale_tanh(x, a)
+            damp(x, y)
+    g.result = total(y)
+    return g
+
+
+def numpy_nested(x, y, a, n, c):
+    y = y.copy()
+    for _ in range(n):
+        if c:
+            x = np.sin(x) * x
+        for _ in range(n):
+            x = a * x + np.tanh(x)
+            y = y + np.cos(x) * y
+    return np.sum(y * y)
+
+
+@ef.Graph.builder
+def switched(x, a, sel):
+    g = ef.Graph()
+    match sel:
+        case 0:
+            x = wobble(x)
+        case 1:
+            x = scale_tanh(x, a)
+        case _:
+            x = scale_tanh(wobble(x), a)
+    g.result = total(x)
+    return g
+
+
+def numpy_switched(x, a, sel):
+    if sel in (0, 2):
+        x = np.sin(x) * x
+    if sel in (1, 2):
+        x = a * x + np.tanh(x)
+    return np.sum(x * x)
+
+
+def central(f, x, eps=1e-6):
+    out = np.zeros(np.shape(x))
+    for i in np.ndindex(out.shape):
+        e = np.zeros(out.shape)
+        e[i] = eps
+        out[i] = (f(x + e) - f(x - e)) / (2 * eps)
+    return out
+
+
+@pytest.mark.parametrize("c", [0, 1])
+def test_grad_and_jvp_through_loops_in_loops_with_a_cond_and_a_mutable(c):
+    x, y, a = np.linspace(-0.3, 0.4, 5), np.linspace(0.2, 0.5, 5), np.array([0.6])
+    y0 = y.copy()
+    n, cc = cell(2), cell(c)
+    gx, gy, ga = ef.grad(nested, argnums=(0, 1, 2))(x, y, a, n, cc)
+    np.testing.assert_allclose(gx, central(lambda q: numpy_nested(q, y0, a, 2, c), x), rtol=FD_RTOL, atol=FD_ATOL)
+    np.testing.assert_allclose(gy, central(lambda q: numpy_nested(x, q, a, 2, c), y0), rtol=FD_RTOL, atol=FD_ATOL)
+    np.testing.assert_allclose(ga, central(lambda q: numpy_nested(x, y0, q, 2, c), a), rtol=FD_RTOL, atol=FD_ATOL)
+    _, t = ef.jvp(nested, (x, y, a, n, cc), (np.ones(5), None, None, None, None))
+    np.testing.assert_allclose(t, gx.sum(), rtol=1e-9)             # the directional derivative along ones
+    np.testing.assert_array_equal(y, y0)                            # the Mutable y is not written
+
+
+@pytest.mark.parametrize("sel", [0, 1, 2])
+def test_grad_and_hvp_through_a_switch_with_a_param(sel):
+    x, a, c = np.linspace(-1.0, 1.3, 6), np.array([1.3]), cell(sel)
+    gx, ga = ef.grad(switched, argnums=(0, 1))(x, a, c)
+    np.testing.assert_allclose(gx, central(lambda q: numpy_switched(q, a, sel), x), rtol=FD_RTOL, atol=FD_ATOL)
+    np.testing.assert_allclose(ga, central(lambda q: numpy_switched(x, q, sel), a), rtol=FD_RTOL, atol=FD_ATOL)
+    v = np.cos(np.arange(6.0))
+    _, hv = ef.jvp(ef.grad(switched), (x, a, c), (v, None, None))
+    want = central(lambda s: central(lambda q: numpy_switched(q, a, sel), x + s * v, 1e-5) @ v, np.zeros(1), 1e-4)
+    np.testing.assert_allclose(hv @ v, want[0], rtol=1e-5)
+
+
+def test_grad_of_vector_planes_and_float32():
+    @hawk.kernel
+    def vsum(v: hawk.Vector[3], w: hawk.Param) -> Scalar:
+        return hawk.sum(w * hm.norm(v) ** 2 + v[0])
+
+    @ef.Graph.builder
+    def vec(v, w):
+        g = ef.Graph()
+        g.result = vsum(v, w)
+        return g
+    v, w = rng.random((3, 5)), np.array([0.7])
+    gv, gw = ef.grad(vec, argnums=(0, 1))(v, w)
+    np.testing.assert_allclose(gv, 2 * w * v + np.eye(3)[0][:, None], rtol=1e-12)
+    np.testing.assert_allclose(gw, [np.sum(v * v)], rtol=1e-12)
+    g32 = ef.grad(vec)(v.astype(np.float32), w.astype(np.float32))
+    assert g32.dtype == np.float32
+    np.testing.assert_allclose(g32, gv, rtol=1e-5)
+
+
+def test_forward_mode_takes_an_uncapped_loop():
+    @hawk.kernel
+    def step(x: Scalar) -> Scalar:
+        return 0.5 * x + 0.01 * x * x
+
+    @hawk.kernel
+    def large(s: Scalar, flag: hawk.Mutable[hawk.UInt32]):
+        flag = hm.uint32(hawk.sum(hm.abs(s) > 0.1))
+
+    @ef.Graph.builder
+    def settle(x, flag):
+        g = ef.Graph()
+        while flag:
+            x = step(x)
+            large(x, flag)
+        g.result = total(x)
+        return g
+
+    def numpy_settle(x):
+        while True:
+            x = 0.5 * x + 0.01 * x * x
+            if not np.any(np.abs(x) > 0.1):
+                return np.sum(x * x)
+    x = np.linspace(0.5, 1.0, 4)
+    with pytest.warns(ef.UncappedLoopWarning):
+        _, t = ef.jvp(settle, (x, cell(1)), (np.ones(4), None))
+        with pytest.raises(ValueError, match="uncapped"):
+            ef.grad(settle)(x, cell(1))
+    np.testing.assert_allclose(t, central(lambda s: numpy_settle(x + s), np.zeros(1))[0], rtol=1e-6)
+
+
+def test_batched_hessian_vector_products_and_nested_vmap_of_grad():
+    xs, vs, y, a = rng.random((4, 5)), rng.random((4, 5)), np.linspace(0.2, 0.5, 5), np.array([0.6])
+    n, c = cell(2), cell(1)
+    gs, hs = ef.vmap(lambda x, v: ef.jvp(ef.grad(nested), (x, y, a, n, c), (v, None, None, None, None)))(xs, vs)
+    for b in range(4):
+        g1, h1 = ef.jvp(ef.grad(nested), (xs[b], y, a, n, c), (vs[b], None, None, None, None))
+        np.testing.assert_allclose(gs[b], g1, rtol=1e-12)
+        np.testing.assert_allclose(hs[b], h1, rtol=1e-12)
+    A = np.array([[0.5], [0.7]])
+    G = ef.vmap(ef.vmap(ef.grad(switched), in_axes=(0, None, None)), in_axes=(None, 0, None))(xs, A, cell(2))
+    assert G.shape == (2, 4, 5)
+    for i in range(2):
+        for b in range(4):
+            np.testing.assert_allclose(G[i, b], central(lambda q: numpy_switched(q, A[i], 2), xs[b]),
+                                       rtol=FD_RTOL, atol=FD_ATOL)
