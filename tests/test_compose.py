@@ -723,3 +723,15 @@ def test_batched_hessian_vector_products_and_nested_vmap_of_grad():
         for b in range(4):
             np.testing.assert_allclose(G[i, b], central(lambda q: numpy_switched(q, A[i], 2), xs[b]),
                                        rtol=FD_RTOL, atol=FD_ATOL)
+
+
+def test_a_grad_graph_binds_new_arrays_and_runs_on_a_worker():
+    x = np.linspace(-1.0, 1.0, N)
+    g = ef.grad(loss).graph(x, cell(1), cell(3))
+    np.testing.assert_allclose(g(), np.asarray(jloss_grad(x, 1, 3)), rtol=RTOL, atol=ATOL)
+    x2 = 0.5 * x
+    g.bind(x=x2)
+    np.testing.assert_allclose(g(), np.asarray(jloss_grad(x2, 1, 3)), rtol=RTOL, atol=ATOL)
+    x2 *= 2.0                                          # the graph reads the bound array at each replay
+    g.enqueue().synchronize()
+    np.testing.assert_allclose(g.result, np.asarray(jloss_grad(x2, 1, 3)), rtol=RTOL, atol=ATOL)
