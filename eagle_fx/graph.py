@@ -148,6 +148,11 @@ class Graph:
     @classmethod
     def _from_program(cls, program, input_planes, tree, n_results, n):
         """A built graph running a Program a transform made: the same verbs as any graph."""
+        for e in input_planes:
+            if not isinstance(e.array, np.ndarray):
+                raise NotImplementedError(f"eagle_fx transforms: graphs made by vmap, grad, jvp and vjp run on the "
+                                          f"NumPy backend; argument {e.name or ''} is {type(e.array).__name__}: pass "
+                                          "NumPy arrays (cupy.asnumpy) to the transformed function")
         g = cls.__new__(cls)
         cls.__init__(g)
         t = g._trace

@@ -5,7 +5,7 @@ runs both bodies chunk by chunk with the intermediate in cache, and at small n o
 two. Only the code the backend generates changes: the Program users print and transform is the
 staged one. Fusion keeps every value that something else reads (a later node, a result, a buffer
 a user holds) as an output of the fused call and keeps in-place writes in place; a call that
-writes in place ends a fusion, and batched calls are left alone.
+writes in place ends a fusion. Batched calls (vmap) fuse with batched calls of the same batch.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .. import ir
 def _fusible(e, first: bool) -> bool:
     """A call that can join a fusion: the first of a pair must not write in place (its old value
     would be gone for what follows); a body with a sample reduction runs as one chunk, still fused."""
-    return e.prim is ir.call_p and not e.params.get("batch") and not (first and e.params["inplace"])
+    return e.prim is ir.call_p and not (first and e.params["inplace"])
 
 
 def _inline(spec_prog: Program, args, eqns):
@@ -76,6 +76,9 @@ def _fuse_pair(e1, e2, needed_later):
     commits = [position(e2.inputs[k]) for k in s2.commits]
     spec = BodySpec(prog, "+".join(names), commits)
     params = dict(kernel=spec.kernel, spec=spec, n=e2.params["n"], inplace=inplace)
+    if e2.params.get("batch"):                    # vmap: batched calls fuse too, each input keeps its flag
+        flag = {id(a): f for q in (e1, e2) for a, f in zip(q.inputs, q.params["in_batched"])}
+        params.update(batch=e2.params["batch"], in_batched=tuple(flag[id(a)] for a in graph_inputs))
     return Eqn(ir.call_p, graph_inputs, out_vars, params, e2.info)
 
 
@@ -101,6 +104,7 @@ def fuse(prog: Program, keep: set, barriers=frozenset()) -> Program:
         e = _fuse_inside(e, keep, barriers)
         prev = out[-1] if out else None
         if (prev is not None and _fusible(prev, True) and _fusible(e, False) and prev.params["n"] == e.params["n"]
+                and prev.params.get("batch", ()) == e.params.get("batch", ())
                 and not any(v in barriers for v in prev.outputs)
                 and any(a in prev.outputs for a in e.inputs if isinstance(a, Var))
                 and not any(e.inputs[i] in prev.outputs for _, i in e.params["inplace"])
