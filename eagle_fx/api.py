@@ -22,6 +22,7 @@ from hawk_fx.core import Eqn, Var
 from hawk_fx.diff import match_tree
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
+from . import ir
 from .staging import Extern
 from .transforms.jvp_graph import jvp_graph
 from .transforms.program import TransformError, ct_aval, dce, is_float
@@ -191,7 +192,7 @@ def jvp(f, primals, tangents):
             outs.append(next(t_iter))
         else:
             z = Var(ct_aval(v.aval))
-            eqns.append(Eqn(_zeros_p(), [], [z], {"aval": z.aval}))
+            eqns.append(Eqn(ir.zeros_p, [], [z], {"aval": z.aval}))
             outs.append(z)
     jp = jp.replace(eqns=eqns, outputs=outs)
     t_planes = [Extern(np.asarray(tangents[a]), f"t_{names[a]}") for a, fl in zip(s.arg_of, flags) if fl]
@@ -199,11 +200,6 @@ def jvp(f, primals, tangents):
     if _STAGING:
         return g
     return _run(g)
-
-
-def _zeros_p():
-    from .ir import zeros_p
-    return zeros_p
 
 
 def _arg_names(f, n):
@@ -226,16 +222,15 @@ def _vjp_program(s: _Staged, wrt_args, api):
     for a in wrt_args:
         if a not in grads:
             z = Var(ct_aval(_arg_aval(s, a)))
-            eqns.append(Eqn(_zeros_p(), [], [z], {"aval": z.aval}))
+            eqns.append(Eqn(ir.zeros_p, [], [z], {"aval": z.aval}))
             grads[a] = z
         outs.append(grads[a])
     return vp.replace(eqns=eqns, outputs=outs)
 
 
 def _arg_aval(s, k):
-    from .ir import plane_aval
     a = s.args[k]
-    return plane_aval(a.shape, a.dtype)
+    return ir.plane_aval(a.shape, a.dtype)
 
 
 def _seed_planes(s, values=None):
@@ -506,5 +501,4 @@ def _nested(f, args, outer_axes, out_axes, api, name):
 
 
 def _batched(aval, B):
-    from . import ir
     return ir.plane_aval((B,) + aval.shape, aval.dtype)
