@@ -350,8 +350,10 @@ class NumpyExecutable:
         g.turns += 1
         ctr = self._sub_slot(ir.U32_CELL)
         carries = [self._ref(s, a.aval) for s, a in zip(outs, init)]
+        alive = f"{t}_alive"
         g.emit(d, f"{t} = 0")
         g.emit(d, f"b{live}[...] = True")
+        g.emit(d, f"{alive} = {B}")
         g.emit(d, "while True:")
         if cap is not None:
             g.emit(d + 1, f"if {t} >= {cap}: break")
@@ -363,19 +365,19 @@ class NumpyExecutable:
                 c_slot = self._sub_slot(cond.outputs[0].aval)
                 self._gen_sub(g, d + 1, cond, c_ops, [c_slot])
                 guard = f"b{c_slot}"
-            g.emit(d + 1, f"np.not_equal({guard}, 0, out=b{mask})")
-            g.emit(d + 1, f"np.logical_and(b{mask}, b{live}, out=b{mask})")
+            g.emit(d + 1, f"np.logical_and({guard}, b{live}, out=b{mask})")
         else:
             g.emit(d + 1, f"np.copyto(b{mask}, b{live})")
         if counted:
             g.emit(d + 1, f"np.logical_and(b{mask}, {self.b(trip)} > {t}, out=b{mask})")
-        g.emit(d + 1, f"np.not_equal(b{live}, b{mask}, out=b{done})")
-        g.emit(d + 1, f"if b{done}.any():")
-        g.emit(d + 2, f"r = np.flatnonzero(b{done})")
+        g.emit(d + 1, f"{t}_k = np.count_nonzero(b{mask})")
+        g.emit(d + 1, f"if {t}_k != {alive}:")           # some instances finished on this turn
+        g.emit(d + 2, f"r = np.flatnonzero(np.not_equal(b{live}, b{mask}, out=b{done}))")
         for o, k in zip(outs, kept):
             g.emit(d + 2, f"b{k}[r] = b{o}[r]")
         g.emit(d + 2, f"np.copyto(b{live}, b{mask})")
-        g.emit(d + 1, f"if not b{mask}.any(): break")
+        g.emit(d + 2, f"{alive} = {t}_k")
+        g.emit(d + 2, f"if not {alive}: break")
         if any(body.inputs[0] in q.inputs for q in body.eqns) or body.inputs[0] in body.outputs:
             g.emit(d + 1, f"b{ctr}[0] = {t}")
         refs = [self._ref(ctr, ir.U32_CELL)] + consts + carries
