@@ -122,6 +122,23 @@ def test_capped_loop_with_per_instance_guards_runs_until_all_are_done():
     assert not flags.any()          # each instance's guard, written in place, ends at 0
 
 
+def test_a_batched_param_read_in_a_loop_follows_its_array_between_replays():
+    # the loop reads each instance's lim spread over its samples, made before the loop at every
+    # replay: changing lims in place between replays changes the turns
+    xs = rng.random((B, N)) + 0.5
+    lims = np.array([1.0, 10.0, 100.0, 3.0, 1000.0, 0.1])
+    flags = np.ones((B, 1), np.uint32)
+    x0 = xs.copy()
+    g = eagle.vmap(capped)(xs, flags, lims)
+    g()
+    lims *= 7.0
+    xs[...] = x0
+    flags[...] = 1
+    got = g()
+    want = loop_oracle(capped, [lambda b: x0[b].copy(), lambda b: cell(1), lambda b: lims[b:b + 1].copy()], B)
+    np.testing.assert_allclose(got, np.stack(want))
+
+
 @pytest.mark.parametrize("c_axis", [0, None])
 def test_cond_elif_else_shared_and_per_instance(c_axis):
     xs = rng.random((B, N))

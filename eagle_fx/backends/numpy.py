@@ -51,6 +51,17 @@ class _Gen:
         self.lines: list[str] = []
         self.turns = 0
         self.loop_vars: list[str] = []      # turn counters of the enclosing device loops
+        self.loops: list[list] = []         # per enclosing loop: [its header line, depth, const slots, spreads]
+
+    def loop_header(self, d, consts):
+        """Open a loop whose header is the next line: work hoisted out of it goes just before it."""
+        slots = {self.exe.slot_of[c] for c in consts if isinstance(c, Var)}
+        self.loops.append([len(self.lines), d, slots, {}])
+
+    def hoist(self, line) -> None:
+        loop = self.loops[-1]
+        self.lines.insert(loop[0], "    " * loop[1] + line)
+        loop[0] += 1
 
     def at(self) -> str:
         return "[" + ", ".join(self.loop_vars) + "]" if self.loop_vars else ""
@@ -162,7 +173,7 @@ class NumpyExecutable:
         if p is ir.call_p:
             k = len(self.calls)
             self.calls.append(("call", e.params["spec"], list(e.inputs), outs, e.params["n"],
-                               e.params.get("batch", ()), e.params.get("in_batched")))
+                               e.params.get("batch", ()), e.params.get("in_batched"), self._spread(g, e)))
             g.emit(d, f"c{k}()")
         elif p is ir.opaque_p:
             k = len(self.calls)
@@ -206,6 +217,28 @@ class NumpyExecutable:
             _DERIVATIVE_OPS[p](self, g, d, e, outs)
         else:
             raise NotImplementedError(f"eagle numpy backend: no rule for primitive '{p}'")
+
+    def _spread(self, g, e):
+        """input index -> slot of its spread copy, for the batched Params of a call in a device loop
+        that are consts of the loop: NumPy broadcasts a (B, 1) operand over short (B, n) rows several
+        times slower than it reads a (B, n) one, so the spread is made once, before the loop."""
+        batch, n = e.params.get("batch"), e.params["n"]
+        if not batch or not g.loops:
+            return {}
+        header_slots, spreads = g.loops[-1][2], g.loops[-1][3]
+        kernel = _batched_kernel(e.params["spec"], batch)
+        out = {}
+        for k, (a, b) in enumerate(zip(e.inputs, e.params["in_batched"])):
+            if not (b and isinstance(a, Var) and k < len(kernel.spreadable) and kernel.spreadable[k]
+                    and n <= kernel.chunk and self.slot_of[a] in header_slots):
+                continue
+            src = self.slot_of[a]
+            if (src, n) not in spreads:
+                moved = np.moveaxis(self.slots[src], 0, -2)
+                spreads[(src, n)] = self._new_slot(np.zeros(moved.shape[:-1] + (n,), moved.dtype))
+                g.hoist(f"np.copyto(b{spreads[(src, n)]}, np.moveaxis(b{src}, 0, -2))")
+            out[k] = spreads[(src, n)]
+        return out
 
     def _gen_sub(self, g, d, sub: Program, operands, out_slots):
         """Generate `sub` with its inputs bound to the operands' slots and its outputs landing in out_slots."""
@@ -256,6 +289,7 @@ class NumpyExecutable:
                 g.emit(d, f"if {t}_n > {cap_r}: raise RuntimeError('eagle: a recorded counted loop asks for ' "
                           f"+ str({t}_n) + ' turns; its record holds {cap_r} (the trip count at build): "
                           f"call the builder again with the larger count')")
+        g.loop_header(d, consts)
         g.emit(d, "while True:")
         if cap is not None:
             g.emit(d + 1, f"if {t} >= {cap}: break")
@@ -276,6 +310,7 @@ class NumpyExecutable:
         g.loop_vars.append(t)
         self._gen_sub(g, d + 1, body, refs, outs)
         g.loop_vars.pop()
+        g.loops.pop()
         g.emit(d + 1, f"{t} += 1")
         if e.params.get("record_turns") is not None:
             g.emit(d, f"R{e.params['record_turns']}{g.at()}[0] = {t}")
@@ -354,6 +389,7 @@ class NumpyExecutable:
         g.emit(d, f"{t} = 0")
         g.emit(d, f"b{live}[...] = True")
         g.emit(d, f"{alive} = {B}")
+        g.loop_header(d, consts)
         g.emit(d, "while True:")
         if cap is not None:
             g.emit(d + 1, f"if {t} >= {cap}: break")
@@ -382,6 +418,7 @@ class NumpyExecutable:
             g.emit(d + 1, f"b{ctr}[0] = {t}")
         refs = [self._ref(ctr, ir.U32_CELL)] + consts + carries
         self._gen_sub(g, d + 1, body, refs, outs)
+        g.loops.pop()
         g.emit(d + 1, f"{t} += 1")
         g.emit(d, f"np.logical_not(b{live}, out=b{done})")       # every instance but those the cap stopped
         g.emit(d, f"r = np.flatnonzero(b{done})")
@@ -401,15 +438,16 @@ class NumpyExecutable:
             if call[0] == "fn":
                 ns[f"c{k}"] = call[1]
                 continue
-            _, spec, inputs, outs, n, batch, in_batched = call
+            _, spec, inputs, outs, n, batch, in_batched, spread = call
             nparams = len(spec.kernel.param_names)
             ins = [a.value if isinstance(a, Literal) else self.slots[self.slot_of[a]] for a in inputs[:nparams]]
             out_arrays = [self.slots[s] for s in outs]
             kernel = spec.compiled
             if batch:        # vmap: (B, *shape, n) planes seen as (*shape, B, n); shared ones get a size-1 axis
                 kernel = _batched_kernel(spec, batch)
-                ins = [x if not isinstance(x, np.ndarray) else (np.moveaxis(x, 0, -2) if b else _shared(x, batch, kernel))
-                       for x, b in zip(ins, in_batched)]
+                ins = [self.slots[spread[k]] if k in spread else x if not isinstance(x, np.ndarray)
+                       else (np.moveaxis(x, 0, -2) if b else _shared(x, batch, kernel))
+                       for k, (x, b) in enumerate(zip(ins, in_batched))]
                 out_arrays = [np.moveaxis(o, 0, -2) for o in out_arrays]
             ns[f"c{k}"] = functools.partial(kernel.run_fn, tuple(ins), tuple(out_arrays), n, kernel._uniform,
                                             kernel.scratch)

@@ -222,6 +222,14 @@ class NumpyKernel:
         for e in prog.eqns:
             if any(isinstance(a, Var) and a in depends for a in e.inputs) or e.prim in prims.REDUCTION:
                 depends.update(e.outputs)
+        # a uniform input read only by elementwise ops on per-sample values may be given already
+        # spread over the samples (a batched Param inside a device loop: spread once, not per op)
+        consumers = {v: [e for e in prog.eqns if v in e.inputs] for v in prog.inputs}
+        self.spreadable = tuple(
+            v.aval.kind != SAMPLE and v not in prog.outputs and bool(consumers[v])
+            and all((e.prim in prims.ELEMENTWISE or e.prim is prims.P["select"]) and all(o in depends for o in e.outputs)
+                    for e in consumers[v])
+            for v in prog.inputs)
         names: dict[Var, str] = {}
         for k, v in enumerate(prog.inputs):
             names[v] = f"i{k}"
