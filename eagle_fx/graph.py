@@ -168,7 +168,6 @@ class Graph:
         g._result_flat = (handles, tree)
         g._exe = NumpyExecutable(program, [e.array for e in t.input_planes], {h.var for h in handles}, n or 1)
         g._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
-        g._transformed = True
         return g
 
     # -- staging -----------------------------------------------------------------------------
