@@ -25,8 +25,9 @@ API = "eagle_fx.grad"
 
 def vjp_graph(prog: Program, wrt, capacity, api=API) -> Program:
     """Program over (inputs..., a cotangent per float output...) -> (outputs..., a cotangent per
-    input flagged in `wrt`). `capacity(trip)`: the most turns of a counted loop whose trip count
-    is the top-level input `trip` (a Var of the Program given to the outermost call)."""
+    input flagged in `wrt`). `capacity(trip, eqn)`: the most turns of the counted loop `eqn`,
+    whose trip count is the top-level input `trip` (a Var of the Program given to the outermost
+    call)."""
     return _Vjp(capacity, api).program(prog, wrt)
 
 
