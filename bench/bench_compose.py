@@ -19,36 +19,8 @@ import timeit
 import numpy as np
 
 import eagle_fx as eagle
-import hawk_fx as hawk
-from hawk_fx import Scalar
 
-from workloads import below, dbl, inc, k1
-
-
-@hawk.kernel
-def sumsq(y: Scalar) -> Scalar:
-    return hawk.sum(y * y)
-
-
-@eagle.Graph.builder
-def l_chain(x, record=False):
-    g = eagle.Graph(record=record)
-    for _ in range(10):
-        x = inc(dbl(x))
-    g.result = sumsq(x)
-    return g
-
-
-@eagle.Graph.builder
-def l_loop(x, flag, record=False):
-    g = eagle.Graph(record=record)
-    for _ in range(50):
-        if not flag:
-            break
-        x = k1(x)
-        below(x, 1e9, flag)          # never clears: all 50 turns run
-    g.result = sumsq(x)
-    return g
+from workloads import l_chain, l_loop
 
 
 def median(fn, number, repeat=7):

@@ -1,7 +1,8 @@
 """The benchmark workloads, shared by every script under bench/ (run them as `python bench/<name>.py`).
 
 W-chain: 10 x (dbl, inc). W-loop: a 50-turn capped loop whose guard kernel never clears, so every
-turn runs. W-fork: three branches of four kernels. W-trans: two transcendental kernels.
+turn runs. W-fork: three branches of four kernels. W-trans: two transcendental kernels. L-chain and L-loop:
+W-chain and a 50-turn sin(x) * x loop, then sum(x * x) (losses for the gradient benchmarks).
 """
 import eagle_fx as eagle
 import hawk_fx as hawk
@@ -91,4 +92,30 @@ def w_fork(x):
 def w_trans(x, record=False):
     g = eagle.Graph(record=record)
     g.result = k2(k1(x))
+    return g
+
+
+@hawk.kernel
+def sumsq(y: Scalar) -> Scalar:
+    return hawk.sum(y * y)
+
+
+@eagle.Graph.builder
+def l_chain(x, record=False):
+    g = eagle.Graph(record=record)
+    for _ in range(10):
+        x = inc(dbl(x))
+    g.result = sumsq(x)
+    return g
+
+
+@eagle.Graph.builder
+def l_loop(x, flag, record=False):
+    g = eagle.Graph(record=record)
+    for _ in range(50):
+        if not flag:
+            break
+        x = k1(x)
+        below(x, 1e9, flag)          # never clears: all 50 turns run
+    g.result = sumsq(x)
     return g

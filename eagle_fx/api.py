@@ -36,9 +36,10 @@ _BATCH_FULL: dict = {}       # id(instance array) -> its batched array, while vm
 class Transformed:
     """A function a transform made. `graph(*args)`: the Graph it runs for these arguments."""
 
-    def __init__(self, name, stage, values=True, finish=None):
+    def __init__(self, name, stage, values=True, finish=None, vmap_of=None):
         self.__name__ = name
         self._stage, self._values, self._finish = stage, values, finish
+        self._vmap_of = vmap_of          # (f, in_axes, out_axes) of a vmap: an outer vmap flattens both
 
     def graph(self, *args):
         return self._stage(*args)
@@ -382,12 +383,10 @@ def vmap(f, in_axes=0, out_axes=0):
 
     def make(*args):
         axes = _axes(in_axes, len(args), api)
-        if isinstance(f, Transformed) and getattr(f, "_vmap_of", None) is not None:
+        if isinstance(f, Transformed) and f._vmap_of is not None:
             return _nested(f, args, axes, out_axes, api, name)
         return _batch(f, args, axes, out_axes, api, name)
-    t = Transformed(f"vmap({name})", make, values=not _returns_graph(f))
-    t._vmap_of = (f, in_axes, out_axes)
-    return t
+    return Transformed(f"vmap({name})", make, values=not _returns_graph(f), vmap_of=(f, in_axes, out_axes))
 
 
 def _batch(f, args, axes, out_axes, api, name):

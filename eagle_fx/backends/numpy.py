@@ -405,7 +405,8 @@ class NumpyExecutable:
         else:
             g.emit(d + 1, f"np.copyto(b{mask}, b{live})")
         if counted:
-            g.emit(d + 1, f"np.logical_and(b{mask}, {self.b(trip)} > {t}, out=b{mask})")
+            g.emit(d + 1, f"np.greater({self.b(trip)}, {t}, out=b{done})")
+            g.emit(d + 1, f"np.logical_and(b{mask}, b{done}, out=b{mask})")
         g.emit(d + 1, f"{t}_k = np.count_nonzero(b{mask})")
         g.emit(d + 1, f"if {t}_k != {alive}:")           # some instances finished on this turn
         g.emit(d + 2, f"r = np.flatnonzero(np.not_equal(b{live}, b{mask}, out=b{done}))")

@@ -120,12 +120,10 @@ def _while(e, env, tan, eqns):
     jb = jb.replace(inputs=[ctr] + c_in + tc_in + k_in + tk_in)
     new_cond = None
     if cond is not None:
-        cc = copy_program(cond)
-        extra = lambda avals: [Var(a) for a in avals]           # noqa: E731 -- the guard ignores tangents
-        cin = list(cc.inputs)
-        t_consts = extra([ct_aval(a.aval) for a, f in zip(consts, const_f) if f])
-        t_carries = extra([ct_aval(a.aval) for a, f in zip(init, carry_f) if f])
-        new_cond = cc.replace(inputs=cin[:nc] + t_consts + cin[nc:] + t_carries)
+        cc = copy_program(cond)                     # the guard reads no tangent: unused inputs for them
+        t_consts = [Var(ct_aval(a.aval)) for a, f in zip(consts, const_f) if f]
+        t_carries = [Var(ct_aval(a.aval)) for a, f in zip(init, carry_f) if f]
+        new_cond = cc.replace(inputs=list(cc.inputs[:nc]) + t_consts + list(cc.inputs[nc:]) + t_carries)
     t_init = [tan.get(a) or eqns.zeros(ct_aval(a.aval)) for a, f in zip(init, carry_f) if f]
     inputs = ([_read(e.inputs[0], env)] if head else []) + [_read(a, env) for a in consts] \
         + [tan[a] for a, f in zip(consts, const_f) if f] + [_read(a, env) for a in init] + t_init
