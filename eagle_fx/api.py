@@ -20,6 +20,7 @@ import numpy as np
 
 from hawk_fx.core import Eqn, Var
 from hawk_fx.diff import match_tree
+from hawk_fx.perthread import ThreadDict, ThreadStack
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from . import ir
@@ -29,8 +30,8 @@ from .transforms.program import TransformError, ct_aval, dce, is_float
 from .transforms.vjp_graph import vjp_graph
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
 
-_STAGING: list = []          # > 0: a transform is staging a plain function; transforms return Graphs
-_BATCH_FULL: dict = {}       # id(instance array) -> its batched array, while vmap stages an instance
+_STAGING = ThreadStack()     # non-empty: a transform is staging a plain function; transforms return Graphs
+_BATCH_FULL = ThreadDict()   # id(instance array) -> its batched array, while vmap stages an instance
 
 
 class Transformed:

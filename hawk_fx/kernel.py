@@ -17,11 +17,12 @@ import numpy as np
 from . import prims
 from .core import SAMPLE, UNIFORM, AVal, Program, Tracer, literal_aval
 from .emit.numpy import NumpyKernel
+from .perthread import ThreadStack
 from .roles import Role
 from .trace import UNDEF, TraceError, convert_kernel, trace_body
 from .tree import tree_flatten, tree_unflatten
 
-GRAPH_STAGING: list = []    # active graph stagers (eagle_fx); the last one receives kernel calls
+GRAPH_STAGING = ThreadStack()   # this thread's active graph stagers (eagle_fx); the last one receives kernel calls
 
 
 class Layout(tuple):
@@ -340,12 +341,13 @@ class Kernel:
 
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, *args, buffer=None, **kwargs):
-        if not kwargs and buffer is None and len(args) == self._nparams and not GRAPH_STAGING:
+        staging = GRAPH_STAGING.items
+        if not kwargs and buffer is None and len(args) == self._nparams and not staging:
             out = self._fast(*args)
             if out is not MISS:
                 return out
-        if GRAPH_STAGING:
-            return GRAPH_STAGING[-1].stage_call(self, args, kwargs, buffer)
+        if staging:
+            return staging[-1].stage_call(self, args, kwargs, buffer)
         if buffer is not None:
             raise TypeError(f"hawk.kernel {self.name}: buffer= is for kernel calls inside a graph builder; "
                             "outside one, a call returns new arrays")

@@ -25,7 +25,6 @@ from ..transforms.vmap import batch_broadcast_p
 from .fusion import fuse
 
 
-_REPLAY_LOCK = threading.Lock()
 _CELL_UFUNC = {ir.cell_not_p: "np.logical_not", ir.cell_and_p: "np.logical_and", ir.cell_or_p: "np.logical_or"}
 
 
@@ -90,6 +89,7 @@ class NumpyExecutable:
         self.keep = set(keep) | {a for a in prog.outputs if isinstance(a, Var)}
         self.pool: dict = {}
         self.pooled: set = set()
+        self._lock = threading.Lock()
         g = _Gen(self)
         self._gen_top(g)
         body = g.lines or ["pass"]
@@ -450,8 +450,7 @@ class NumpyExecutable:
                        else (np.moveaxis(x, 0, -2) if b else _shared(x, batch, kernel))
                        for k, (x, b) in enumerate(zip(ins, in_batched))]
                 out_arrays = [np.moveaxis(o, 0, -2) for o in out_arrays]
-            ns[f"c{k}"] = functools.partial(kernel.run_fn, tuple(ins), tuple(out_arrays), n, kernel._uniform,
-                                            kernel.scratch)
+            ns[f"c{k}"] = functools.partial(kernel.run_fn, tuple(ins), tuple(out_arrays), n)
         exec(self._code, ns)
         self._replay = ns["replay"]
 
@@ -460,9 +459,9 @@ class NumpyExecutable:
         self._link()
 
     def replay(self, times: int = 1):
-        # kernels keep their scratch per compiled body, shared by every graph that calls them: replays
-        # (an enqueued one on its worker included) take turns
-        with _REPLAY_LOCK:
+        # kernels keep their scratch per thread; this graph's buffers are its own, so two threads
+        # replaying this one graph take turns, and any other graph or eager call runs alongside
+        with self._lock:
             self._replay(times)
 
     def array_of(self, var):
