@@ -16,7 +16,7 @@ import numpy as np
 
 from . import prims
 from .core import SAMPLE, UNIFORM, AVal, Program, Tracer, literal_aval
-from .emit.numpy import NumpyKernel
+from .emit.numpy import NumpyKernel, overlapping_inputs
 from .perthread import ThreadStack
 from .roles import Role
 from .trace import UNDEF, TraceError, convert_kernel, trace_body
@@ -145,6 +145,10 @@ def _fast_entry(spec: Specialization):
     for a in range(len(spec.commits)):
         for b in range(a):
             shapes.append(f"not may_share(a{spec.commits[a]}, a{spec.commits[b]})")
+    for c in spec.commits:            # an input overlapping a Mutable: the full path copies it first
+        for k, entry in enumerate(layout):
+            if k != c and not entry[3]:
+                shapes.append(f"(a{k} is a{c} or not may_share(a{k}, a{c}))")
     lines = [f"def fast({', '.join(args)}):",
              f"    if not ({' and '.join(types + dtypes) or 'True'}):",
              "        return MISS"]
@@ -366,8 +370,11 @@ class Kernel:
                         raise ValueError(f"hawk.kernel {self.name}: Mutable arguments "
                                          f"'{self.param_names[spec.commits[b]]}' and "
                                          f"'{self.param_names[spec.commits[a]]}' share memory; pass separate arrays")
+        targets = [values[k] for k in spec.commits]
+        for k in overlapping_inputs(values, targets):       # read before written, whatever the chunk order
+            values[k] = values[k].copy()
         outs = [np.empty(spec.result_shape(j, n), spec.result_dtype(j)) for j in range(spec.n_results)]
-        spec.compiled(values, outs + [values[k] for k in spec.commits], n)
+        spec.compiled(values, outs + targets, n)
         return tree_unflatten(spec.tree, outs)
 
     # -- inspection ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 
 from hawk_fx.core import Literal, Program, Var
 
-from hawk_fx.emit.numpy import NumpyKernel
+from hawk_fx.emit.numpy import NumpyKernel, overlapping_inputs
 
 from .. import ir
 from ..analysis import direct_outputs
@@ -42,6 +42,27 @@ def _shared(x, batch, kernel):
     samples (whose results must be one per instance), a stride-0 view over every instance."""
     x = x[..., None, :]
     return np.broadcast_to(x, x.shape[:-2] + tuple(batch) + x.shape[-1:]) if kernel.has_reduction else x
+
+
+def _call(run, ins, outs, n):
+    """A kernel call over bound arrays. An input that overlaps an output without being the same view
+    (two views of one user buffer) is copied into a private buffer before each run: the body reads
+    every input before any write, as NumPy's `y[1:] = f(y[:-1], y[1:])` does."""
+    overlap = overlapping_inputs(ins, outs)
+    if not overlap:
+        return functools.partial(run, tuple(ins), tuple(outs), n)
+    ins = list(ins)
+    copies = []
+    for k in overlap:
+        copies.append((ins[k], np.empty(ins[k].shape, ins[k].dtype)))
+        ins[k] = copies[-1][1]
+    ins, outs = tuple(ins), tuple(outs)
+
+    def call():
+        for src, private in copies:
+            np.copyto(private, src)
+        run(ins, outs, n)
+    return call
 
 
 class _Gen:
@@ -450,7 +471,7 @@ class NumpyExecutable:
                        else (np.moveaxis(x, 0, -2) if b else _shared(x, batch, kernel))
                        for k, (x, b) in enumerate(zip(ins, in_batched))]
                 out_arrays = [np.moveaxis(o, 0, -2) for o in out_arrays]
-            ns[f"c{k}"] = functools.partial(kernel.run_fn, tuple(ins), tuple(out_arrays), n)
+            ns[f"c{k}"] = _call(kernel.run_fn, ins, out_arrays, n)
         exec(self._code, ns)
         self._replay = ns["replay"]
 

@@ -63,6 +63,26 @@ def run_chunks(part, n: int, chunk: int, args: tuple = ()) -> None:
             raise err
 
 
+def overlapping_inputs(ins, outs) -> list[int]:
+    """Indices of the input arrays that share memory with an output array without being that very
+    view. A body runs chunk by chunk, so such an input would be read after an earlier chunk wrote
+    over it; callers copy these once first, so a call computes what NumPy computes for
+    `y[1:] = f(y[:-1], y[1:])`: every input read before any write. (may_share_memory: an
+    interleaved view that does not truly overlap is copied too, which is merely slower.)"""
+    found = []
+    for k, a in enumerate(ins):
+        if isinstance(a, np.ndarray) and any(a is not o and np.may_share_memory(a, o) and not _same_view(a, o)
+                                             for o in outs):
+            found.append(k)
+    return found
+
+
+def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
+    """Both arrays see the same elements in the same order: each sample reads what it writes."""
+    return (a.shape == b.shape and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
 numpy_emit = RuleTable("NumPy emission")   # prim -> fn(ctx, out, ins, params) -> list of source lines
 single_pass: set = set()                    # prims whose emission may write over one of its inputs
 
