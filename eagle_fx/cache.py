@@ -13,13 +13,19 @@ when it is staged, not at each call: after changing one, `eagle_fx.clear_caches(
 
 A reverse-mode graph keeps residuals for as many turns of a counted loop as the trip count it was
 staged with; a call whose trip count is larger stages again.
+
+The caches belong to a thread: a cached graph's arrays hold one call's values from bind to result,
+so two threads calling one transformed function at once each replay a graph of their own.
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import OrderedDict, namedtuple
 
 import numpy as np
 
+from hawk_fx.perthread import ThreadStack
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 MAXSIZE = 64               # entries (layouts) per transformed function
@@ -28,8 +34,23 @@ MAX_FUNCTIONS = 256        # transformed functions with a cache
 CacheInfo = namedtuple("CacheInfo", "hits misses currsize maxsize")
 
 _STATIC = (bool, int, float, complex, str, bytes, type(None), np.generic)
-_CACHES: "OrderedDict[object, FunctionCache]" = OrderedDict()
-_RECORDING: list = []      # the Staging record of the entry being staged (innermost last)
+_RECORDING = ThreadStack()      # this thread's Staging records of the entries being staged (innermost last)
+
+
+class _Caches(OrderedDict):
+    """One thread's caches: transformed function signature -> FunctionCache, least recent first."""
+
+    __eq__, __hash__ = object.__eq__, object.__hash__       # one per thread, kept in a WeakSet
+
+
+class _ThreadCaches(threading.local):
+    def __init__(self):
+        self.caches = _Caches()
+        _EVERY_THREAD.add(self.caches)
+
+
+_EVERY_THREAD: "weakref.WeakSet[_Caches]" = weakref.WeakSet()    # for clear_caches(), in every thread
+_LOCAL = _ThreadCaches()
 
 
 class Staging:
@@ -128,13 +149,14 @@ def _is_ndarray(x):
 
 
 def cache_for(sig, create=True):
-    c = _CACHES.get(sig)
+    caches = _LOCAL.caches
+    c = caches.get(sig)
     if c is None and create:
-        c = _CACHES[sig] = FunctionCache()
-        while len(_CACHES) > MAX_FUNCTIONS:
-            _CACHES.popitem(last=False)
+        c = caches[sig] = FunctionCache()
+        while len(caches) > MAX_FUNCTIONS:
+            caches.popitem(last=False)
     elif c is not None:
-        _CACHES.move_to_end(sig)
+        caches.move_to_end(sig)
     return c
 
 
@@ -168,9 +190,11 @@ def staged(sig, args, stage):
 
 def clear_caches():
     """Forget every staged graph of every transformed function (after changing a global a function
-    reads by closure, for instance)."""
-    _CACHES.clear()
+    reads by closure, for instance). Every thread's."""
+    for caches in list(_EVERY_THREAD):
+        caches.clear()
 
 
 def clear(sig):
-    _CACHES.pop(sig, None)
+    for caches in list(_EVERY_THREAD):
+        caches.pop(sig, None)
