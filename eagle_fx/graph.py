@@ -13,7 +13,7 @@ import typing
 import numpy as np
 
 from hawk_fx.kernel import GRAPH_STAGING
-from hawk_fx.tree import tree_flatten, tree_unflatten
+from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
 
 from . import staging
 from .analysis import count_nodes, count_stages
@@ -51,11 +51,7 @@ def _rebuild(t, leaves, k):
     for c in t.children:
         v, k = _rebuild(c, leaves, k)
         kids.append(v)
-    if t.kind == "tuple":
-        return tuple(kids), k
-    if t.kind == "list":
-        return kids, k
-    return dict(zip(t.meta, kids)), k
+    return make_node(t, kids), k
 
 
 class _BuildContext:

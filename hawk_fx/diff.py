@@ -482,23 +482,21 @@ class KernelVJP:
 def match_tree(value, tree):
     """The leaves of `value` in the order of TreeDef `tree` (a dict matches by its keys, in any
     order), or None when the structures differ."""
+    from .tree import node_children
     leaves = []
-
-    def container(v):
-        return isinstance(v, (list, dict)) or (isinstance(v, tuple) and not hasattr(v, "_fields"))
 
     def go(v, t):
         if t.kind == "leaf":
             leaves.append(v)
-            return not container(v)
+            return node_children(v) is None
         if t.kind == "none":
             return v is None
         if t.kind == "dict":
             return (isinstance(v, dict) and set(v) == set(t.meta)
                     and all(go(v[k], c) for k, c in zip(t.meta, t.children)))
-        kind = tuple if t.kind == "tuple" else list
-        return (isinstance(v, kind) and container(v) and len(v) == len(t.children)
-                and all(go(x, c) for x, c in zip(v, t.children)))
+        node = node_children(v)
+        return (node is not None and node[0] == t.kind and node[1] == t.meta and len(node[2]) == len(t.children)
+                and all(go(x, c) for x, c in zip(node[2], t.children)))
 
     return leaves if go(value, tree) else None
 
