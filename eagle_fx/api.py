@@ -25,13 +25,14 @@ from __future__ import annotations
 import numpy as np
 
 from hawk_fx.core import Var
+from hawk_fx.perthread import ThreadDict, ThreadStack
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from . import cache
 from .transforms.program import TransformError, dce
 
-_STAGING: list = []          # > 0: a transform is staging a plain function; transforms return Graphs
-_BATCH_FULL: dict = {}       # id(instance array) -> its batched array, while vmap stages an instance
+_STAGING = ThreadStack()     # non-empty: a transform is staging a plain function; transforms return Graphs
+_BATCH_FULL = ThreadDict()   # id(instance array) -> its batched array, while vmap stages an instance
 
 
 class Transformed:

@@ -20,6 +20,7 @@ from collections import OrderedDict, namedtuple
 
 import numpy as np
 
+from hawk_fx.perthread import ThreadStack
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 MAXSIZE = 64               # entries (layouts) per transformed function
@@ -29,7 +30,7 @@ CacheInfo = namedtuple("CacheInfo", "hits misses currsize maxsize")
 
 _STATIC = (bool, int, float, complex, str, bytes, type(None), np.generic)
 _CACHES: "OrderedDict[object, FunctionCache]" = OrderedDict()
-_RECORDING: list = []      # the Staging record of the entry being staged (innermost last)
+_RECORDING = ThreadStack()  # the Staging record of the entry being staged (innermost last)
 
 
 class Staging:

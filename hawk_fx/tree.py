@@ -101,16 +101,16 @@ def tree_flatten(x, is_leaf=None, where="a result tree"):
 
 
 def tree_unflatten(treedef: TreeDef, leaves):
-    it = iter(leaves)
+    return _unflatten(treedef, iter(leaves))
 
-    def go(t):
-        if t.kind == "leaf":
-            return next(it)
-        if t.kind == "none":
-            return None
-        return make_node(t, [go(c) for c in t.children])
 
-    return go(treedef)
+def _unflatten(t, it):
+    # a module-level recursion, not a closure: rebuilding a tree leaves no reference cycle
+    if t.kind == "leaf":
+        return next(it)
+    if t.kind == "none":
+        return None
+    return make_node(t, [_unflatten(c, it) for c in t.children])
 
 
 def tree_map(fn, tree, *rest, is_leaf=None):
