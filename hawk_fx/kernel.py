@@ -326,8 +326,10 @@ class Kernel:
             raise ValueError(f"{where} is a read-only array; a Mutable is written in place")
         if role.uniform:
             if v.shape != (1,):
+                fix = (" (a 0-d array: pass a.reshape(1), a view read at every call, or float(a), fixed when "
+                       "the graph is built)") if v.ndim == 0 else ""
                 raise ValueError(f"{where} has shape {v.shape}; a Param is a Python number or a one-cell array "
-                                 "of shape (1,), read at every call")
+                                 f"of shape (1,), read at every call{fix}")
             return (UNIFORM, v.dtype, (), False)
         want = role.shape
         if v.ndim != len(want) + 1 or v.shape[:-1] != want:
