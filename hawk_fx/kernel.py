@@ -98,7 +98,15 @@ class BodySpec:
         self.n_results = len(prog.outputs) - len(self.commits)
         self.result_kinds = [a.aval.kind for a in prog.outputs[:self.n_results]]
         self.layout = tuple((v.aval.kind, v.aval.dtype, v.aval.shape, v.aval.weak) for v in prog.inputs)
-        self.compiled = NumpyKernel(prog, [a.aval.kind == SAMPLE for a in prog.outputs])
+        self._compiled = None
+
+    @property
+    def compiled(self):
+        """The NumPy code of the body, generated when first run: fusing a chain makes a spec per
+        pair, and only the whole chain's runs."""
+        if self._compiled is None:
+            self._compiled = NumpyKernel(self.prog, [a.aval.kind == SAMPLE for a in self.prog.outputs])
+        return self._compiled
 
     result_shape = Specialization.result_shape
     result_dtype = Specialization.result_dtype
