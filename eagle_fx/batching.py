@@ -32,7 +32,8 @@ def _returns_graph(f):
 def vmap(f, in_axes=0, out_axes=0):
     """Batch `f` over an axis of its array arguments: B independent instances in one graph.
 
-    in_axes: per positional argument, the batch axis (usually 0) or None (shared by all instances).
+    in_axes: per positional argument, the batch axis (usually 0) or None (shared by all instances);
+    for a tree argument, a tree prefix of it ({"w": 0, "b": None}). out_axes: a prefix of the result.
     Per-sample planes (B, n), Vector planes (B, k, n), cells (B, 1), Params (B,) or (B, 1).
     A device condition that differs by instance runs every arm (each instance keeps its own) and a
     loop with per-instance guards runs until every instance is done, finished ones frozen.
