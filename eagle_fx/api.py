@@ -62,7 +62,8 @@ class Transformed:
         restore = None
         if self._prepare is not None:
             args, restore = self._prepare(args)
-        out = run(cache.staged(self._sig, args, self._stage)[0].graph)
+        with cache.staged(self._sig, args, self._stage) as e:
+            out = run(e.graph)
         return restore(out) if restore is not None else out
 
     def cache_info(self):

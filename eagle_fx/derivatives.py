@@ -71,8 +71,8 @@ def jvp(f, primals, tangents):
     primals, tangents = _check_tangents(primals, tangents, names, api)
     if _STAGING:
         return _jvp_graph(f, primals, tangents, names, api)
-    e, _ = cache.staged(sig("jvp", f), (primals, tangents), lambda p, t: _jvp_graph(f, p, t, names, api))
-    return run(e.graph)
+    with cache.staged(sig("jvp", f), (primals, tangents), lambda p, t: _jvp_graph(f, p, t, names, api)) as e:
+        return run(e.graph)
 
 
 def _check_tangents(primals, tangents, names, api):
@@ -198,12 +198,12 @@ def vjp(f, *args, has_aux=False):
                                _grad_trees(s, prog, range(len(args)), wrt)), seeds)
         g._vjp = (s, seeds, n_out, out_tree)
         return g
-    e, _ = cache.staged(sig("vjp", f, has_aux), args, make)
-    g = e.graph
-    s, seeds, n_out, out_tree = g._vjp
-    y, aux, _ = run(g)
-    # the cached graph may run other calls before this pullback: it keeps the arguments it saw
-    saved = [None if o is None else np.array(o) for o in e.owned] if e.owned is not None else None
+    with cache.staged(sig("vjp", f, has_aux), args, make) as e:
+        g = e.graph
+        s, seeds, n_out, out_tree = g._vjp
+        y, aux, _ = run(g)
+        # the cached graph may run other calls before this pullback: it keeps the arguments it saw
+        saved = [None if o is None else np.array(o) for o in e.owned] if e.owned is not None else None
     float_out = [j for j, v in enumerate(s.results[:n_out]) if is_float(v.aval)]
 
     def pullback(ct):
@@ -211,15 +211,17 @@ def vjp(f, *args, has_aux=False):
         if leaves is None:
             raise ValueError(f"{api}: the cotangent has structure {tree_flatten(ct)[1]}; {s.fname}'s result is "
                              f"{out_tree}: give one cotangent array per result array, in the same tree")
-        for p, j in zip(seeds, float_out):
-            c = np.asarray(leaves[j])
+        cs = [np.asarray(leaves[j]) for j in float_out]
+        for c, p, j in zip(cs, seeds, float_out):
             if c.shape != p.array.shape:
                 raise ValueError(f"{api}: the cotangent of result {j} has shape {c.shape}; the result has "
                                  f"{p.array.shape}")
-            np.copyto(p.array, c)
-        if saved is not None:
-            e.bind(saved)
-        return run(g)[2]
+        with e.lock:
+            for c, p in zip(cs, seeds):
+                np.copyto(p.array, c)
+            if saved is not None:
+                e.bind(saved)
+            return run(g)[2]
     return (y, pullback, aux) if has_aux else (y, pullback)
 
 
