@@ -100,7 +100,7 @@ def freeze(x):
 
 
 def run(g):
-    """Replay `g` and return copies of its result (through the transform's finishing step)."""
+    """Replay `g` and return copies of its result (as its result views show it: a Jacobian in JAX's shape)."""
     g.launch()
     if g._has_result:
         leaves, tree = g._result_flat
@@ -110,8 +110,7 @@ def run(g):
             out = tree_unflatten(tree, [np.array(g._leaf_array(x, v)) for x, v in zip(leaves, g._program.outputs)])
     else:
         out = None
-    post = getattr(g, "_post", None)
-    return post(out) if post is not None else out
+    return out
 
 
 def stage(f, args, api):
@@ -218,6 +217,17 @@ def graph_of(s: Staged, prog, outputs, extra_planes):
     """The Graph running `prog` with result `outputs` (a tree whose leaves are Program Vars)."""
     leaves, tree = tree_flatten(outputs, is_leaf=lambda v: isinstance(v, Var))
     return s.graph(dce(prog.replace(outputs=leaves)), extra_planes, tree, len(leaves))
+
+
+def select_result(g, k):
+    """A Graph over g's inputs whose result is part k of g's result tuple (a jvp graph's tangent)."""
+    from .graph import Graph
+    leaves, tree = g._result_vars()
+    start = sum(c.num_leaves for c in tree.children[:k])
+    part = tree.children[k]
+    outs = leaves[start:start + part.num_leaves]
+    return Graph._from_program(dce(g.program.replace(outputs=outs)), g._trace.input_planes, part, len(outs),
+                               g._trace.n)
 
 
 def arg_names(f, n):

@@ -130,7 +130,7 @@ class Graph:
         self._input_names: dict[str, int] = {}
         self._generation = 0
         self._residuals = None
-        self._views: dict = {}       # id(result plane) -> the shape it is seen with (nested vmap)
+        self._views: dict = {}       # id(result plane) -> the shape it is seen with, or a function (transforms)
         if _building and _building[-1].graph is None:
             ctx = _building[-1]
             ctx.graph = self
@@ -310,8 +310,10 @@ class Graph:
         if self._exe is None:
             return None
         arr = self._exe.array_of(h.var)
-        shape = self._views.get(id(h))
-        return arr if shape is None else arr.reshape(shape)
+        view = self._views.get(id(h))          # a shape, or a function of the array (a Jacobian's axes)
+        if view is None:
+            return arr
+        return view(arr) if callable(view) else arr.reshape(view)
 
     # -- running -----------------------------------------------------------------------------
     def __call__(self, n: int = 1):

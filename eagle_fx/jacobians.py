@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .api import Staged, Transformed, float_array, graph_of, name_of, sig
+from .api import Staged, Transformed, float_array, graph_of, name_of, select_result, sig
 from .batching import vmap
 from .derivatives import jvp, promote, seed_planes, vjp_program
 from .transforms.program import ct_aval
@@ -95,7 +95,7 @@ def _jacobian(f, argnums, api, forward):
             basis = np.eye(x.size, dtype=x.dtype).reshape((x.size,) + x.shape)
 
             def one(t):
-                return jvp(f, args, tuple(t if k == argnums else None for k in range(len(args))))
+                return select_result(jvp(f, args, tuple(t if k == argnums else None for k in range(len(args)))), 1)
             g = vmap(one, in_axes=0).graph(basis)
         else:
             basis = np.eye(int(np.prod(out.shape)), dtype=ct_aval(out).dtype).reshape((-1,) + out.shape)
@@ -105,9 +105,8 @@ def _jacobian(f, argnums, api, forward):
                 prog = vjp_program(s2, [(argnums % len(args), 0)], api)
                 return graph_of(s2, prog, prog.outputs[len(s2.results)], seed_planes(s2, [ct]))
             g = vmap(Transformed(f"vjp({name_of(f)})", one), in_axes=0).graph(basis)
-            h = g._result_flat[0][0]
-            g._views[id(h)] = out.shape + x.shape          # the graph's own result has JAX's shape
-        g._post = lambda value: _jacobian_shape(value, forward, out.shape, x.shape)
+        # the graph's own result has JAX's shape (make_graph shows it too)
+        g._views[id(g._result_flat[0][0])] = lambda j: _jacobian_shape(j, forward, out.shape, x.shape)
         return g
     t = Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, sig=sig(api, f, argnums),
                     prepare=_prepare([argnums]))
@@ -116,10 +115,11 @@ def _jacobian(f, argnums, api, forward):
     return t
 
 
-def _jacobian_shape(value, forward, out_shape, in_shape):
-    if not forward:
-        return value.reshape(out_shape + in_shape)
-    j = np.moveaxis(value[1], 0, -1)                     # (inputs..., *out) -> (*out, inputs...)
+def _jacobian_shape(j, forward, out_shape, in_shape):
+    """A Jacobian's batched result, (out, *in) by reverse mode or (in, *out) by forward mode, seen
+    as JAX's out_shape + in_shape."""
+    if forward:
+        j = np.moveaxis(j, 0, -1)
     return j.reshape(out_shape + in_shape)
 
 
@@ -144,10 +144,11 @@ def _second(f, a, b, api, squeeze):
                 prog = vjp_program(s2, [(a % len(args2), 0)], api)
                 return graph_of(s2, prog, prog.outputs[len(s2.results)], seed_planes(s2, [ct]))
             vjp_row = Transformed(f"vjp({name_of(f)})", row)
-            return jvp(vjp_row, args, tuple(t if k == b % len(args) else None for k in range(len(args))))
+            tangents = tuple(t if k == b % len(args) else None for k in range(len(args)))
+            return select_result(jvp(vjp_row, args, tangents), 1)
         g = vmap(one, in_axes=(0, 0)).graph(cts, tans)
         lead = () if squeeze and m == 1 else out.shape
-        g._post = lambda value: _second_shape(value[1], m, nb, lead, xa.shape, xb.shape)
+        g._views[id(g._result_flat[0][0])] = lambda t: _second_shape(t, m, nb, lead, xa.shape, xb.shape)
         return g
     return Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, sig=sig(api + "2", f, a, b, squeeze),
                        prepare=_prepare([a, b]))

@@ -202,9 +202,13 @@ def test_jacobian_shapes_are_jaxs():
             got = ours(wide, argnums=k)(x, a)
             assert got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-12)
-    g = ef.make_graph(ef.jacrev(wide))(x, a)
-    g.launch()
-    assert np.asarray(g.result).shape == (4, 4)
+    for ours, theirs in ((ef.jacfwd, jax.jacfwd), (ef.jacrev, jax.jacrev)):
+        g = ef.make_graph(ours(wide, argnums=1))(x, a)       # the graph's own result has JAX's shape
+        g.launch()
+        np.testing.assert_allclose(g.result, np.asarray(theirs(jwide, argnums=1)(x, a)), rtol=1e-12)
+    h = ef.make_graph(ef.hessian(poly))(x, a, cell(1), cell(2))
+    h.launch()
+    np.testing.assert_allclose(h.result, np.asarray(jax.hessian(jpoly)(x, a, 1, 2)), rtol=1e-9, atol=1e-9)
 
 
 def test_python_float_and_0d_arguments_are_differentiable():
