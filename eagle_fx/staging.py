@@ -13,12 +13,12 @@ import weakref
 
 import numpy as np
 
-from hawk_fx.core import AVal, Eqn, EqnInfo, Literal, Program, Var
+from hawk_fx.core import AVal, Eqn, EqnInfo, Literal, Program, Var, abstract_eval
 from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.source import SourceInfo, user_line
 from hawk_fx.trace import UNDEF
 
-from . import ir
+from . import ir, staged_numpy, views
 from .analysis import check_fork_hazards
 
 
@@ -36,6 +36,12 @@ class Extern:
 
     def __repr__(self):
         return f"<array {self.name or ''} {self.array.dtype}{list(self.array.shape)}>"
+
+
+def argument_plane(array, name) -> "Plane":
+    """A builder argument as the builder sees it: a staged plane over the caller's array (its graph is
+    set when the builder makes it), so NumPy on it is staged, never computed once at build."""
+    return Plane(None, ir.plane_aval(array.shape, array.dtype), key=Extern(array, name))
 
 
 class PlaneKey:
@@ -68,13 +74,13 @@ class Plane:
         return a if dtype is None else a.astype(dtype)
 
     def __repr__(self):
-        arr = self.graph._array_of_plane(self)
+        arr = self.graph._array_of_plane(self) if self.graph is not None else None
         if arr is None:
             return f"<eagle plane {self.label or ''} {self.aval} (not built yet)>"
         return repr(arr)
 
     def __str__(self):
-        arr = self.graph._array_of_plane(self)
+        arr = self.graph._array_of_plane(self) if self.graph is not None else None
         return str(arr) if arr is not None else repr(self)
 
     @property
@@ -92,13 +98,150 @@ class Plane:
     def __len__(self):
         return self.aval.shape[0]
 
+    __hash__ = object.__hash__      # == stages a comparison; identity keeps planes usable in sets
 
-def _arith(*_):
-    raise TypeError("eagle: arithmetic on a staged plane in a builder; do it in a kernel (@hawk.kernel)")
+    @property
+    def ndim(self):
+        return len(self.aval.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.aval.shape))
+
+    # staged NumPy: views (eagle_fx/views.py) and math (eagle_fx/staged_numpy.py)
+    def _staging(self, what):
+        """The trace to stage `what` into; refuses a plane whose graph is built or not there yet."""
+        if self.graph is None:
+            raise RuntimeError(f"eagle.Graph.builder {_here()}: {what} on a builder argument before the graph "
+                               "exists; create it first: g = eagle.Graph()")
+        if self.graph._exe is not None:
+            return None
+        return self.graph._trace
+
+    def __getitem__(self, idx):
+        if self._staging("indexing") is None:
+            return self._array()[idx]
+        try:
+            index = views.normalise(self.aval.shape, idx)
+        except views.IndexRefusal as e:
+            raise IndexError(f"eagle.Graph.builder {_here()}: {e}") from None
+        if not isinstance(index[-1], range):
+            raise IndexError(f"eagle.Graph.builder {_here()}: an integer index on the last axis of a plane of shape "
+                             f"{self.aval.shape}; the last axis is the sample axis: keep it with a slice "
+                             f"(x[..., k:k+1] is sample k as a one-sample plane), or read per-sample values in a kernel")
+        shape = ir.index_shape(index)
+        if 0 in shape:
+            raise IndexError(f"eagle.Graph.builder {_here()}: the index {idx!r} selects no element of a plane of "
+                             f"shape {self.aval.shape}; a plane holds at least one sample")
+        key, src_shape = self.key, self.aval.shape
+        if isinstance(key, views.ViewKey):
+            index, key, src_shape = views.compose(key.index, index), key.src, key.src_shape
+        return self._derived(views.ViewKey(key, index, shape, src_shape), shape)
+
+    def _derived(self, key, shape):
+        t = self.graph._trace
+        if shape and shape[-1] != self.aval.shape[-1]:
+            t.view_ns.update((shape[-1], self.aval.shape[-1]))
+        h = Plane(self.graph, ir.plane_aval(shape, self.aval.dtype), key=key, info=self.info)
+        t.handles.add(h)
+        return h
+
+    def reshape(self, *shape, order="C"):
+        if self._staging("reshape") is None:
+            return self._array().reshape(*shape, order=order)
+        if order != "C":
+            raise ValueError(f"eagle.Graph.builder {_here()}: reshape(order={order!r}); a staged reshape is in C order")
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        shape = np.empty(self.aval.shape, dtype=[]).reshape(tuple(int(d) for d in shape)).shape  # NumPy's rules, -1
+        if shape == self.aval.shape:
+            return self
+        if not shape:
+            raise ValueError(f"eagle.Graph.builder {_here()}: reshape to () leaves no sample axis; keep one: (1,)")
+        return self._derived(views.ReshapeKey(self.key, shape, self.aval.shape), shape)
+
+    def ravel(self, order="C"):
+        return self.reshape(-1, order=order)
+
+    flatten = ravel
+
+    @property
+    def T(self):
+        if self._staging(".T") is None:
+            return self._array().T
+        if len(self.aval.shape) >= 2:
+            raise ValueError(f"eagle.Graph.builder {_here()}: .T of a plane of shape {self.aval.shape} moves its last "
+                             "(sample) axis; a plane keeps its samples last: transpose the per-sample values in a "
+                             "kernel (hawk.math.transpose)")
+        return self
+
+    def copy(self):
+        t = self._staging(".copy()")
+        if t is None:
+            return self._array().copy()
+        return t.stage_copy(self)
+
+    def astype(self, dtype, copy=True):
+        if self._staging(".astype") is None:
+            return self._array().astype(dtype)
+        return staged_numpy.cast(self, np.dtype(dtype), _here())
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if not any(isinstance(a, Plane) and a._staging(ufunc.__name__) is not None for a in inputs):
+            return getattr(ufunc, method)(*[a._array() if isinstance(a, Plane) else a for a in inputs], **kwargs)
+        return staged_numpy.ufunc(ufunc, method, inputs, kwargs, _here())
+
+    def __array_function__(self, func, types, args, kwargs):
+        if self._staging(func.__name__) is None:
+            return func(*[a._array() if isinstance(a, Plane) else a for a in args], **kwargs)
+        return staged_numpy.function(func, args, kwargs, _here())
+
+    def __array__(self, dtype=None, copy=None):
+        if self.graph is None or self.graph._exe is None:
+            raise TypeError(f"eagle.Graph.builder {_here()}: a staged plane ({self.aval}) is converted to a NumPy "
+                            "array while the graph is being built; it has no value yet, and a value read now would "
+                            "be baked into every replay: compute with kernels, or with NumPy ufuncs and operators "
+                            "on the plane (they are staged)")
+        a = self._array()
+        return a if dtype is None else a.astype(dtype)
+
+    def __setitem__(self, idx, value):
+        raise TypeError(f"eagle.Graph.builder {_here()}: `plane[...] = value` inside a builder would write once, at "
+                        "build; write through a view with a kernel instead: pass x[...] as its Mutable argument "
+                        "(or buffer=x[...]), so every replay writes it")
+
+    def __getattr__(self, name):
+        if hasattr(np.ndarray, name) and not name.startswith("__"):
+            raise TypeError(f"eagle.Graph.builder {_here()}: .{name} of a staged plane is not staged (it would run "
+                            "once at build and be baked in); write a kernel (@hawk.kernel) that computes it per "
+                            "sample, with hawk.sum/max/min/mean for reductions over samples")
+        raise AttributeError(f"'Plane' object has no attribute {name!r}")
 
 
-for _op in ("add", "sub", "mul", "truediv", "pow", "neg", "radd", "rsub", "rmul", "rtruediv"):
-    setattr(Plane, f"__{_op}__", _arith)
+def _dunder(ufunc, reflected=False):
+    if reflected:
+        return lambda self, other: ufunc(other, self)
+    return lambda self, other: ufunc(self, other)
+
+
+for _name, _uf in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("truediv", np.divide),
+                   ("pow", np.power), ("mod", np.remainder), ("floordiv", np.floor_divide)):
+    setattr(Plane, f"__{_name}__", _dunder(_uf))
+    setattr(Plane, f"__r{_name}__", _dunder(_uf, True))
+for _name, _uf in (("lt", np.less), ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal),
+                   ("eq", np.equal), ("ne", np.not_equal)):
+    setattr(Plane, f"__{_name}__", _dunder(_uf))
+Plane.__neg__ = lambda self: np.negative(self)
+Plane.__pos__ = lambda self: self
+Plane.__abs__ = lambda self: np.absolute(self)
+
+
+def _here() -> str:
+    """`builder:line` of the builder line being staged now."""
+    src = _current_source()
+    if src is None:
+        return "?"
+    line = user_line(src.filename)
+    return src.where(line) if line else src.name
 
 
 class Scope:
@@ -109,8 +252,17 @@ class Scope:
         self.captures: dict = {}       # plane key -> (inner Var, outer Var), in order of first read
         self.written: list = []        # outer planes written here
         self.local: set = set()
+        self.derived: dict = {}        # view key -> (its source's Var, the view's Var): one slice per version
 
     def read(self, key) -> Var:
+        if isinstance(key, views.DERIVED):
+            src = self.read(key.src)
+            hit = self.derived.get(key)
+            if hit is not None and hit[0] is src:
+                return hit[1]
+            v = key.stage_read(src, self.eqns, self.trace.info())
+            self.derived[key] = (src, v)
+            return v
         v = self.current.get(key)
         if v is not None:
             return v
@@ -128,6 +280,11 @@ class Scope:
         self.current[key] = var
 
     def write(self, key, var):
+        if isinstance(key, views.DERIVED):       # a write through a view updates its source, in place
+            src = key.stage_write(self.read(key.src), var, self.eqns, self.trace.info())
+            self.write(key.src, src)
+            self.derived[key] = (src, var)
+            return
         if key not in self.local and key not in self.written:
             self.written.append(key)
         self.current[key] = var
@@ -170,6 +327,7 @@ class GraphTrace:
         self.externs: dict[int, Extern] = {}
         self.arg_names: dict[int, str] = {}
         self.n: int | None = None
+        self.view_ns: set = set()          # sample counts of views (x[:2] has 2 samples in a graph of n)
         self.handles = weakref.WeakSet()
         self.buffers: list[Plane] = []     # buffer= planes: nameable for gradients, kept by the graph
         self.accesses: list[Access] = []
@@ -258,7 +416,7 @@ class GraphTrace:
         if any(kind == "sample" for kind, *_ in layout):
             if self.n is None:
                 self.n = n
-            elif n != self.n and n != 1:
+            elif n != self.n and n != 1 and n not in self.view_ns:
                 raise ValueError(f"{api}: called on planes of {n} samples in a graph of {self.n}; "
                                  "every plane of one graph has the same sample count")
         spec = kernel.specialize(layout)
@@ -290,7 +448,9 @@ class GraphTrace:
                 handles[0].kept = True
                 self.handles.add(handles[0])
                 self.buffers[-1] = handles[0]
-        writes = []
+        params = dict(kernel=kernel, spec=spec, n=n, inplace=tuple(inplace))
+        scope.eqns.append(Eqn(ir.call_p, atoms, out_vars, params, info))
+        writes = []          # after the call: a write through a view stages an update that reads its value
         for h, v in zip(handles, out_vars):
             if isinstance(h.key, PlaneKey):
                 scope.define(h.key, v)
@@ -300,8 +460,6 @@ class GraphTrace:
         for key, name, v in commits:
             scope.write(key, v)
             writes.append((key, name))
-        params = dict(kernel=kernel, spec=spec, n=n, inplace=tuple(inplace))
-        scope.eqns.append(Eqn(ir.call_p, atoms, out_vars, params, info))
         self.add_access(info, reads, writes, kernel.name)
         from hawk_fx.tree import tree_unflatten
         result = tree_unflatten(spec.tree, handles)
@@ -331,6 +489,28 @@ class GraphTrace:
         scope.eqns.append(Eqn(ir.opaque_p, atoms, outs, params, info))
         self.add_access(info, reads, writes, getattr(node.fn, "__name__", "opaque"))
 
+    def stage_copy(self, plane) -> Plane:
+        """x.copy(): a new plane holding x's current value (a full slice into its own buffer)."""
+        src = self.scope.read(plane.key)
+        index = tuple(range(d) for d in plane.aval.shape)
+        v = views.ViewKey(None, index, plane.aval.shape, plane.aval.shape).stage_read(src, self.scope.eqns, self.info())
+        h = self.new_plane(v.aval, self.info(), v)
+        self.scope.define(h.key, v)
+        return h
+
+    def stage_concat(self, operands, axis) -> Plane:
+        """np.concatenate / np.stack of planes and arrays: one concat equation, a new plane."""
+        ins = [self.scope.read(self.key_of(a, "np.concatenate", "an operand")) for a in operands]
+        info = self.info()
+        params = {"axis": axis}
+        v = Var(abstract_eval[ir.concat_p](*[a.aval for a in ins], **params)[0])
+        self.scope.eqns.append(Eqn(ir.concat_p, ins, [v], params, info))
+        if v.aval.shape[-1] != ins[0].aval.shape[-1]:
+            self.view_ns.update([v.aval.shape[-1]] + [a.aval.shape[-1] for a in ins])
+        h = self.new_plane(v.aval, info, v)
+        self.scope.define(h.key, v)
+        return h
+
     def stage_cell_op(self, prim, *cells):
         ins = [self.scope.read(c.key) if isinstance(c, Plane) else self.scope.read(self.extern(c)) for c in cells]
         v = Var(ir.U32_CELL)
@@ -348,9 +528,9 @@ class GraphTrace:
         check_fork_hazards(self, fork_id, depth)
 
     def add_wait(self, branch_path, value):
-        key = self.key_of(value, "eagle.Graph.wait", "the plane")
+        key = views.root_key(self.key_of(value, "eagle.Graph.wait", "the plane"))
         for acc in reversed(self.accesses):
-            if any(k is key for k, _ in acc.writes):
+            if any(views.root_key(k) is key for k, _ in acc.writes):
                 self.waits.append(Wait(branch_path, self.seq, acc))
                 return
 

@@ -514,5 +514,33 @@ def _cell_rev(exe, g, d, e, outs):
               "casting='unsafe')")
 
 
-_DERIVATIVE_OPS = {ir.zeros_p: _zeros, ir.add_any_p: _add_any, ir.stack_push_p: _stack_push,
+# -- array structure (ir.STRUCTURE): copies, never views (a reused slot would change under a view) -----
+
+def _index(exe, index):
+    exe.consts.append(ir.numpy_index(index))
+    return f"k{len(exe.consts) - 1}"
+
+
+def _slice(exe, g, d, e, outs):
+    g.emit(d, f"np.copyto(b{outs[0]}, {exe.b(e.inputs[0])}[{_index(exe, e.params['index'])}])")
+
+
+def _update(exe, g, d, e, outs):
+    base, value = e.inputs
+    if exe.b(base) != f"b{outs[0]}":           # a functional update (derived programs): copy the base first
+        g.emit(d, f"np.copyto(b{outs[0]}, {exe.b(base)})")
+    g.emit(d, f"b{outs[0]}[{_index(exe, e.params['index'])}] = {exe.b(value)}")
+
+
+def _reshape(exe, g, d, e, outs):
+    g.emit(d, f"np.copyto(b{outs[0]}, {exe.b(e.inputs[0])}.reshape({e.params['shape']}))")
+
+
+def _concat(exe, g, d, e, outs):
+    g.emit(d, f"np.concatenate(({''.join(exe.b(a) + ', ' for a in e.inputs)}), axis={e.params['axis']}, "
+              f"out=b{outs[0]})")
+
+
+_DERIVATIVE_OPS = {ir.slice_p: _slice, ir.update_p: _update, ir.reshape_p: _reshape, ir.concat_p: _concat,
+                   ir.zeros_p: _zeros, ir.add_any_p: _add_any, ir.stack_push_p: _stack_push,
                    ir.stack_read_p: _stack_read, ir.cell_inc_p: _cell_inc, ir.cell_rev_p: _cell_rev}

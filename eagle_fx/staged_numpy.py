@@ -1,0 +1,196 @@
+"""NumPy math on staged planes: ufuncs and operators become kernel calls, the rest is refused.
+
+Inside a builder, `np.sin(y)`, `y * 2.0`, `x + y`, `-y` stage a call of a small generated kernel
+(one per NumPy function and operand roles) whose body is the matching `hawk_fx.math` function, so
+the staged value gets every kernel rule for free: derivatives, batching, fusion, CUDA. A NumPy
+function with no staged meaning would run once at build on no values at all; it is refused with
+the builder's line and what to write instead.
+"""
+from __future__ import annotations
+
+import linecache
+
+import numpy as np
+
+import hawk_fx
+import hawk_fx.math as hm
+
+# NumPy ufunc -> the hawk_fx.math function of the same meaning
+UFUNCS = {
+    np.absolute: "abs", np.sign: "sign", np.floor: "floor", np.ceil: "ceil", np.rint: "round",
+    np.trunc: "trunc", np.sqrt: "sqrt", np.cbrt: "cbrt", np.exp: "exp", np.exp2: "exp2", np.expm1: "expm1",
+    np.log: "log", np.log2: "log2", np.log10: "log10", np.log1p: "log1p", np.sin: "sin", np.cos: "cos",
+    np.tan: "tan", np.arcsin: "asin", np.arccos: "acos", np.arctan: "atan", np.sinh: "sinh", np.cosh: "cosh",
+    np.tanh: "tanh", np.arcsinh: "asinh", np.arccosh: "acosh", np.arctanh: "atanh", np.isfinite: "isfinite",
+    np.isnan: "isnan", np.isinf: "isinf", np.logical_not: "logical_not", np.negative: "negative",
+    np.arctan2: "atan2", np.power: "pow", np.hypot: "hypot", np.fmod: "fmod", np.minimum: "minimum",
+    np.maximum: "maximum", np.logical_and: "logical_and", np.logical_or: "logical_or", np.add: "add",
+    np.subtract: "subtract", np.multiply: "multiply", np.divide: "divide", np.less: "less",
+    np.less_equal: "less_equal", np.greater: "greater", np.greater_equal: "greater_equal", np.equal: "equal",
+    np.not_equal: "not_equal",
+}
+
+_kernels: dict = {}
+
+
+def role_of(value):
+    """The kernel role that takes `value` as it is: by the number of axes of a plane or array."""
+    shape = getattr(value, "shape", None)
+    if shape is None or len(shape) == 0:
+        return "Param"
+    if len(shape) == 1:
+        return "Scalar"
+    if len(shape) == 2:
+        return f"Vector[{shape[0]}]"
+    if len(shape) == 3:
+        return f"Matrix[{shape[0]}, {shape[1]}]"
+    return None
+
+
+def elementwise_kernel(fname: str, roles: tuple):
+    """The kernel `def fname(a: role, ...): return hawk_fx.math.fname(a, ...)`, made once."""
+    key = (fname, roles)
+    k = _kernels.get(key)
+    if k is None:
+        names = "abcdefgh"[:len(roles)]
+        params = ", ".join(f"{n}: {r}" for n, r in zip(names, roles))
+        src = f"def {fname}({params}):\n    return hm.{fname}({', '.join(names)})\n"
+        filename = f"<eagle_fx numpy {fname}{len(_kernels)}>"
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)   # for the kernel's source pass
+        ns = {"hm": hm, "Scalar": hawk_fx.Scalar, "Vector": hawk_fx.Vector, "Matrix": hawk_fx.Matrix,
+              "Param": hawk_fx.Param}
+        exec(compile(src, filename, "exec"), ns)
+        k = _kernels[key] = hawk_fx.kernel(ns[fname])
+    return k
+
+
+LIKE = {np.zeros_like, np.ones_like, np.empty_like, np.full_like}
+SHAPE_ONLY = {np.shape: lambda a: a.shape, np.ndim: lambda a: len(a.shape),
+              np.size: lambda a: int(np.prod(a.shape))}
+
+CASTS = {np.dtype(np.float64): "float64", np.dtype(np.float32): "float32", np.dtype(np.int32): "int32",
+         np.dtype(np.uint32): "uint32"}
+API = "eagle.Graph.builder"
+
+
+def _kernel_for(fname, operands, where, what):
+    roles = []
+    for a in operands:
+        r = role_of(a)
+        if r is None:
+            raise ValueError(f"{API} {where}: {what} on an array of shape {a.shape}; staged math takes planes of "
+                             "1 to 3 axes (Scalar, Vector[k], Matrix[m, k] planes): write a kernel")
+        roles.append(r)
+    return elementwise_kernel(fname, tuple(roles))
+
+
+def _operand(a):
+    """A 0-d array is a number (a Param); anything else is staged as it is."""
+    if isinstance(a, np.ndarray) and a.shape == ():
+        return a[()]
+    return a
+
+
+def _refuse(where, what, instead):
+    return TypeError(f"{API} {where}: {what} on a staged plane is not staged: run at build, it would see no values "
+                     f"and be baked into every replay; {instead}")
+
+
+WRITE_KERNEL = "write a kernel (@hawk.kernel) that computes it per sample (hawk.sum/max/min/mean reduce over samples)"
+
+
+def ufunc(uf, method, inputs, kwargs, where):
+    name = f"np.{uf.__name__}" + ("" if method == "__call__" else f".{method}")
+    if method != "__call__":
+        raise _refuse(where, name, WRITE_KERNEL)
+    if kwargs:
+        raise _refuse(where, f"{name}({', '.join(k + '=' for k in kwargs)}...)",
+                      "call it without out=/where=/dtype=; to write into an array, pass it to a kernel as its Mutable")
+    fname = UFUNCS.get(uf)
+    if fname is None:
+        raise _refuse(where, name, f"hawk_fx.math has no {uf.__name__}: {WRITE_KERNEL}")
+    inputs = [_operand(a) for a in inputs]
+    return _kernel_for(fname, inputs, where, name)(*inputs)
+
+
+def cast(plane, dtype, where):
+    fname = CASTS.get(dtype)
+    if fname is None:
+        raise TypeError(f"{API} {where}: astype(dtype {dtype.name}) of a staged plane; a staged cast goes to a real "
+                        f"dtype: {', '.join(CASTS.values())}")
+    return _kernel_for(fname, [plane], where, "astype")(plane)
+
+
+def function(func, args, kwargs, where):
+    from .staging import Plane
+    name = f"np.{func.__name__}"
+    if func in LIKE:
+        proto = args[0]
+        if isinstance(proto, Plane):
+            proto = np.empty(proto.shape, proto.dtype)
+        return func(proto, *args[1:], **kwargs)
+    if func in SHAPE_ONLY:
+        return SHAPE_ONLY[func](args[0])
+    if func in (np.stack, np.concatenate):
+        return _join(func, args, kwargs, where)
+    if func is np.reshape and isinstance(args[0], Plane):
+        shape = args[1] if len(args) > 1 else kwargs.get("newshape", kwargs.get("shape"))
+        return args[0].reshape(shape)
+    if func is np.ravel and isinstance(args[0], Plane) and len(args) == 1 and not kwargs:
+        return args[0].ravel()
+    if func is np.transpose and isinstance(args[0], Plane) and len(args) == 1 and not kwargs:
+        return args[0].T
+    if func is np.copy and isinstance(args[0], Plane) and len(args) == 1 and not kwargs:
+        return args[0].copy()
+    if func is np.where and len(args) == 3 and not kwargs:
+        ops = [_operand(a) for a in args]
+        return _kernel_for("where", ops, where, name)(*ops)
+    if func is np.clip and len(args) == 3 and not kwargs and all(a is not None for a in args):
+        ops = [_operand(a) for a in args]
+        return _kernel_for("clip", ops, where, name)(*ops)
+    raise _refuse(where, name, WRITE_KERNEL)
+
+
+def _join(func, args, kwargs, where):
+    """np.stack / np.concatenate of planes: one `concat` (stack first gives each operand its new axis)."""
+    from .staging import Plane, active_trace
+    name = f"np.{func.__name__}"
+    arrays = args[0]
+    axis = args[1] if len(args) > 1 else kwargs.pop("axis", 0)
+    if len(args) > 2 or any(k not in ("axis",) for k in kwargs) or axis is None:
+        raise _refuse(where, f"{name} with {'axis=None' if axis is None else 'out=/dtype='}",
+                      "join along an axis, without out= or dtype=")
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError(f"{API} {where}: {name} of no arrays")
+    trace = active_trace()
+    for a in arrays:
+        if not (isinstance(a, Plane) or isinstance(a, np.ndarray)):
+            raise TypeError(f"{API} {where}: {name} of a {type(a).__name__}; join planes and arrays")
+    shapes = {tuple(a.shape) for a in arrays}
+    dtypes = {np.dtype(a.dtype) for a in arrays}
+    if len(dtypes) > 1:
+        raise TypeError(f"{API} {where}: {name} of planes of dtypes {sorted(d.name for d in dtypes)}; give them one "
+                        "dtype (astype)")
+    if func is np.stack:
+        if len(shapes) > 1:
+            raise ValueError(f"{API} {where}: np.stack of planes of shapes {sorted(shapes)}; they need one shape")
+        ndim = len(arrays[0].shape) + 1
+        if not -ndim <= axis < ndim:
+            raise ValueError(f"{API} {where}: np.stack axis {axis} for a result of {ndim} axes")
+        axis %= ndim
+        if axis == ndim - 1:
+            raise ValueError(f"{API} {where}: np.stack(..., axis={axis}) makes the stacked axis the last one, the "
+                             "sample axis of a plane; stack along an earlier axis (axis=0 gives (k, n) planes)")
+        shape = arrays[0].shape[:axis] + (1,) + arrays[0].shape[axis:]
+        arrays = [a.reshape(shape) for a in arrays]
+    else:
+        ndim = len(arrays[0].shape)
+        if not -ndim <= axis < ndim:
+            raise ValueError(f"{API} {where}: np.concatenate axis {axis} for planes of {ndim} axes")
+        axis %= ndim
+        rest = {s[:axis] + s[axis + 1:] for s in shapes}
+        if len({len(s) for s in shapes}) > 1 or len(rest) > 1:
+            raise ValueError(f"{API} {where}: np.concatenate of planes of shapes {sorted(shapes)} along axis {axis}; "
+                             "they need the same shape on every other axis")
+    return trace.stage_concat(arrays, axis)

@@ -1,0 +1,312 @@
+"""Staged views: indexing, reshape and stack/concatenate of builder arguments are IR operations.
+
+Every case is one builder and the same computation written with jax.numpy (the oracle): the
+replayed value, the value after `x[:] = ...` and after `g.bind`, eagle_fx.grad against jax.grad
+and central finite differences, and eagle_fx.vmap against a loop over the instances.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eagle_fx as eagle
+import hawk_fx as hawk
+import hawk_fx.math as hm
+from hawk_fx import Mutable, Scalar, Vector
+
+jax = pytest.importorskip("jax")
+jax.config.update("jax_enable_x64", True)
+jnp = jax.numpy
+
+
+@hawk.kernel
+def total(x: Scalar):
+    return hawk.sum(x * x)
+
+
+@hawk.kernel
+def cubes(x: Scalar):
+    return hawk.sum(x * x * x)
+
+
+@hawk.kernel
+def mix(a: Scalar, b: Scalar):
+    return hawk.sum(a * b + a * a)
+
+
+@hawk.kernel
+def vdot2(v: Vector[2]):
+    return hawk.sum(hm.dot(v, v) * v[0])
+
+
+@hawk.kernel
+def vdot3(v: Vector[3]):
+    return hawk.sum(hm.dot(v, v) * v[1])
+
+
+@hawk.kernel
+def dbl(x: Scalar):
+    return 2.0 * x
+
+
+@hawk.kernel
+def sq(x: Scalar):
+    return x * x
+
+
+@hawk.kernel
+def scale(x: Scalar, y: Mutable[Scalar]):
+    y = 3.0 * x
+
+
+@eagle.Graph.builder
+def head(x):
+    g = eagle.Graph()
+    g.result = total(x[:2])
+    return g
+
+
+@eagle.Graph.builder
+def tail(x):
+    g = eagle.Graph()
+    g.result = cubes(x[1:])
+    return g
+
+
+@eagle.Graph.builder
+def strided(x):
+    g = eagle.Graph()
+    g.result = cubes(x[::2])
+    return g
+
+
+@eagle.Graph.builder
+def rows(p):
+    g = eagle.Graph()
+    g.result = mix(p[0], p[1])
+    return g
+
+
+@eagle.Graph.builder
+def middle_rows(p):
+    g = eagle.Graph()
+    g.result = vdot2(p[1:3])
+    return g
+
+
+@eagle.Graph.builder
+def last_samples(v):
+    g = eagle.Graph()
+    g.result = vdot3(v[..., :2])
+    return g
+
+
+@eagle.Graph.builder
+def view_of_view(p):
+    g = eagle.Graph()
+    g.result = cubes(p[1:][1][::-2])
+    return g
+
+
+@eagle.Graph.builder
+def flat(p):
+    g = eagle.Graph()
+    g.result = cubes(p.reshape(-1))
+    return g
+
+
+@eagle.Graph.builder
+def stacked(x):
+    g = eagle.Graph()
+    y = dbl(x)
+    g.result = vdot2(np.stack([x, y]))
+    return g
+
+
+@eagle.Graph.builder
+def joined(x):
+    g = eagle.Graph()
+    g.result = cubes(np.concatenate([x[:2], sq(x)]))
+    return g
+
+
+@eagle.Graph.builder
+def of_result(x):
+    g = eagle.Graph()
+    y = sq(x)
+    g.result = cubes(y[1:3])
+    return g
+
+
+def _sum3(v):
+    return jnp.sum(jnp.sum(v * v, axis=0) * v[0])
+
+
+CASES = [
+    (head, lambda x: jnp.sum(x[:2] ** 2), (5,)),
+    (tail, lambda x: jnp.sum(x[1:] ** 3), (5,)),
+    (strided, lambda x: jnp.sum(x[::2] ** 3), (5,)),
+    (rows, lambda p: jnp.sum(p[0] * p[1] + p[0] ** 2), (2, 4)),
+    (middle_rows, lambda p: _sum3(p[1:3]), (4, 3)),
+    (last_samples, lambda v: jnp.sum(jnp.sum(v[..., :2] ** 2, axis=0) * v[1, :2]), (3, 4)),
+    (view_of_view, lambda p: jnp.sum(p[1:][1][::-2] ** 3), (3, 5)),
+    (flat, lambda p: jnp.sum(p.reshape(-1) ** 3), (2, 3)),
+    (stacked, lambda x: _sum3(jnp.stack([x, 2.0 * x])), (4,)),
+    (joined, lambda x: jnp.sum(jnp.concatenate([x[:2], x * x]) ** 3), (4,)),
+    (of_result, lambda x: jnp.sum((x * x)[1:3] ** 3), (4,)),
+]
+IDS = [c[0].__name__ for c in CASES]
+
+
+def _value(jf, x):
+    return float(jf(jnp.asarray(x)))
+
+
+@pytest.mark.parametrize("builder,jf,shape", CASES, ids=IDS)
+def test_replay_follows_the_argument(builder, jf, shape, rng):
+    x = rng.normal(size=shape)
+    g = builder(x)
+    np.testing.assert_allclose(g()[0], _value(jf, x), rtol=1e-12)
+    x[:] = rng.normal(size=shape)                  # the caller changes the array: the views follow
+    np.testing.assert_allclose(g()[0], _value(jf, x), rtol=1e-12)
+    other = rng.normal(size=shape)
+    g.bind(**{list(builder.signature.parameters)[0]: other})
+    np.testing.assert_allclose(g()[0], _value(jf, other), rtol=1e-12)
+
+
+@pytest.mark.parametrize("builder,jf,shape", CASES, ids=IDS)
+def test_grad_matches_jax_and_finite_differences(builder, jf, shape, rng):
+    x = rng.normal(size=shape)
+    got = eagle.grad(builder)(x)
+    np.testing.assert_allclose(got, np.asarray(jax.grad(jf)(jnp.asarray(x))), rtol=1e-10, atol=1e-12)
+    g, h = builder(x.copy()), 1e-6
+    fd = np.zeros(shape)
+    for i in np.ndindex(*shape):
+        xp, xm = x.copy(), x.copy()
+        xp[i] += h
+        xm[i] -= h
+        g.bind(**{list(builder.signature.parameters)[0]: xp})
+        up = g()[0]
+        g.bind(**{list(builder.signature.parameters)[0]: xm})
+        fd[i] = (up - g()[0]) / (2 * h)
+    np.testing.assert_allclose(got, fd, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("builder,jf,shape", CASES, ids=IDS)
+def test_jvp_matches_jax(builder, jf, shape, rng):
+    x, t = rng.normal(size=shape), rng.normal(size=shape)
+    _, got = eagle.jvp(builder, (x,), (t,))
+    _, want = jax.jvp(jf, (jnp.asarray(x),), (jnp.asarray(t),))
+    np.testing.assert_allclose(got[0], float(want), rtol=1e-10)
+
+
+@pytest.mark.parametrize("builder,jf,shape", CASES, ids=IDS)
+def test_vmap_matches_a_loop(builder, jf, shape, rng):
+    X = rng.normal(size=(3,) + shape)
+    got = eagle.vmap(builder)(X)()
+    want = [_value(jf, X[i]) for i in range(3)]
+    np.testing.assert_allclose(np.asarray(got).reshape(3), want, rtol=1e-12)
+    grads = eagle.vmap(eagle.grad(builder))(X)
+    for i in range(3):
+        np.testing.assert_allclose(grads[i], np.asarray(jax.grad(jf)(jnp.asarray(X[i]))), rtol=1e-10, atol=1e-12)
+
+
+@eagle.Graph.builder
+def recorded(x, p, record=False):
+    g = eagle.Graph(record=record)
+    g.result = mix(p[0], np.concatenate([x[1:], x[:1]]) + p.reshape(-1)[4:])
+    return g
+
+
+def test_record_reverse_and_forward_match_jax(rng):
+    x, p, t = rng.normal(size=4), rng.normal(size=(2, 4)), rng.normal(size=4)
+
+    def jf(x, p):
+        b = jnp.concatenate([x[1:], x[:1]]) + p.reshape(-1)[4:]
+        return jnp.sum(p[0] * b + p[0] ** 2)
+    g = recorded(x, p, record=True)
+    g()
+    got = eagle.diff.reverse(g.record, {"result": np.ones(1)}, wrt=("x", "p"))
+    want = jax.grad(jf, argnums=(0, 1))(jnp.asarray(x), jnp.asarray(p))
+    np.testing.assert_allclose(got["x"], np.asarray(want[0]), rtol=1e-12)
+    np.testing.assert_allclose(got["p"], np.asarray(want[1]), rtol=1e-12)
+    fwd = eagle.diff.forward(g.record, {"x": t})
+    _, jt = jax.jvp(lambda x: jf(x, jnp.asarray(p)), (jnp.asarray(x),), (jnp.asarray(t),))
+    np.testing.assert_allclose(fwd["result"][0], float(jt), rtol=1e-12)
+
+
+# -- writes through views -------------------------------------------------------------------------
+
+@eagle.Graph.builder
+def write_rows(x, p):
+    g = eagle.Graph()
+    scale(x, p[1])                  # p[1] is a view: the write lands in the caller's p
+    g.result = total(p[1])
+    return g
+
+
+def test_a_write_through_a_view_lands_in_the_callers_array(rng):
+    x, p = rng.normal(size=4), np.zeros((2, 4))
+    g = write_rows(x, p)
+    out = g()
+    np.testing.assert_array_equal(p[0], 0.0)
+    np.testing.assert_allclose(p[1], 3.0 * x)
+    np.testing.assert_allclose(out[0], np.sum((3.0 * x) ** 2))
+    x[:] = rng.normal(size=4)
+    g()
+    np.testing.assert_allclose(p[1], 3.0 * x)
+
+
+@eagle.Graph.builder
+def write_then_read(x, y):
+    g = eagle.Graph()
+    scale(x[:2], y[1:3])
+    g.result = total(y)             # sees the write: y's other elements as the caller left them
+    return g
+
+
+def test_a_view_write_is_seen_by_later_reads(rng):
+    x, y = rng.normal(size=4), np.arange(4.0)
+    g = write_then_read(x, y)
+    want_y = np.array([0.0, 3 * x[0], 3 * x[1], 3.0])
+    np.testing.assert_allclose(g()[0], np.sum(want_y ** 2))
+    np.testing.assert_allclose(y, want_y)
+
+
+@eagle.Graph.builder
+def racing(x, p):
+    g = eagle.Graph()
+    with g.parallel() as par:
+        with par.branch():
+            scale(x, p[0])
+        with par.branch():
+            total(p[1])                 # another view of the same array: one plane for the hazard check
+    g.result = total(x)
+    return g
+
+
+def test_a_view_write_keeps_the_hazard_checks(rng):
+    p = np.zeros((2, 4))
+    with pytest.raises(ValueError, match="share memory"):
+        racing(rng.normal(size=4), p)
+    np.testing.assert_array_equal(p, 0.0)
+
+
+@eagle.Graph.builder
+def returns_view(x):
+    g = eagle.Graph()
+    g.result = (x[1:], x)
+    return g
+
+
+def test_a_result_view_reads_the_bound_array(rng):
+    x = rng.normal(size=4)
+    g = returns_view(x)
+    a, b = g()
+    np.testing.assert_array_equal(a, x[1:])
+    np.testing.assert_array_equal(b, x)
+    x2 = rng.normal(size=4)
+    g.bind(x=x2)
+    a, b = g()
+    np.testing.assert_array_equal(a, x2[1:])
+    np.testing.assert_array_equal(b, x2)
