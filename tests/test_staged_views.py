@@ -280,8 +280,20 @@ def racing(x, p):
         with par.branch():
             scale(x, p[0])
         with par.branch():
-            total(p[1])                 # another view of the same array: one plane for the hazard check
+            total(p[:, 1:].reshape(-1))     # overlaps p[0]: a hazard between sibling branches
     g.result = total(x)
+    return g
+
+
+@eagle.Graph.builder
+def side_by_side(x, p):
+    g = eagle.Graph()
+    with g.parallel() as par:
+        with par.branch():
+            scale(x, p[0])
+        with par.branch():
+            u = total(p[1])                 # the other row: no element in common
+    g.result = u
     return g
 
 
@@ -290,6 +302,10 @@ def test_a_view_write_keeps_the_hazard_checks(rng):
     with pytest.raises(ValueError, match="share memory"):
         racing(rng.normal(size=4), p)
     np.testing.assert_array_equal(p, 0.0)
+    p[1] = 2.0
+    x = rng.normal(size=4)
+    np.testing.assert_allclose(side_by_side(x, p)()[0], 16.0)
+    np.testing.assert_allclose(p[0], 3.0 * x)
 
 
 @eagle.Graph.builder
