@@ -205,6 +205,33 @@ class Plane:
         a = self._array()
         return a if dtype is None else a.astype(dtype)
 
+    def _no_value(self, what):
+        if self.graph is not None and self.graph._exe is not None:
+            return self._array()
+        raise TypeError(f"eagle.Graph.builder {_here()}: {what} of a staged plane ({self.aval}); it has no value "
+                        "while the graph is being built, and one read now would be baked into every replay: "
+                        "decide it on the device (a one-cell uint32 condition) or compute it in a kernel")
+
+    def __float__(self):
+        return float(self._no_value("float()"))
+
+    def __int__(self):
+        return int(self._no_value("int()"))
+
+    def __index__(self):
+        return self._no_value("an index or int()").__index__()
+
+    def __complex__(self):
+        return complex(self._no_value("complex()"))
+
+    def __iter__(self):
+        if self._staging("iteration") is None:
+            return iter(self._array())
+        if len(self.aval.shape) < 2:
+            raise TypeError(f"eagle.Graph.builder {_here()}: iterating over a 1-d plane walks its samples (the last "
+                            "axis); write the per-sample work as a kernel, or slice: x[k:k+1]")
+        return (self[i] for i in range(self.aval.shape[0]))
+
     def __setitem__(self, idx, value):
         raise TypeError(f"eagle.Graph.builder {_here()}: `plane[...] = value` inside a builder would write once, at "
                         "build; write through a view with a kernel instead: pass x[...] as its Mutable argument "
@@ -810,6 +837,9 @@ class Runtime:
                 parent.write(k, v)
 
     def for_stmt(self, iterable, cond_fn, body_fn, state, names, line):
+        if isinstance(iterable, Plane) and len(iterable.shape) < 2 and iterable._staging("iteration") is not None:
+            raise TypeError(f"eagle.Graph.builder {self.where(line)}: iterating over a 1-d plane walks its samples "
+                            "(the last axis); write the per-sample work as a kernel, or slice: x[k:k+1]")
         if isinstance(iterable, DeviceRange):
             return self._stage_loop(cond_fn, body_fn, state, names, line, cap=None, trip=iterable.trip, target=True)
         if isinstance(iterable, range) and len(iterable) and active_trace() is not None:

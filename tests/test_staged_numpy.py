@@ -324,3 +324,35 @@ def test_refusals_name_the_line_and_the_fix(rng):
     _refused(IndexError, fancy, (x,), "x[[0, 2]]", "not a basic index", "write a kernel")
     _refused(ValueError, transposed, (rng.normal(size=(2, 4)),), "p.T", "moves its last (sample) axis")
     _refused(ValueError, stacked_last, (x,), "axis=-1", "sample axis", "axis=0")
+
+
+@eagle.Graph.builder
+def as_float(x):
+    g = eagle.Graph()
+    g.result = total(x * float(x[1:2]))
+    return g
+
+
+@eagle.Graph.builder
+def iterates(x):
+    g = eagle.Graph()
+    for v in x:
+        g.result = total(v)
+    return g
+
+
+@eagle.Graph.builder
+def unpacks(p):
+    g = eagle.Graph()
+    a, b = p                                  # rows of a (2, n) plane: two views
+    g.result = total(a * b)
+    return g
+
+
+def test_python_values_of_planes_are_refused_and_rows_unpack(rng):
+    x = rng.normal(size=4)
+    _refused(TypeError, as_float, (x,), "float(x[1:2])", "float() of a staged plane", "no value")
+    _refused(TypeError, iterates, (x,), "for v in x", "walks its samples", "kernel")
+    p = rng.normal(size=(2, 4))
+    np.testing.assert_allclose(unpacks(p)()[0], np.sum((p[0] * p[1]) ** 2))
+    np.testing.assert_allclose(eagle.grad(unpacks)(p), [2 * p[0] * p[1] ** 2, 2 * p[1] * p[0] ** 2])
