@@ -109,6 +109,14 @@ class Plane:
     def size(self):
         return int(np.prod(self.aval.shape))
 
+    @property
+    def itemsize(self):
+        return self.aval.dtype.itemsize
+
+    @property
+    def nbytes(self):
+        return self.size * self.aval.dtype.itemsize
+
     # staged NumPy: views (eagle_fx/views.py) and math (eagle_fx/staged_numpy.py)
     def _staging(self, what):
         """The trace to stage `what` into; refuses a plane whose graph is built or not there yet."""
@@ -116,6 +124,11 @@ class Plane:
             raise RuntimeError(f"eagle.Graph.builder {_here()}: {what} on a builder argument before the graph "
                                "exists; create it first: g = eagle.Graph()")
         if self.graph._exe is not None:
+            other = active_trace()
+            if other is not None and other.graph is not self.graph:
+                raise ValueError(f"eagle.Graph.builder {_here()}: {what} of a plane of a graph that is already built "
+                                 f"({self.label or self.aval}); it leaked out of its builder: pass arrays between "
+                                 "graphs (the built graph's result arrays), not its staged planes")
             return None
         return self.graph._trace
 

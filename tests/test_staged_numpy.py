@@ -356,3 +356,26 @@ def test_python_values_of_planes_are_refused_and_rows_unpack(rng):
     p = rng.normal(size=(2, 4))
     np.testing.assert_allclose(unpacks(p)()[0], np.sum((p[0] * p[1]) ** 2))
     np.testing.assert_allclose(eagle.grad(unpacks)(p), [2 * p[0] * p[1] ** 2, 2 * p[1] * p[0] ** 2])
+
+
+def test_a_plane_leaked_from_a_built_graph_is_refused_in_another_builder(rng):
+    kept = []
+
+    @eagle.Graph.builder
+    def leaks(x):
+        g = eagle.Graph()
+        y = dbl(x)
+        kept.append(y)
+        g.result = y
+        return g
+
+    @eagle.Graph.builder
+    def uses(x):
+        g = eagle.Graph()
+        g.result = total(np.sin(kept[0]) + x)
+        return g
+
+    x = rng.normal(size=4)
+    leaks(x)()
+    with pytest.raises(ValueError, match="already built"):
+        uses(x)

@@ -407,3 +407,17 @@ def test_device_arms_with_views(taken, rng):
     X = rng.normal(size=(3, 5))
     got = np.asarray(eagle.vmap(arms_with_views, in_axes=(0, None))(X, cell(taken))()).reshape(3)
     np.testing.assert_allclose(got, [float(jf(X[i])) for i in range(3)], rtol=1e-12)
+
+
+def test_vmap_of_a_write_through_a_view(rng):
+    X = rng.normal(size=(3, 4))
+    p = np.zeros((2, 4))
+    with pytest.raises(ValueError, match="shared by all instances"):
+        eagle.vmap(write_rows, in_axes=(0, None))(X, p)
+    np.testing.assert_array_equal(p, 0.0)
+    P = np.zeros((3, 2, 4))
+    out = eagle.vmap(write_rows, in_axes=(0, 0))(X, P)()
+    for i in range(3):                              # each instance wrote row 1 of its own p
+        np.testing.assert_array_equal(P[i, 0], 0.0)
+        np.testing.assert_allclose(P[i, 1], 3.0 * X[i])
+        np.testing.assert_allclose(np.asarray(out)[i, 0], np.sum((3.0 * X[i]) ** 2))
