@@ -166,8 +166,9 @@ pp_params_rules[stack_read_p] = lambda params: {}
 
 # ---------------------------------------------------------------------------------------------
 # array structure: what NumPy indexing, reshape and stack/concatenate on staged planes become
-# (eagle_fx/views.py stages them). All four are linear; every backend copies (no aliasing views:
-# a slot the planner reuses would change under a view).
+# (eagle_fx/views.py stages them). All four are linear. Backends copy: a slot the planner reuses
+# would change under a view; the NumPy backend reads a slice of an argument that nothing writes
+# in place as a view of the caller's array.
 #
 #   slice    x[index]: index has one entry per axis of x, an int (the axis goes) or a range
 #   update   base' = base with base[index] = value (in place on base when staged)

@@ -421,3 +421,36 @@ def test_vmap_of_a_write_through_a_view(rng):
         np.testing.assert_array_equal(P[i, 0], 0.0)
         np.testing.assert_allclose(P[i, 1], 3.0 * X[i])
         np.testing.assert_allclose(np.asarray(out)[i, 0], np.sum((3.0 * X[i]) ** 2))
+
+
+# -- slices of arguments nothing writes are read in place (no copy); the rest are copies ---------------
+
+@eagle.Graph.builder
+def read_then_overwrite(x, y, record=False):
+    g = eagle.Graph(record=record)
+    u = sq(y[:2])                   # y as it is on entry ...
+    scale(x, y)                     # ... then overwritten in place
+    g.result = total(u)
+    return g
+
+
+def test_a_slice_keeps_the_value_it_was_taken_from(rng):
+    x, y = rng.normal(size=4), rng.normal(size=4)
+    y0 = y.copy()
+    g = read_then_overwrite(x, y, record=True)
+    out = g()
+    np.testing.assert_allclose(out[0], np.sum(y0[:2] ** 4))
+    np.testing.assert_allclose(y, 3.0 * x)
+    got = eagle.diff.reverse(g.record, {"result": np.ones(1)}, wrt=("y",))["y"]
+    np.testing.assert_allclose(got, np.r_[4.0 * y0[:2] ** 3, 0.0, 0.0])     # at y on entry, not 3x
+
+
+def test_a_slice_of_an_unwritten_argument_is_a_view_that_follows_bind(rng):
+    x = rng.normal(size=6)
+    g = strided(x)
+    assert "copyto" not in g._exe.source                      # read in place
+    np.testing.assert_allclose(g()[0], np.sum(x[::2] ** 3))
+    x2 = rng.normal(size=6)
+    g.bind(x=x2)
+    np.testing.assert_allclose(g()[0], np.sum(x2[::2] ** 3))
+    assert "copyto" in read_then_overwrite(rng.normal(size=4), rng.normal(size=4))._exe.source
