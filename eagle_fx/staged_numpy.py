@@ -15,6 +15,8 @@ import numpy as np
 import hawk_fx
 import hawk_fx.math as hm
 
+from . import ir, views
+
 # NumPy ufunc -> the hawk_fx.math function of the same meaning
 UFUNCS = {
     np.absolute: "abs", np.sign: "sign", np.floor: "floor", np.ceil: "ceil", np.rint: "round",
@@ -99,7 +101,7 @@ def _refuse(where, what, instead):
 WRITE_KERNEL = "write a kernel (@hawk.kernel) that computes it per sample (hawk.sum/max/min/mean reduce over samples)"
 
 
-def ufunc(uf, method, inputs, kwargs, where):
+def stage_ufunc(uf, method, inputs, kwargs, where):
     name = f"np.{uf.__name__}" + ("" if method == "__call__" else f".{method}")
     if method != "__call__":
         raise _refuse(where, name, WRITE_KERNEL)
@@ -113,7 +115,7 @@ def ufunc(uf, method, inputs, kwargs, where):
     return _kernel_for(fname, inputs, where, name)(*inputs)
 
 
-def cast(plane, dtype, where):
+def stage_cast(plane, dtype, where):
     fname = CASTS.get(dtype)
     if fname is None:
         raise TypeError(f"{API} {where}: astype(dtype {dtype.name}) of a staged plane; a staged cast goes to a real "
@@ -121,8 +123,8 @@ def cast(plane, dtype, where):
     return _kernel_for(fname, [plane], where, "astype")(plane)
 
 
-def function(func, args, kwargs, where):
-    from .staging import Plane
+def stage_function(func, args, kwargs, where):
+    Plane = NdarrayProtocol
     name = f"np.{func.__name__}"
     if func in LIKE:
         proto = args[0]
@@ -153,7 +155,8 @@ def function(func, args, kwargs, where):
 
 def _join(func, args, kwargs, where):
     """np.stack / np.concatenate of planes: one `concat` (stack first gives each operand its new axis)."""
-    from .staging import Plane, active_trace
+    from .staging import active_trace
+    Plane = NdarrayProtocol
     name = f"np.{func.__name__}"
     arrays = args[0]
     axis = args[1] if len(args) > 1 else kwargs.pop("axis", 0)
@@ -194,3 +197,173 @@ def _join(func, args, kwargs, where):
             raise ValueError(f"{API} {where}: np.concatenate of planes of shapes {sorted(shapes)} along axis {axis}; "
                              "they need the same shape on every other axis")
     return trace.stage_concat(arrays, axis)
+
+
+# ---------------------------------------------------------------------------------------------
+# the ndarray protocol of a staged plane (eagle_fx.staging.Plane): views, math, refusals
+
+class NdarrayProtocol:
+    """What NumPy code sees of a staged plane. Indexing and reshape give views (eagle_fx/views.py),
+    ufuncs and operators stage kernel calls, the rest is refused; once its graph is built a plane
+    reads as its array. The plane supplies aval, key, graph, _array(), _staging(what) (the trace,
+    or None once built), _derived(key, shape) (a view handle) and _where() (the builder line)."""
+
+    __slots__ = ()
+
+    @property
+    def ndim(self):
+        return len(self.aval.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.aval.shape))
+
+    @property
+    def itemsize(self):
+        return self.aval.dtype.itemsize
+
+    @property
+    def nbytes(self):
+        return self.size * self.aval.dtype.itemsize
+
+    def __getitem__(self, idx):
+        if self._staging("indexing") is None:
+            return self._array()[idx]
+        try:
+            index = views.normalise(self.aval.shape, idx)
+        except views.IndexRefusal as e:
+            raise IndexError(f"eagle.Graph.builder {self._where()}: {e}") from None
+        if not isinstance(index[-1], range):
+            raise IndexError(f"eagle.Graph.builder {self._where()}: an integer index on the last axis of a plane of "
+                             f"shape {self.aval.shape}; the last axis is the sample axis: keep it with a slice "
+                             "(x[..., k:k+1] is sample k as a one-sample plane), or read per-sample values in a kernel")
+        shape = ir.index_shape(index)
+        if 0 in shape:
+            raise IndexError(f"eagle.Graph.builder {self._where()}: the index {idx!r} selects no element of a plane "
+                             f"of shape {self.aval.shape}; a plane holds at least one sample")
+        key, src_shape = self.key, self.aval.shape
+        if isinstance(key, views.ViewKey):
+            index, key, src_shape = views.compose(key.index, index), key.src, key.src_shape
+        return self._derived(views.ViewKey(key, index, shape, src_shape), shape)
+
+    def reshape(self, *shape, order="C"):
+        if self._staging("reshape") is None:
+            return self._array().reshape(*shape, order=order)
+        if order != "C":
+            raise ValueError(f"eagle.Graph.builder {self._where()}: reshape(order={order!r}); a staged reshape is "
+                             "in C order")
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        shape = np.empty(self.aval.shape, dtype=[]).reshape(tuple(int(d) for d in shape)).shape  # NumPy's rules, -1
+        if shape == self.aval.shape:
+            return self
+        if not shape:
+            raise ValueError(f"eagle.Graph.builder {self._where()}: reshape to () leaves no sample axis; keep "
+                             "one: (1,)")
+        return self._derived(views.ReshapeKey(self.key, shape, self.aval.shape), shape)
+
+    def ravel(self, order="C"):
+        return self.reshape(-1, order=order)
+
+    flatten = ravel
+
+    @property
+    def T(self):
+        if self._staging(".T") is None:
+            return self._array().T
+        if len(self.aval.shape) >= 2:
+            raise ValueError(f"eagle.Graph.builder {self._where()}: .T of a plane of shape {self.aval.shape} moves "
+                             "its last (sample) axis; a plane keeps its samples last: transpose the per-sample "
+                             "values in a kernel (hawk.math.transpose)")
+        return self
+
+    def copy(self):
+        t = self._staging(".copy()")
+        if t is None:
+            return self._array().copy()
+        return t.stage_copy(self)
+
+    def astype(self, dtype, copy=True):
+        if self._staging(".astype") is None:
+            return self._array().astype(dtype)
+        return stage_cast(self, np.dtype(dtype), self._where())
+
+    def __array_ufunc__(self, uf, method, *inputs, **kwargs):
+        if not any(isinstance(a, NdarrayProtocol) and a._staging(uf.__name__) is not None for a in inputs):
+            return getattr(uf, method)(*_arrays(inputs), **kwargs)
+        return stage_ufunc(uf, method, inputs, kwargs, self._where())
+
+    def __array_function__(self, func, types, args, kwargs):
+        if self._staging(func.__name__) is None:
+            return func(*_arrays(args), **kwargs)
+        return stage_function(func, args, kwargs, self._where())
+
+    def __array__(self, dtype=None, copy=None):
+        if self.graph is None or self.graph._exe is None:
+            raise TypeError(f"eagle.Graph.builder {self._where()}: a staged plane ({self.aval}) is converted to a "
+                            "NumPy array while the graph is being built; it has no value yet, and a value read now "
+                            "would be baked into every replay: compute with kernels, or with NumPy ufuncs and operators "
+                            "on the plane (they are staged)")
+        a = self._array()
+        return a if dtype is None else a.astype(dtype)
+
+    def _no_value(self, what):
+        if self.graph is not None and self.graph._exe is not None:
+            return self._array()
+        raise TypeError(f"eagle.Graph.builder {self._where()}: {what} of a staged plane ({self.aval}); it has no value "
+                        "while the graph is being built, and one read now would be baked into every replay: "
+                        "decide it on the device (a one-cell uint32 condition) or compute it in a kernel")
+
+    def __float__(self):
+        return float(self._no_value("float()"))
+
+    def __int__(self):
+        return int(self._no_value("int()"))
+
+    def __index__(self):
+        return self._no_value("an index or int()").__index__()
+
+    def __complex__(self):
+        return complex(self._no_value("complex()"))
+
+    def __iter__(self):
+        if self._staging("iteration") is None:
+            return iter(self._array())
+        if len(self.aval.shape) < 2:
+            raise TypeError(f"eagle.Graph.builder {self._where()}: iterating over a 1-d plane walks its samples "
+                            "(the last axis); write the per-sample work as a kernel, or slice: x[k:k+1]")
+        return (self[i] for i in range(self.aval.shape[0]))
+
+    def __setitem__(self, idx, value):
+        raise TypeError(f"eagle.Graph.builder {self._where()}: `plane[...] = value` inside a builder would write "
+                        "once, at build; write through a view with a kernel instead: pass x[...] as its Mutable "
+                        "argument (or buffer=x[...]), so every replay writes it")
+
+    def __getattr__(self, name):
+        if hasattr(np.ndarray, name) and not name.startswith("__"):
+            raise TypeError(f"eagle.Graph.builder {self._where()}: .{name} of a staged plane is not staged (it "
+                            "would run once at build and be baked in); write a kernel (@hawk.kernel) that computes it "
+                            "per sample, with hawk.sum/max/min/mean for reductions over samples")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+def _arrays(values):
+    """A built graph's planes as their arrays (NumPy on them after the build runs on values)."""
+    return [a._array() if isinstance(a, NdarrayProtocol) else a for a in values]
+
+
+def _dunder(ufunc, reflected=False):
+    if reflected:
+        return lambda self, other: ufunc(other, self)
+    return lambda self, other: ufunc(self, other)
+
+
+for _name, _uf in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("truediv", np.divide),
+                   ("pow", np.power), ("mod", np.remainder), ("floordiv", np.floor_divide)):
+    setattr(NdarrayProtocol, f"__{_name}__", _dunder(_uf))
+    setattr(NdarrayProtocol, f"__r{_name}__", _dunder(_uf, True))
+for _name, _uf in (("lt", np.less), ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal),
+                   ("eq", np.equal), ("ne", np.not_equal)):
+    setattr(NdarrayProtocol, f"__{_name}__", _dunder(_uf))
+NdarrayProtocol.__neg__ = lambda self: np.negative(self)
+NdarrayProtocol.__pos__ = lambda self: self
+NdarrayProtocol.__abs__ = lambda self: np.absolute(self)

@@ -51,8 +51,9 @@ class PlaneKey:
     __slots__ = ("__weakref__",)
 
 
-class Plane:
-    """A staged array in a graph. Once the graph is built it reads as its array (np.asarray, print)."""
+class Plane(staged_numpy.NdarrayProtocol):
+    """A staged array in a graph: NumPy on it is staged or refused (staged_numpy.NdarrayProtocol).
+    Once the graph is built it reads as its array (np.asarray, print)."""
 
     __slots__ = ("graph", "aval", "key", "var", "label", "info", "kept", "__weakref__")
 
@@ -69,10 +70,6 @@ class Plane:
             raise RuntimeError(f"eagle: plane {self.label or ''!r} has no value yet: build the graph "
                                "(`g.build()`, or call the builder) and launch it first")
         return arr
-
-    def __array__(self, dtype=None, copy=None):
-        a = self._array()
-        return a if dtype is None else a.astype(dtype)
 
     def __repr__(self):
         arr = self.graph._array_of_plane(self) if self.graph is not None else None
@@ -101,25 +98,9 @@ class Plane:
 
     __hash__ = object.__hash__      # == stages a comparison; identity keeps planes usable in sets
 
-    @property
-    def ndim(self):
-        return len(self.aval.shape)
-
-    @property
-    def size(self):
-        return int(np.prod(self.aval.shape))
-
-    @property
-    def itemsize(self):
-        return self.aval.dtype.itemsize
-
-    @property
-    def nbytes(self):
-        return self.size * self.aval.dtype.itemsize
-
-    # staged NumPy: views (eagle_fx/views.py) and math (eagle_fx/staged_numpy.py)
     def _staging(self, what):
-        """The trace to stage `what` into; refuses a plane whose graph is built or not there yet."""
+        """The trace to stage `what` into, or None when the graph is built (the plane reads as its
+        array); refuses a plane whose graph does not exist yet or one leaked into another builder."""
         if self.graph is None:
             raise RuntimeError(f"eagle.Graph.builder {_here()}: {what} on a builder argument before the graph "
                                "exists; create it first: g = eagle.Graph()")
@@ -132,27 +113,8 @@ class Plane:
             return None
         return self.graph._trace
 
-    def __getitem__(self, idx):
-        if self._staging("indexing") is None:
-            return self._array()[idx]
-        try:
-            index = views.normalise(self.aval.shape, idx)
-        except views.IndexRefusal as e:
-            raise IndexError(f"eagle.Graph.builder {_here()}: {e}") from None
-        if not isinstance(index[-1], range):
-            raise IndexError(f"eagle.Graph.builder {_here()}: an integer index on the last axis of a plane of shape "
-                             f"{self.aval.shape}; the last axis is the sample axis: keep it with a slice "
-                             f"(x[..., k:k+1] is sample k as a one-sample plane), or read per-sample values in a kernel")
-        shape = ir.index_shape(index)
-        if 0 in shape:
-            raise IndexError(f"eagle.Graph.builder {_here()}: the index {idx!r} selects no element of a plane of "
-                             f"shape {self.aval.shape}; a plane holds at least one sample")
-        key, src_shape = self.key, self.aval.shape
-        if isinstance(key, views.ViewKey):
-            index, key, src_shape = views.compose(key.index, index), key.src, key.src_shape
-        return self._derived(views.ViewKey(key, index, shape, src_shape), shape)
-
     def _derived(self, key, shape):
+        """A view of this plane (views.ViewKey / ReshapeKey): a handle, nothing staged until it is read."""
         t = self.graph._trace
         if shape and shape[-1] != self.aval.shape[-1]:
             t.view_ns.update((shape[-1], self.aval.shape[-1]))
@@ -160,120 +122,9 @@ class Plane:
         t.handles.add(h)
         return h
 
-    def reshape(self, *shape, order="C"):
-        if self._staging("reshape") is None:
-            return self._array().reshape(*shape, order=order)
-        if order != "C":
-            raise ValueError(f"eagle.Graph.builder {_here()}: reshape(order={order!r}); a staged reshape is in C order")
-        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        shape = np.empty(self.aval.shape, dtype=[]).reshape(tuple(int(d) for d in shape)).shape  # NumPy's rules, -1
-        if shape == self.aval.shape:
-            return self
-        if not shape:
-            raise ValueError(f"eagle.Graph.builder {_here()}: reshape to () leaves no sample axis; keep one: (1,)")
-        return self._derived(views.ReshapeKey(self.key, shape, self.aval.shape), shape)
-
-    def ravel(self, order="C"):
-        return self.reshape(-1, order=order)
-
-    flatten = ravel
-
-    @property
-    def T(self):
-        if self._staging(".T") is None:
-            return self._array().T
-        if len(self.aval.shape) >= 2:
-            raise ValueError(f"eagle.Graph.builder {_here()}: .T of a plane of shape {self.aval.shape} moves its last "
-                             "(sample) axis; a plane keeps its samples last: transpose the per-sample values in a "
-                             "kernel (hawk.math.transpose)")
-        return self
-
-    def copy(self):
-        t = self._staging(".copy()")
-        if t is None:
-            return self._array().copy()
-        return t.stage_copy(self)
-
-    def astype(self, dtype, copy=True):
-        if self._staging(".astype") is None:
-            return self._array().astype(dtype)
-        return staged_numpy.cast(self, np.dtype(dtype), _here())
-
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        if not any(isinstance(a, Plane) and a._staging(ufunc.__name__) is not None for a in inputs):
-            return getattr(ufunc, method)(*[a._array() if isinstance(a, Plane) else a for a in inputs], **kwargs)
-        return staged_numpy.ufunc(ufunc, method, inputs, kwargs, _here())
-
-    def __array_function__(self, func, types, args, kwargs):
-        if self._staging(func.__name__) is None:
-            return func(*[a._array() if isinstance(a, Plane) else a for a in args], **kwargs)
-        return staged_numpy.function(func, args, kwargs, _here())
-
-    def __array__(self, dtype=None, copy=None):
-        if self.graph is None or self.graph._exe is None:
-            raise TypeError(f"eagle.Graph.builder {_here()}: a staged plane ({self.aval}) is converted to a NumPy "
-                            "array while the graph is being built; it has no value yet, and a value read now would "
-                            "be baked into every replay: compute with kernels, or with NumPy ufuncs and operators "
-                            "on the plane (they are staged)")
-        a = self._array()
-        return a if dtype is None else a.astype(dtype)
-
-    def _no_value(self, what):
-        if self.graph is not None and self.graph._exe is not None:
-            return self._array()
-        raise TypeError(f"eagle.Graph.builder {_here()}: {what} of a staged plane ({self.aval}); it has no value "
-                        "while the graph is being built, and one read now would be baked into every replay: "
-                        "decide it on the device (a one-cell uint32 condition) or compute it in a kernel")
-
-    def __float__(self):
-        return float(self._no_value("float()"))
-
-    def __int__(self):
-        return int(self._no_value("int()"))
-
-    def __index__(self):
-        return self._no_value("an index or int()").__index__()
-
-    def __complex__(self):
-        return complex(self._no_value("complex()"))
-
-    def __iter__(self):
-        if self._staging("iteration") is None:
-            return iter(self._array())
-        if len(self.aval.shape) < 2:
-            raise TypeError(f"eagle.Graph.builder {_here()}: iterating over a 1-d plane walks its samples (the last "
-                            "axis); write the per-sample work as a kernel, or slice: x[k:k+1]")
-        return (self[i] for i in range(self.aval.shape[0]))
-
-    def __setitem__(self, idx, value):
-        raise TypeError(f"eagle.Graph.builder {_here()}: `plane[...] = value` inside a builder would write once, at "
-                        "build; write through a view with a kernel instead: pass x[...] as its Mutable argument "
-                        "(or buffer=x[...]), so every replay writes it")
-
-    def __getattr__(self, name):
-        if hasattr(np.ndarray, name) and not name.startswith("__"):
-            raise TypeError(f"eagle.Graph.builder {_here()}: .{name} of a staged plane is not staged (it would run "
-                            "once at build and be baked in); write a kernel (@hawk.kernel) that computes it per "
-                            "sample, with hawk.sum/max/min/mean for reductions over samples")
-        raise AttributeError(f"'Plane' object has no attribute {name!r}")
-
-
-def _dunder(ufunc, reflected=False):
-    if reflected:
-        return lambda self, other: ufunc(other, self)
-    return lambda self, other: ufunc(self, other)
-
-
-for _name, _uf in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("truediv", np.divide),
-                   ("pow", np.power), ("mod", np.remainder), ("floordiv", np.floor_divide)):
-    setattr(Plane, f"__{_name}__", _dunder(_uf))
-    setattr(Plane, f"__r{_name}__", _dunder(_uf, True))
-for _name, _uf in (("lt", np.less), ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal),
-                   ("eq", np.equal), ("ne", np.not_equal)):
-    setattr(Plane, f"__{_name}__", _dunder(_uf))
-Plane.__neg__ = lambda self: np.negative(self)
-Plane.__pos__ = lambda self: self
-Plane.__abs__ = lambda self: np.absolute(self)
+    @staticmethod
+    def _where() -> str:
+        return _here()
 
 
 def _here() -> str:
@@ -533,8 +384,7 @@ class GraphTrace:
     def stage_copy(self, plane) -> Plane:
         """x.copy(): a new plane holding x's current value (a full slice into its own buffer)."""
         src = self.scope.read(plane.key)
-        index = tuple(range(d) for d in plane.aval.shape)
-        v = views.ViewKey(None, index, plane.aval.shape, plane.aval.shape).stage_read(src, self.scope.eqns, self.info())
+        v = views.full_slice(src, self.scope.eqns, self.info())
         h = self.new_plane(v.aval, self.info(), v)
         self.scope.define(h.key, v)
         return h

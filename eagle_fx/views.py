@@ -91,6 +91,11 @@ def root_key(key):
     return key
 
 
+def full_slice(src_var, eqns, info) -> Var:
+    """A copy of a value into a buffer of its own (x.copy())."""
+    return _bind(ir.slice_p, [src_var], {"index": tuple(range(d) for d in src_var.aval.shape)}, eqns, info)
+
+
 def _bind(prim, inputs, params, eqns, info) -> Var:
     out = Var(abstract_eval[prim](*[a.aval for a in inputs], **params)[0])
     eqns.append(Eqn(prim, inputs, [out], params, info))
