@@ -301,8 +301,8 @@ class NdarrayProtocol:
         if self.graph is None or self.graph._exe is None:
             raise TypeError(f"eagle.Graph.builder {self._where()}: a staged plane ({self.aval}) is converted to a "
                             "NumPy array while the graph is being built; it has no value yet, and a value read now "
-                            "would be baked into every replay: compute with kernels, or with NumPy ufuncs and operators "
-                            "on the plane (they are staged)")
+                            "would be baked into every replay: compute with kernels, or with NumPy ufuncs and "
+                            "operators on the plane (they are staged)")
         a = self._array()
         return a if dtype is None else a.astype(dtype)
 
