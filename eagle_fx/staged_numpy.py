@@ -23,7 +23,7 @@ UFUNCS = {
     np.trunc: "trunc", np.sqrt: "sqrt", np.cbrt: "cbrt", np.exp: "exp", np.exp2: "exp2", np.expm1: "expm1",
     np.log: "log", np.log2: "log2", np.log10: "log10", np.log1p: "log1p", np.sin: "sin", np.cos: "cos",
     np.tan: "tan", np.arcsin: "asin", np.arccos: "acos", np.arctan: "atan", np.sinh: "sinh", np.cosh: "cosh",
-    np.tanh: "tanh", np.arcsinh: "asinh", np.arccosh: "acosh", np.arctanh: "atanh", np.isfinite: "isfinite",
+    np.tanh: "tanh", np.fabs: "abs", np.arcsinh: "asinh", np.arccosh: "acosh", np.arctanh: "atanh", np.isfinite: "isfinite",
     np.isnan: "isnan", np.isinf: "isinf", np.logical_not: "logical_not", np.negative: "negative",
     np.arctan2: "atan2", np.power: "pow", np.hypot: "hypot", np.fmod: "fmod", np.minimum: "minimum",
     np.maximum: "maximum", np.logical_and: "logical_and", np.logical_or: "logical_or", np.add: "add",
@@ -147,6 +147,8 @@ def stage_function(func, args, kwargs, where):
     if func is np.where and len(args) == 3 and not kwargs:
         ops = [_operand(a) for a in args]
         return _kernel_for("where", ops, where, name)(*ops)
+    if func is np.round and len(args) == 1 and not kwargs.get("decimals") and not kwargs.get("out"):
+        return _kernel_for("round", [args[0]], where, name)(args[0])
     if func is np.clip and len(args) == 3 and not kwargs and all(a is not None for a in args):
         ops = [_operand(a) for a in args]
         return _kernel_for("clip", ops, where, name)(*ops)

@@ -33,10 +33,10 @@ class ViewKey:
         self.src, self.index, self.shape, self.src_shape = src, index, shape, src_shape
 
     def __eq__(self, other):
-        return type(other) is ViewKey and other.src is self.src and other.index == self.index
+        return type(other) is ViewKey and other.src == self.src and other.index == self.index
 
     def __hash__(self):
-        return hash((id(self.src), self.index))
+        return hash((hash(self.src), self.index))
 
     def stage_read(self, src_var, eqns, info):
         return _bind(ir.slice_p, [src_var], {"index": self.index}, eqns, info)

@@ -379,3 +379,27 @@ def test_a_plane_leaked_from_a_built_graph_is_refused_in_another_builder(rng):
     leaks(x)()
     with pytest.raises(ValueError, match="already built"):
         uses(x)
+
+
+@eagle.Graph.builder
+def functions(x, c):
+    g = eagle.Graph()
+    g.result = (np.where(x > 0.0, x, -2.0 * x), np.clip(x, -0.5, 0.5), np.round(x * 3.0), x.astype(np.float32),
+                np.maximum(x, c), x.copy())
+    return g
+
+
+def test_where_clip_round_astype_copy_follow_the_arguments(rng):
+    x, c = rng.normal(size=5), np.array([0.25])
+    g = functions(x, c)
+    for _ in range(2):
+        w, cl, r, f32, m, cp = g()
+        np.testing.assert_array_equal(w, np.where(x > 0.0, x, -2.0 * x))
+        np.testing.assert_array_equal(cl, np.clip(x, -0.5, 0.5))
+        np.testing.assert_array_equal(r, np.round(x * 3.0))
+        assert f32.dtype == np.float32
+        np.testing.assert_array_equal(f32, x.astype(np.float32))
+        np.testing.assert_array_equal(m, np.maximum(x, c))
+        np.testing.assert_array_equal(cp, x)
+        x[:] = rng.normal(size=5)
+        c[0] = -0.25

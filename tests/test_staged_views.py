@@ -454,3 +454,13 @@ def test_a_slice_of_an_unwritten_argument_is_a_view_that_follows_bind(rng):
     g.bind(x=x2)
     np.testing.assert_allclose(g()[0], np.sum(x2[::2] ** 3))
     assert "copyto" in read_then_overwrite(rng.normal(size=4), rng.normal(size=4))._exe.source
+
+
+@pytest.mark.parametrize("builder,jf,shape", CASES, ids=IDS)
+def test_view_programs_and_their_derivatives_type_check(builder, jf, shape, rng):
+    from hawk_fx.core import check_program
+    x = rng.normal(size=shape)
+    check_program(eagle.make_program(builder)(x))
+    check_program(eagle.make_program(eagle.grad(builder))(x))
+    check_program(eagle.make_program(eagle.vmap(builder))(np.stack([x, x])))
+    check_program(eagle.make_program(lambda x, t: eagle.jvp(builder, (x,), (t,)))(x, x))
