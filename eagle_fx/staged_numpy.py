@@ -112,7 +112,18 @@ def stage_ufunc(uf, method, inputs, kwargs, where):
     if fname is None:
         raise _refuse(where, name, f"hawk_fx.math has no {uf.__name__}: {WRITE_KERNEL}")
     inputs = [_operand(a) for a in inputs]
+    _check_broadcast(inputs, where, name)
     return _kernel_for(fname, inputs, where, name)(*inputs)
+
+
+def _check_broadcast(operands, where, name):
+    shapes = [tuple(a.shape) for a in operands if getattr(a, "shape", ())]
+    try:
+        np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise ValueError(f"{API} {where}: {name} of planes of shapes {', '.join(map(str, shapes))}: they do not "
+                         "broadcast together (NumPy's rule; the last axis is the samples): give them the same "
+                         "sample count, e.g. by slicing one") from None
 
 
 def stage_cast(plane, dtype, where):
@@ -146,6 +157,7 @@ def stage_function(func, args, kwargs, where):
         return args[0].copy()
     if func is np.where and len(args) == 3 and not kwargs:
         ops = [_operand(a) for a in args]
+        _check_broadcast(ops, where, name)
         return _kernel_for("where", ops, where, name)(*ops)
     if func is np.round and len(args) == 1 and not kwargs.get("decimals") and not kwargs.get("out"):
         return _kernel_for("round", [args[0]], where, name)(args[0])

@@ -403,3 +403,15 @@ def test_where_clip_round_astype_copy_follow_the_arguments(rng):
         np.testing.assert_array_equal(cp, x)
         x[:] = rng.normal(size=5)
         c[0] = -0.25
+
+
+@eagle.Graph.builder
+def mismatched(x):
+    g = eagle.Graph()
+    g.result = total(x[:2] + x)
+    return g
+
+
+def test_operands_that_do_not_broadcast_are_refused_as_numpy_would(rng):
+    _refused(ValueError, mismatched, (rng.normal(size=4),), "x[:2] + x", "np.add of planes of shapes (2,), (4,)",
+             "do not broadcast")

@@ -464,3 +464,22 @@ def test_view_programs_and_their_derivatives_type_check(builder, jf, shape, rng)
     check_program(eagle.make_program(eagle.grad(builder))(x))
     check_program(eagle.make_program(eagle.vmap(builder))(np.stack([x, x])))
     check_program(eagle.make_program(lambda x, t: eagle.jvp(builder, (x,), (t,)))(x, x))
+
+
+@eagle.Graph.builder
+def into_a_view(x, y):
+    g = eagle.Graph()
+    a = dbl(x[:2], buffer=y[1:3])           # the result's buffer is a view of y
+    g.result = total(a + y[1:3])
+    return g
+
+
+def test_buffer_can_be_a_view(rng):
+    x, y = rng.normal(size=4), rng.normal(size=4)
+    y0 = y.copy()
+    out = into_a_view(x, y)()
+    np.testing.assert_allclose(y, [y0[0], 2 * x[0], 2 * x[1], y0[3]])
+    np.testing.assert_allclose(out[0], np.sum((4 * x[:2]) ** 2))
+    gx, gy = eagle.grad(into_a_view, argnums=(0, 1))(x, y0)
+    np.testing.assert_allclose(gx, np.r_[32 * x[:2], 0.0, 0.0])
+    np.testing.assert_array_equal(gy, 0.0)                    # y[1:3] is overwritten before it is read
