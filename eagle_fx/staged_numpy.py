@@ -248,9 +248,12 @@ class NdarrayProtocol:
         except views.IndexRefusal as e:
             raise IndexError(f"eagle.Graph.builder {self._where()}: {e}") from None
         if not isinstance(index[-1], range):
+            cell = ("; a one-cell uint32 array is itself a device condition: `if c:`, `while c:`"
+                    if ir.is_cond_cell(self.aval) else "")
             raise IndexError(f"eagle.Graph.builder {self._where()}: an integer index on the last axis of a plane of "
                              f"shape {self.aval.shape}; the last axis is the sample axis: keep it with a slice "
-                             "(x[..., k:k+1] is sample k as a one-sample plane), or read per-sample values in a kernel")
+                             "(x[..., k:k+1] is sample k as a one-sample plane), or read per-sample values in a "
+                             f"kernel{cell}")
         shape = ir.index_shape(index)
         if 0 in shape:
             raise IndexError(f"eagle.Graph.builder {self._where()}: the index {idx!r} selects no element of a plane "

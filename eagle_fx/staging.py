@@ -42,7 +42,9 @@ class Extern:
 def argument_plane(array, name) -> "Plane":
     """A builder argument as the builder sees it: a staged plane over the caller's array (its graph is
     set when the builder makes it), so NumPy on it is staged, never computed once at build."""
-    return Plane(None, ir.plane_aval(array.shape, array.dtype), key=Extern(array, name))
+    p = Plane(None, ir.plane_aval(array.shape, array.dtype), key=Extern(array, name))
+    p.label = name
+    return p
 
 
 class PlaneKey:

@@ -415,3 +415,17 @@ def mismatched(x):
 def test_operands_that_do_not_broadcast_are_refused_as_numpy_would(rng):
     _refused(ValueError, mismatched, (rng.normal(size=4),), "x[:2] + x", "np.add of planes of shapes (2,), (4,)",
              "do not broadcast")
+
+
+@eagle.Graph.builder
+def reads_a_cell(x, c):
+    g = eagle.Graph()
+    if c[0]:
+        x = dbl(x)
+    g.result = total(x)
+    return g
+
+
+def test_indexing_a_cell_points_at_device_conditions(rng):
+    _refused(IndexError, reads_a_cell, (rng.normal(size=4), np.array([1], np.uint32)), "c[0]", "sample axis",
+             "itself a device condition: `if c:`")
