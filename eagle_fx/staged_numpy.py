@@ -107,7 +107,8 @@ def stage_ufunc(uf, method, inputs, kwargs, where):
         raise _refuse(where, name, WRITE_KERNEL)
     if kwargs:
         raise _refuse(where, f"{name}({', '.join(k + '=' for k in kwargs)}...)",
-                      "call it without out=/where=/dtype=; to write into an array, pass it to a kernel as its Mutable")
+                      "call it without out=/where=/dtype=; to write into an array, assign (y[...] = np.sin(x)) or pass "
+                      "it to a kernel as its Mutable")
     fname = UFUNCS.get(uf)
     if fname is None:
         raise _refuse(where, name, f"hawk_fx.math has no {uf.__name__}: {WRITE_KERNEL}")
@@ -254,6 +255,9 @@ class NdarrayProtocol:
                              f"shape {self.aval.shape}; the last axis is the sample axis: keep it with a slice "
                              "(x[..., k:k+1] is sample k as a one-sample plane), or read per-sample values in a "
                              f"kernel{cell}")
+        return self._view(index, idx)
+
+    def _view(self, index, idx):
         shape = ir.index_shape(index)
         if 0 in shape:
             raise IndexError(f"eagle.Graph.builder {self._where()}: the index {idx!r} selects no element of a plane "
@@ -351,9 +355,17 @@ class NdarrayProtocol:
         return (self[i] for i in range(self.aval.shape[0]))
 
     def __setitem__(self, idx, value):
-        raise TypeError(f"eagle.Graph.builder {self._where()}: `plane[...] = value` inside a builder would write "
-                        "once, at build; write through a view with a kernel instead: pass x[...] as its Mutable "
-                        "argument (or buffer=x[...]), so every replay writes it")
+        t = self._staging("assignment")
+        if t is None:
+            self._array()[idx] = value
+            return
+        try:
+            index = views.normalise(self.aval.shape, idx)
+        except views.IndexRefusal as e:
+            raise IndexError(f"eagle.Graph.builder {self._where()}: {e}") from None
+        if not isinstance(index[-1], range):        # one sample: a region of one sample (the value is one too)
+            index = index[:-1] + (range(index[-1], index[-1] + 1),)
+        t.stage_assign(self._view(index, idx), value, self._where())    # an update of this plane, every replay
 
     def __getattr__(self, name):
         if hasattr(np.ndarray, name) and not name.startswith("__"):

@@ -177,7 +177,7 @@ class Scope:
         if isinstance(key, views.DERIVED):       # a write through a view updates its source, in place
             src = key.stage_write(self.read(key.src), var, self.eqns, self.trace.info())
             self.write(key.src, src)
-            self.derived[key] = (src, var)
+            self.derived.pop(key, None)          # `var` may live in another plane's buffer: read it back anew
             return
         if key not in self.local and key not in self.written:
             self.written.append(key)
@@ -403,6 +403,23 @@ class GraphTrace:
         h = self.new_plane(v.aval, info, v)
         self.scope.define(h.key, v)
         return h
+
+    def stage_assign(self, view, value, where) -> None:
+        """`x[idx] = value` in a builder: an in-place update of x, at every replay. A Python number or
+        an array the builder made is a constant (as a Param number or a constant array is)."""
+        scope, info = self.scope, self.info()
+        if isinstance(value, (bool, int, float, np.number)) or (is_array(value) and not isinstance(value, Plane)):
+            value = np.array(np.broadcast_to(np.asarray(value, view.aval.dtype), view.aval.shape))
+        if not isinstance(value, Plane) and not is_array(value):
+            raise TypeError(f"eagle.Graph.builder {where}: x[...] = {type(value).__name__}; assign a plane, an array "
+                            "or a number")
+        if tuple(value.shape) != view.aval.shape or np.dtype(value.dtype) != view.aval.dtype:
+            raise ValueError(f"eagle.Graph.builder {where}: x[...] = a plane of {np.dtype(value.dtype).name}"
+                             f"{list(value.shape)} for a region of {view.aval.dtype.name}{list(view.aval.shape)}; "
+                             "give it the region's shape and dtype (a view, .reshape, .astype)")
+        key = self.key_of(value, "eagle.Graph.builder", "the assigned value")
+        scope.write(view.key, scope.read(key))
+        self.add_access(info, [(key, "value")], [(view.key, view.label or "x")], "assignment")
 
     def stage_cell_op(self, prim, *cells):
         ins = [self.scope.read(c.key) if isinstance(c, Plane) else self.scope.read(self.extern(c)) for c in cells]

@@ -483,3 +483,59 @@ def test_buffer_can_be_a_view(rng):
     gx, gy = eagle.grad(into_a_view, argnums=(0, 1))(x, y0)
     np.testing.assert_allclose(gx, np.r_[32 * x[:2], 0.0, 0.0])
     np.testing.assert_array_equal(gy, 0.0)                    # y[1:3] is overwritten before it is read
+
+
+# -- assignment into a plane: an in-place update at every replay --------------------------------------
+
+@eagle.Graph.builder
+def assigns(x, y):
+    g = eagle.Graph()
+    z = dbl(x)
+    y[1:3] = z[:2]                  # the caller's y, at every replay
+    y[0] = y[3:4]                   # one sample, from another
+    z[3:] = 0.5                     # a number: a constant, as a Param number is
+    g.result = total(y * z)
+    return g
+
+
+def _assigns_jax(x, y):
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    z = 2.0 * x
+    y = y.at[1:3].set(z[:2])
+    y = y.at[0].set(y[3])
+    z = z.at[3:].set(0.5)
+    return jnp.sum((y * z) ** 2)
+
+
+def test_assignment_is_staged_with_grad_and_vmap(rng):
+    x, y = rng.normal(size=4), rng.normal(size=4)
+    y0 = y.copy()
+    g = assigns(x, y)
+    np.testing.assert_allclose(g()[0], float(_assigns_jax(x, y0)), rtol=1e-12)
+    np.testing.assert_allclose(y, [y0[3], 2 * x[0], 2 * x[1], y0[3]])
+    x[:] = rng.normal(size=4)
+    g()
+    np.testing.assert_allclose(y[1:3], 2 * x[:2])                 # the replay wrote the new values
+    gx, gy = eagle.grad(assigns, argnums=(0, 1))(x, y0)
+    jx, jy = jax.grad(_assigns_jax, argnums=(0, 1))(jnp.asarray(x), jnp.asarray(y0))
+    np.testing.assert_allclose(gx, np.asarray(jx), rtol=1e-12)
+    np.testing.assert_allclose(gy, np.asarray(jy), rtol=1e-12)
+    X, Y = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    want = [float(_assigns_jax(X[i], Y[i])) for i in range(3)]
+    np.testing.assert_allclose(np.asarray(eagle.vmap(assigns)(X, Y.copy())()).reshape(3), want, rtol=1e-12)
+
+
+@eagle.Graph.builder
+def assigns_badly(x, y):
+    g = eagle.Graph()
+    y[1:3] = x
+    g.result = total(y)
+    return g
+
+
+def test_an_assignment_of_the_wrong_shape_is_refused(rng):
+    y = np.zeros(4)
+    with pytest.raises(ValueError, match=r"assigns_badly:4: x\[\.\.\.\] = a plane of float64\[4\] for a region "
+                                         r"of float64\[2\]"):
+        assigns_badly(rng.normal(size=4), y)
+    np.testing.assert_array_equal(y, 0.0)
