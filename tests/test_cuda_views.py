@@ -43,6 +43,7 @@ def in_control(x, p, n, c):
     for _ in range(n):
         step(x[:3], p[1, 2:])
     y = mix(x, x)
+    p[0, :2] = y[3:]                                # an assignment: an update of p
     if c:
         y = np.concatenate([y[2:], y[:2]])
     g.result = (y, p[:, 1:].reshape(-1))
