@@ -16,7 +16,7 @@ from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
 from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
 
-from . import staging
+from . import staging, views
 from .analysis import count_nodes, count_stages
 from .autograph import convert_builder
 from .backends import cuda as _cuda
@@ -58,6 +58,20 @@ def _rebuild(t, leaves, k):
 class _BuildContext:
     def __init__(self, builder, arg_names):
         self.builder, self.arg_names, self.graph = builder, arg_names, None
+        self.planes: dict = {}       # id(array) -> the staged plane the builder sees for that argument
+
+    def wrap(self, value):
+        """Arguments (and arrays in tuples, lists and dicts of them) as staged planes."""
+        if staging.is_array(value):
+            p = self.planes.get(id(value))
+            if p is None:
+                p = self.planes[id(value)] = staging.argument_plane(value, self.arg_names.get(id(value)))
+            return p
+        if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+            return type(value)(self.wrap(v) for v in value)
+        if type(value) is dict:
+            return {k: self.wrap(v) for k, v in value.items()}
+        return value
 
 
 _building = ThreadStack()     # this thread's builder calls (_BuildContext), innermost last
@@ -135,6 +149,10 @@ class Graph:
             ctx = _building[-1]
             ctx.graph = self
             self._trace.arg_names = ctx.arg_names
+            for p in ctx.planes.values():
+                p.graph = self
+                self._trace.externs[id(p.key.array)] = p.key
+                self._trace.handles.add(p)
             GRAPH_STAGING.append(self._trace)
             self._builder = ctx.builder
         else:
@@ -182,7 +200,7 @@ class Graph:
         self._has_result = tree is not None
 
     def _leaf_array(self, x, out_var):
-        if isinstance(x, Plane):
+        if isinstance(x, Plane) and x.var is not None:
             return self._array_of_plane(x)
         arr = self._exe.array_of(out_var)         # a user's array in the result: the one bound now
         return x if arr is None else arr
@@ -309,11 +327,19 @@ class Graph:
     def _array_of_plane(self, h: Plane):
         if self._exe is None:
             return None
+        if h.var is None:                 # an argument, or a view of one: read from the arrays bound now
+            return views.array_of(h.key, self._root_array)
         arr = self._exe.array_of(h.var)
         view = self._views.get(id(h))          # a shape, or a function of the array (a Jacobian's axes)
         if view is None:
             return arr
         return view(arr) if callable(view) else arr.reshape(view)
+
+    def _root_array(self, key):
+        if isinstance(key, staging.Extern):
+            return key.array
+        v = self._trace.root.current.get(key)
+        return None if v is None else self._exe.array_of(v)
 
     # -- running -----------------------------------------------------------------------------
     def __call__(self, n: int = 1):
@@ -437,8 +463,16 @@ class Builder:
         _building.append(ctx)
         staging._source_stack.append(self.source)
         depth = len(GRAPH_STAGING)
+        args = ctx.wrap(tuple(bound.args))
+        kwargs = ctx.wrap(dict(bound.kwargs))
         try:
             ret = self.converted(*args, **kwargs)
+        except TypeError as e:
+            if ctx.graph is not None or not ctx.planes:
+                raise
+            raise TypeError(f"{self.__name__}: its arguments are used before its graph exists ({e}); a builder "
+                            "creates its graph first: g = eagle.Graph(), stages kernel calls into it, declares "
+                            "g.result = ... and ends with `return g`") from None
         finally:
             staging._source_stack.pop()
             _building.pop()
