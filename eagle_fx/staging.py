@@ -675,7 +675,7 @@ class Runtime:
         parent = trace.scope
         carried: list[int] = [i for i, v in enumerate(state) if _is_device(v)]
         inplace: list = []
-        for _ in range(8):
+        while True:     # the carries and in-place planes only grow, so this reaches a fixpoint
             body = Scope(trace, parent)
             counter = Var(ir.U32_CELL, "turn")
             counter_h = trace.new_plane(ir.U32_CELL, var=counter)
