@@ -132,6 +132,7 @@ class Graph:
         self._worker: threading.Thread | None = None
         self._worker_error = None
         self._input_names: dict[str, int] = {}
+        self._unread_args: dict = {}   # array arguments of the builder no node reads: bindable all the same
         self._generation = 0
         self._residuals = None
         self._views: dict = {}       # id(result plane) -> the shape it is seen with (nested vmap)
@@ -368,21 +369,29 @@ class Graph:
         self.synchronize()
         self.build()
         for name, arr in arrays.items():
-            if name not in self._input_names:
-                known = ", ".join(self._input_names) or "none"
+            if name not in self._input_names and name not in self._unread_args:
+                known = ", ".join([*self._input_names, *self._unread_args]) or "none"
                 raise KeyError(f"eagle.Graph.bind: {name!r} is not an array argument of the builder (it has: {known})")
-            i = self._input_names[name]
-            old = self._trace.input_planes[i].array
+            if name in self._unread_args:
+                old = self._unread_args[name]
+            else:
+                old = self._trace.input_planes[self._input_names[name]].array
             if not staging.is_array(arr) or isinstance(arr, np.ndarray) != isinstance(old, np.ndarray) \
                     or arr.shape != old.shape or arr.dtype != old.dtype:
                 got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
                 raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
                                  "call the builder again")
+            if name in self._unread_args:
+                continue
+            i = self._input_names[name]
             entry, v = self._trace.input_planes[i], self._program.inputs[i]
             if not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
                 raise ValueError(f"eagle.Graph.bind: {name!r} is a read-only array, and the graph writes this argument "
                                  "in place (a Mutable or buffer=); pass a writeable array")
         for name, arr in arrays.items():
+            if name in self._unread_args:       # no node reads it: nothing to swap but the record of it
+                self._unread_args[name] = arr
+                continue
             i = self._input_names[name]
             self._trace.input_planes[i].array = arr
             self._exe.rebind(i, arr)
@@ -436,7 +445,10 @@ class Builder:
             raise TypeError(f"{self.__name__}: a builder returns its graph: `return g`; declare the arrays with "
                             "`g.result = ...`" + ("" if ctx.graph is not None else
                                                   " (and create it first: g = eagle.Graph())"))
-        return ret.build()
+        ret.build()
+        ret._unread_args = {k: v for k, v in bound.arguments.items()
+                            if staging.is_array(v) and k not in ret._input_names}
+        return ret
 
     def _call_block(self, args, kwargs):
         bound = self.signature.bind(*args, **kwargs)

@@ -65,3 +65,23 @@ def test_jvp_and_vmap_carry_fixpoints_reach_the_far_end_of_a_chain():
     X = np.stack([x, x + 1.0, x * 3.0])
     got = np.asarray(eagle.vmap(lambda x: float_chain(x, cell(12)))(X))
     np.testing.assert_allclose(got, np.stack([_float_chain_reference(r, 12) for r in X]))
+
+
+@eagle.Graph.builder
+def ignores_w(x, w, flag):
+    g = eagle.Graph()
+    g.result = dbl(x)
+    return g
+
+
+def test_bind_accepts_an_argument_no_kernel_reads():
+    x, w = np.arange(3.0), np.ones(3)
+    g = ignores_w(x, w, cell(1))
+    g.bind(w=np.full(3, 7.0), flag=cell(0))
+    np.testing.assert_array_equal(g(), 2.0 * x)
+    g.bind(x=np.array([5.0, 6.0, 7.0]), w=np.zeros(3))
+    np.testing.assert_array_equal(g(), [10.0, 12.0, 14.0])
+    with pytest.raises(ValueError, match="'w' changed shape/dtype"):
+        g.bind(w=np.ones(4))
+    with pytest.raises(KeyError, match="it has: x, w, flag"):
+        g.bind(v=np.ones(3))
