@@ -328,8 +328,14 @@ class Graph:
         """Replay n times and wait."""
         self.synchronize()
         self.build()._exe.replay(int(n))
+        self._fill_pinned()
         self._generation += 1
         return self
+
+    def _fill_pinned(self):
+        """Copy each block result handed out as an array (see Builder._call_block) from its plane."""
+        for arr, plane in self._trace.pinned.values():
+            np.copyto(arr, np.asarray(self._array_of_plane(plane)))
 
     def enqueue(self, n: int = 1) -> "Graph":
         """Replay n times on a worker thread and return at once; `synchronize()` waits."""
@@ -345,6 +351,7 @@ class Graph:
         def work():
             try:
                 exe.replay(int(n))
+                self._fill_pinned()
             except BaseException as e:   # surfaced by synchronize()
                 self._worker_error = e
         self._worker = threading.Thread(target=work, daemon=True)
@@ -457,9 +464,28 @@ class Builder:
         if not isinstance(graph, Graph):
             raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "
                             f"append to, got {type(handle).__name__}")
+        outermost = not staging._source_stack
         staging._source_stack.append(self.source)
         try:
             with graph._staging():
-                return self.converted(*args, **kwargs)
+                ret = self.converted(*args, **kwargs)
         finally:
             staging._source_stack.pop()
+        return _pin_results(graph, ret) if outermost else ret
+
+
+def _pin_results(graph, tree):
+    """A block called from plain code (on a hand-made graph) hands its planes out as NumPy arrays,
+    filled after every launch; staging the array later in the same graph reads the plane itself."""
+    t = graph._trace
+    if graph._backend not in (None, "numpy") or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
+        return tree            # a CUDA graph: its planes stay handles that read the device arrays
+    leaves, treedef = tree_flatten(tree, is_leaf=lambda x: isinstance(x, Plane))
+    out = []
+    for x in leaves:
+        if isinstance(x, Plane) and x.graph is graph:
+            arr = np.zeros(x.aval.shape, x.aval.dtype)
+            t.pinned[id(arr)] = (arr, x)
+            x = arr
+        out.append(x)
+    return tree_unflatten(treedef, out)

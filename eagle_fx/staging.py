@@ -175,12 +175,17 @@ class GraphTrace:
         self.buffers: list[Plane] = []     # buffer= planes: nameable for gradients, kept by the graph
         self.accesses: list[Access] = []
         self.waits: list[Wait] = []
+        self.pinned: dict[int, tuple] = {}  # id(array) -> (array, plane): a block's result handed out as an array
         self.branch: tuple = ()
         self.fork_ids = 0
         self.seq = 0
 
     # -- planes ------------------------------------------------------------------------------
-    def extern(self, arr: np.ndarray) -> Extern:
+    def extern(self, arr: np.ndarray):
+        """The plane key of a user's array: its Extern, or the plane a pinned block result stands for."""
+        pin = self.pinned.get(id(arr))
+        if pin is not None and pin[0] is arr:
+            return pin[1].key
         e = self.externs.get(id(arr))
         if e is None or e.array is not arr:
             e = self.externs[id(arr)] = Extern(arr, self.arg_names.get(id(arr)))

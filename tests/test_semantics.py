@@ -85,3 +85,28 @@ def test_bind_accepts_an_argument_no_kernel_reads():
         g.bind(w=np.ones(4))
     with pytest.raises(KeyError, match="it has: x, w, flag"):
         g.bind(v=np.ones(3))
+
+
+@eagle.Graph.builder
+def twice(g: eagle.Graph, v):
+    return dbl(dbl(v))
+
+
+def test_a_block_on_a_hand_made_graph_returns_arrays_filled_at_each_launch():
+    from eagle_fx.graph import opaque
+    src, dst = np.arange(4.0), np.zeros(4)
+    h = eagle.Graph()
+    h.add_node(opaque(lambda: np.add(src, 1.0, out=dst), reads={"x": src}, writes={"y": dst}), name="shift")
+    z = twice(h, dst)
+    w = twice(h, z)                       # the array stands for the block's plane in the same graph
+    h.result = {"w": w, "z": z}
+    assert type(z) is np.ndarray and type(w) is np.ndarray
+    for values in ([0.0, 1.0, 2.0, 3.0], [5.0, -1.0, 0.5, 2.0]):
+        src[:] = values
+        out = h()
+        np.testing.assert_array_equal(z, 4.0 * (np.array(values) + 1.0))
+        np.testing.assert_array_equal(w, 16.0 * (np.array(values) + 1.0))
+        np.testing.assert_array_equal(out["w"], w)
+    src[:] = 2.0
+    h.enqueue().synchronize()
+    np.testing.assert_array_equal(z, np.full(4, 12.0))
