@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 
-from hawk_fx.core import AVal, Eqn, EqnInfo, Literal, Program, Var
+from hawk_fx.core import AVal, Eqn, EqnInfo, LeakedTracerError, Literal, Program, Tracer, Var
 from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
 from hawk_fx.source import SourceInfo, user_line
@@ -57,7 +57,13 @@ class Plane:
         self.label, self.info, self.kept = None, info, False
 
     # reading the value after the graph is built
+    def _check_use(self, use="eagle: the value read as an array (np.asarray, print, a NumPy or hawk.math function)"):
+        """A plane a builder staged is that builder's: once it has finished, a use elsewhere is a leak."""
+        if self.graph._builder is not None and _finished(self.graph):
+            _refuse_foreign(self, use)
+
     def _array(self):
+        self._check_use()
         arr = self.graph._array_of_plane(self)
         if arr is None:
             raise RuntimeError(f"eagle: plane {self.label or ''!r} has no value yet: build the graph "
@@ -205,8 +211,12 @@ class GraphTrace:
             value._fail()
         if isinstance(value, Plane):
             if value.graph is not self.graph:
-                raise ValueError(f"{api}: {what} belongs to another graph; pass arrays between graphs as NumPy arrays")
+                _refuse_foreign(value, f"{api}: {what}")
             return value.key
+        if isinstance(value, Tracer):
+            if not value.trace.active:
+                value.trace.leaked(value, f"{api}: {what} is a traced value")
+            raise TypeError(f"{api}: {what} is a value traced inside a kernel body; graphs take arrays")
         if is_array(value):
             return self.extern(value)
         if type(value).__module__.split(".")[0] in ("cupy", "jax", "jaxlib"):
@@ -366,6 +376,25 @@ class GraphTrace:
                    and self.root.current[k] not in self.inputs]
         outs = list(outputs) + [self.root.current[k] for k in written]
         return Program(self.inputs, self.root.eqns, outs)
+
+
+def _finished(graph) -> bool:
+    return graph._exe is not None or graph._trace not in GRAPH_STAGING
+
+
+def _refuse_foreign(plane: Plane, use):
+    """A plane of another graph: leaked from a builder that has finished, or an outer graph's."""
+    g = plane.graph
+    by = f"eagle.Graph.builder {g._builder.__name__}" if getattr(g, "_builder", None) else "another graph"
+    at = f" at {plane.info.where}" if plane.info is not None and plane.info.where else ""
+    name = f" {plane.label!r}" if plane.label else ""
+    if _finished(g):
+        raise LeakedTracerError(
+            f"{use} is the staged value{name} made by {by}{at}, which has finished: it stands for a buffer "
+            "of that graph, not a value. Return it through that graph's g.result and pass the array (after a "
+            "launch), or compute it in this builder")
+    raise ValueError(f"{use} is the staged value{name} of {by}{at}, another graph being built; pass "
+                     "arrays between graphs as NumPy arrays")
 
 
 _source_stack = ThreadStack()     # this thread's builders being staged (SourceInfo), innermost last

@@ -110,3 +110,63 @@ def test_a_block_on_a_hand_made_graph_returns_arrays_filled_at_each_launch():
     src[:] = 2.0
     h.enqueue().synchronize()
     np.testing.assert_array_equal(z, np.full(4, 12.0))
+
+
+def test_a_value_leaked_from_a_kernel_trace_is_refused_with_where_it_was_made():
+    import hawk_fx as hawk
+    from hawk_fx import Scalar
+    from hawk_fx import math as hm
+    kept = []
+
+    @hawk.kernel
+    def leaky(x: Scalar) -> Scalar:
+        y = x * 3.0
+        kept.extend([y, x])
+        return y
+
+    np.testing.assert_array_equal(leaky(np.arange(3.0)), 3.0 * np.arange(3.0))
+    y, x = kept
+    for use in (lambda: hm.sin(y), lambda: y + 1.0, lambda: np.sin(y), lambda: float(y), lambda: leaky(y)):
+        with pytest.raises(hawk.LeakedTracerError, match=r"leaked value: it was traced by hawk.kernel leaky:3 .*"
+                                                         r"y = x \* 3.0"):
+            use()
+    with pytest.raises(hawk.LeakedTracerError, match="its parameter 'x'"):
+        hm.exp(x)
+
+    @hawk.kernel
+    def uses_it(v: Scalar) -> Scalar:
+        return v + kept[0]                # the leak reaches another kernel's trace
+
+    with pytest.raises(hawk.LeakedTracerError, match="leaky:3"):
+        uses_it(np.ones(2))
+
+
+kept_planes = []
+
+
+@eagle.Graph.builder
+def leaks_a_plane(x):
+    g = eagle.Graph()
+    y = dbl(x)
+    kept_planes.append(y)
+    g.result = inc(y)
+    return g
+
+
+@eagle.Graph.builder
+def reads_the_leak(x):
+    g = eagle.Graph()
+    g.result = dbl(kept_planes[-1])
+    return g
+
+
+def test_a_plane_leaked_from_a_finished_builder_is_refused_with_where_it_was_made():
+    import hawk_fx as hawk
+    from hawk_fx import math as hm
+    x = np.arange(3.0)
+    np.testing.assert_array_equal(leaks_a_plane(x)(), 2.0 * x + 1.0)
+    for use in (lambda: reads_the_leak(x), lambda: hm.sin(kept_planes[-1]), lambda: np.asarray(kept_planes[-1]),
+                lambda: dbl(kept_planes[-1])):
+        with pytest.raises(hawk.LeakedTracerError, match="staged value 'y' made by eagle.Graph.builder leaks_a_plane "
+                                                         "at leaks_a_plane:4, which has finished"):
+            use()
