@@ -170,3 +170,99 @@ def test_a_plane_leaked_from_a_finished_builder_is_refused_with_where_it_was_mad
         with pytest.raises(hawk.LeakedTracerError, match="staged value 'y' made by eagle.Graph.builder leaks_a_plane "
                                                          "at leaks_a_plane:4, which has finished"):
             use()
+
+
+from tour_kernels import square  # noqa: E402
+
+
+def test_a_buffer_name_rebound_in_a_counted_loop_keeps_its_buffer():
+    M = np.zeros(4)
+
+    @eagle.Graph.builder
+    def f(x, n):
+        g = eagle.Graph()
+        own = inc(x, buffer=M)
+        for _ in range(n):          # a counted device loop
+            own = dbl(own)
+        g.result = square(own)
+        return g
+
+    x, n = np.arange(4.0), cell(3)
+    g = f(x, n)
+    for turns in (3, 0, 5):
+        n[0] = turns
+        want = (x + 1.0) * 2.0 ** turns
+        np.testing.assert_array_equal(g(), want * want)
+        np.testing.assert_array_equal(M, want)
+
+
+def test_a_buffer_name_rebound_in_device_arms_keeps_its_buffer():
+    B = np.zeros(4)
+
+    @eagle.Graph.builder
+    def f(x, c, sel, n):
+        g = eagle.Graph()
+        own = inc(x, buffer=B)
+        if c:
+            own = dbl(own)
+        else:
+            for _ in range(n):      # a loop nested in an arm moves the buffer along with the name
+                own = square(own)
+        match sel:
+            case 1:
+                own = inc(own)
+            case _:
+                pass
+        g.result = inc(own)
+        return g
+
+    x, c, sel, n = np.arange(4.0), cell(1), cell(1), cell(2)
+    g = f(x, c, sel, n)
+    for cv, sv, nv in ((1, 1, 2), (0, 1, 2), (0, 0, 1), (1, 0, 0)):
+        c[0], sel[0], n[0] = cv, sv, nv
+        own = x + 1.0
+        own = 2.0 * own if cv else own ** (2 ** nv)
+        own = own + 1.0 if sv == 1 else own
+        np.testing.assert_array_equal(g(), own + 1.0)
+        np.testing.assert_array_equal(B, own)
+
+
+def test_rebinding_a_buffer_name_at_the_top_level_keeps_python_meaning():
+    M = np.zeros(3)
+
+    @eagle.Graph.builder
+    def f(x):
+        g = eagle.Graph()
+        own = inc(x, buffer=M)
+        own = dbl(own)              # not device flow: the name moves on, the array keeps the first value
+        g.result = own
+        return g
+
+    x = np.arange(3.0)
+    np.testing.assert_array_equal(f(x)(), 2.0 * (x + 1.0))
+    np.testing.assert_array_equal(M, x + 1.0)
+
+
+def test_a_buffer_label_means_its_final_value_in_reverse():
+    from eagle_fx.diff import reverse
+
+    @eagle.Graph.builder
+    def f(x, flag):
+        g = eagle.Graph(record=True)
+        keep = square(x, buffer=True)
+        for _ in range(7):                  # capped: 7 turns while the flag stays 1
+            if not flag:
+                break
+            keep = dbl(keep)
+        g.result = inc(keep)
+        return g
+
+    x = np.array([0.5, -1.0, 2.0, 3.0])
+    g = f(x, cell(1))
+    g()
+    grads = reverse(g.record, {"result": np.ones(4)}, wrt=("keep", "x"))
+    np.testing.assert_allclose(grads["keep"], np.ones(4))          # result = keep_final + 1
+    np.testing.assert_allclose(grads["x"], 2.0 * x * 128.0)        # result = 128 x^2 + 1
+    eps = 1e-6                                                      # and by finite differences of plain NumPy
+    np.testing.assert_allclose(grads["x"], ((128 * (x + eps) ** 2 + 1) - (128 * (x - eps) ** 2 + 1)) / (2 * eps),
+                               rtol=1e-6)
