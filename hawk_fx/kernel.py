@@ -326,6 +326,11 @@ class Kernel:
                 if v.dtype.kind not in "biuf" or not role.accepts_dtype(v.dtype):
                     raise TypeError(f"{where} has dtype {v.dtype}; it needs {role.describe_dtype()}")
                 return (UNIFORM, v.dtype, (), False)
+            if isinstance(v, Tracer) and not v.trace.active:
+                v.trace.leaked(v, f"{where} is a traced value")
+            check = getattr(v, "_check_use", None)          # a staged plane of a graph: refused when leaked
+            if check is not None:
+                check(where)
             raise TypeError(f"{where} is {type(v).__name__} {v!r:.60}; pass a NumPy array"
                             + ("" if role.mutable or role.shape else " or a Python number"))
         if v.dtype.kind not in "biuf" or not role.accepts_dtype(v.dtype):
