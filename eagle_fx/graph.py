@@ -388,6 +388,17 @@ class Graph:
         self._generation += 1 if self._generation else 0
         return self
 
+    def to_dot(self) -> str:
+        """The graph as Graphviz DOT text: kernels, forks and joins, waits, device if/match/while
+        as clusters, buffers and results (render it with `dot -Tsvg`)."""
+        from .dot import to_dot
+        return to_dot(self)
+
+    def _repr_svg_(self):
+        """Jupyter shows the graph's picture when Graphviz's `dot` is installed, its text otherwise."""
+        from .dot import to_svg
+        return to_svg(self)
+
     def __repr__(self):
         if self._exe is None and self._program is None:
             return f"<eagle_fx.Graph (staging) {self._trace.seq} nodes, cpu>"
