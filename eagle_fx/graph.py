@@ -119,7 +119,24 @@ class Fork:
 
 
 class Graph:
-    """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue."""
+    """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue.
+
+    A builder makes one with `eagle.Graph()`, calls kernels (they become nodes), declares
+    `g.result` and returns it; calling the builder on arrays builds the graph once, and calling
+    the graph replays it:
+
+        @eagle_fx.Graph.builder
+        def chain(x):
+            g = eagle_fx.Graph()
+            g.result = square(scale(x, 2.0, 1.0))
+            return g
+
+        g = chain(np.arange(4.0))      # build
+        g()                            # replay: the result arrays (the graph's own; copy to keep)
+
+    `record=True` keeps what `eagle_fx.diff.reverse` needs; `backend=` picks "numpy" or "cuda"
+    instead of choosing by the arrays' type.
+    """
 
     def __init__(self, record: bool = False, backend=None):
         self._record = bool(record)
@@ -144,7 +161,11 @@ class Graph:
         else:
             self._builder = None
 
-    builder = staticmethod(lambda fn: Builder(fn))
+    @staticmethod
+    def builder(fn):
+        """Decorate a builder (a function that makes, fills and returns a Graph) or a block (one
+        with a parameter annotated `eagle_fx.Graph`, which appends to the graph it is given)."""
+        return Builder(fn)
 
     @classmethod
     def _from_program(cls, program, input_planes, tree, n_results, n):
