@@ -417,7 +417,10 @@ class Graph:
         return to_dot(self)
 
     def _repr_svg_(self):
-        """Jupyter shows the graph's picture when Graphviz's `dot` is installed, its text otherwise."""
+        """Jupyter shows the graph's picture when Graphviz's `dot` is installed, its text otherwise.
+        A hand-made graph still being staged shows as text: drawing it would build it."""
+        if self._program is None:
+            return None
         from .dot import to_svg
         return to_svg(self)
 

@@ -388,6 +388,11 @@ def test_repr_svg_draws_with_dot_and_falls_back_to_text(monkeypatch):
     if shutil.which("dot") is not None:
         svg = g._repr_svg_()
         assert "<svg" in svg and "inc" in svg
+    h = eagle.Graph()                              # a hand-made graph still being staged: not built by showing it
+    tk.twice(h, np.zeros(3))
+    assert h._repr_svg_() is None
+    tk.twice(h, np.zeros(3))                       # still open for more nodes
+    assert len(Picture(h.to_dot()).ids("dbl")) == 4
     monkeypatch.setattr(eagle_dot.shutil, "which", lambda name: None)
     assert g._repr_svg_() is None                  # Jupyter then shows repr(g)
     assert "Graph" in repr(g)
