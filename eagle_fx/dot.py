@@ -43,9 +43,9 @@ class _Drawing:
         self.lines.append(f"{indent}{nid} [label={_quote(label)}{extra}];")
         return nid
 
-    def edge(self, a, b, indent, **attrs):
-        """An edge (indent unused: edges go last, at top level); a second one between the same nodes
-        replaces a plain data edge drawn before."""
+    def edge(self, a, b, **attrs):
+        """An edge (written last, at top level); a second one between the same nodes replaces a
+        plain data edge drawn before."""
         extra = " [" + " ".join(f"{k}={_quote(v)}" for k, v in attrs.items()) + "]" if attrs else ""
         line = f"  {a} -> {b}{extra};"
         at = self.plain.pop((a, b), None)
@@ -86,7 +86,7 @@ class _Drawing:
                 a = b = self.eqn(e, env, indent)
                 k += 1
             if last is not None and a is not None and (a.startswith("fork") or last.startswith("join")):
-                self.edge(last, a, indent, style="bold")
+                self.edge(last, a, style="bold")
             first = first or a
             last = b or last
         return first, last
@@ -103,8 +103,8 @@ class _Drawing:
             a, b = self.sequence(arm, env, inner, depth + 1)
             self.close_cluster(inner)
             if a is not None:
-                self.edge(fork, a, indent, style="bold")
-                self.edge(b, join, indent, style="bold")
+                self.edge(fork, a, style="bold")
+                self.edge(b, join, style="bold")
         self.lines.append(f"{indent}{join} [label=\"join\" shape=invtriangle];")
         return fork, join
 
@@ -121,18 +121,18 @@ class _Drawing:
         else:                                           # cell logic, records, the transforms' helpers
             nid = self.node(e.prim.name, indent, shape="box", style="rounded", fontsize="10")
         self.by_info[id(e.info)] = nid
-        self.inputs(e, nid, env, indent)
+        self.inputs(e, nid, env)
         for v in e.outputs:
             env[v] = nid
         return nid
 
-    def inputs(self, e, nid, env, indent):
+    def inputs(self, e, nid, env):
         seen = set()
         for v in e.inputs:
             if isinstance(v, Literal) or v not in env or env[v] in seen or env[v] == nid:
                 continue
             seen.add(env[v])
-            self.edge(env[v], nid, indent)
+            self.edge(env[v], nid)
 
     def control(self, e, env, indent) -> str:
         p = e.params
@@ -147,7 +147,7 @@ class _Drawing:
         inner = self.open_cluster(f"{kind}{where}", indent, style="dashed", color="darkorange")
         head = self.node(kind.split(" ")[0], inner, shape="diamond")
         self.by_info[id(e.info)] = head
-        self.inputs(e, head, env, inner)
+        self.inputs(e, head, env)
         if e.prim is ir.while_p:
             arms = ([("condition", p["cond"])] if p["cond"] is not None else []) + [("body", p["body"])]
         elif e.prim is ir.cond_p:
@@ -163,9 +163,9 @@ class _Drawing:
                 text = "reads the guard cell" if label == "condition" else "(nothing)"
                 a = b = self.node(text, arm, shape="plaintext")
             self.close_cluster(arm)
-            self.edge(head, a, inner, label=label.split(" ")[-1] if label.startswith("case") else label)
+            self.edge(head, a, label=label.split(" ")[-1] if label.startswith("case") else label)
             if e.prim is ir.while_p and label == "body":
-                self.edge(b, head, inner, style="dashed", label="next turn", constraint="false")
+                self.edge(b, head, style="dashed", label="next turn", constraint="false")
         self.close_cluster(inner)
         for v in e.outputs:
             env[v] = head
@@ -196,12 +196,12 @@ def to_dot(graph) -> str:
         after = next((a for a in t.accesses if a.seq >= w.seq_at and a.branch[:len(w.branch)] == w.branch), None)
         target = d.by_info.get(id(after.info)) if after is not None else None
         if writer and target:
-            d.edge(writer, target, "  ", style="dashed", color="firebrick", label=f"wait({w.writer.info.name or 'plane'})",
+            d.edge(writer, target, style="dashed", color="firebrick", label=f"wait({w.writer.info.name or 'plane'})",
                    constraint="false")
     for h in getattr(t, "buffers", ()):                   # buffer= planes, named when labelled
         if h.var is not None and h.var in env:
             b = d.node(f"buffer {h.label}" if h.label else "buffer", "  ", shape="cylinder", color="gray40")
-            d.edge(env[h.var], b, "  ", style="dotted", arrowhead="none")
+            d.edge(env[h.var], b, style="dotted", arrowhead="none")
     results, tree = graph._result_vars() if graph._has_result else ([], None)
     paths = _leaf_paths(tree) if tree is not None else []
     for k, v in enumerate(prog.outputs):
@@ -213,7 +213,7 @@ def to_dot(graph) -> str:
             name = next((e.name for e in t.input_planes if e.name and t.root.current.get(e) is v), None)
             label = f"{name or 'array'} (written)"
         out = d.node(label, "  ", shape="ellipse", style="filled", fillcolor="gray92")
-        d.edge(env[v], out, "  ")
+        d.edge(env[v], out)
     d.lines += d.edges + ["}"]
     return "\n".join(d.lines) + "\n"
 
