@@ -115,8 +115,7 @@ def stage(f, args, api):
 
 
 def make_program(f):
-    """A function returning the Program that `f` stages for these arguments: print it to see what
-    a builder, or a transformed one, does (`print(make_program(grad(loss))(x, flag))`)."""
+    """A function returning the Program that `f` stages for these arguments."""
     def program(*args):
         return stage(f, args, "eagle_fx.make_program").program
     return program
@@ -313,13 +312,7 @@ def vjp(f, *args):
 
 def grad(f, argnums=0):
     """The gradient of `f`, whose result is one value (a one-cell array or a 0-d value), with
-    respect to argument(s) `argnums`.
-
-    Device loops and branches are differentiated as staged (a capped loop records its turns):
-
-        dx = eagle_fx.grad(loss)(x, flag)                  # the shape of x
-        dr, dK = eagle_fx.grad(loss, argnums=(0, 1))(r, K, y0)
-    """
+    respect to argument(s) `argnums`."""
     api = "eagle_fx.grad"
     pick = (argnums,) if isinstance(argnums, int) else tuple(argnums)
 
@@ -425,11 +418,7 @@ def vmap(f, in_axes=0, out_axes=0):
     Per-sample planes (B, n), Vector planes (B, k, n), cells (B, 1), Params (B,) or (B, 1).
     A device condition that differs by instance runs every arm (each instance keeps its own) and a
     loop with per-instance guards runs until every instance is done, finished ones frozen.
-    vmap of a builder is a builder (it returns the Graph); of any other function, it returns values.
-
-        g = eagle_fx.vmap(solve, in_axes=(None, 0, 0))(M, es, flags)   # es: (B, n), flags: (B, 1)
-        g()                                                           # (B, n): one row per instance
-    """
+    vmap of a builder is a builder (it returns the Graph); of any other function, it returns values."""
     api = "eagle_fx.vmap"
     name = _name(f)
     for ax in (out_axes if isinstance(out_axes, (tuple, list)) else [out_axes]):

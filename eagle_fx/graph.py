@@ -134,7 +134,7 @@ class Graph:
         g = chain(np.arange(4.0))      # build
         g()                            # replay: the result arrays (the graph's own; copy to keep)
 
-    `record=True` keeps what `eagle_fx.diff.reverse` needs; `backend=` picks "numpy" or "cuda"
+    `record=True` keeps what `eagle_fx.diff.reverse` needs; `backend=` names a backend ("numpy", "cuda")
     instead of choosing by the arrays' type.
     """
 
@@ -331,6 +331,20 @@ class Graph:
             self.build()
         return self._program
 
+    def to_dot(self) -> str:
+        """The graph as Graphviz DOT text: kernels, forks and joins, waits, device if/match/while
+        as clusters, buffers and results (render it with `dot -Tsvg`)."""
+        from .dot import to_dot
+        return to_dot(self)
+
+    def _repr_svg_(self):
+        """Jupyter shows the graph's picture when Graphviz's `dot` is installed, its text otherwise.
+        A hand-made graph still being staged shows as text: drawing it would build it."""
+        if self._program is None:
+            return None
+        from .dot import to_svg
+        return to_svg(self)
+
     def _array_of_plane(self, h: Plane):
         if self._exe is None:
             return None
@@ -409,20 +423,6 @@ class Graph:
             self._exe.rebind(i, arr)
         self._generation += 1 if self._generation else 0
         return self
-
-    def to_dot(self) -> str:
-        """The graph as Graphviz DOT text: kernels, forks and joins, waits, device if/match/while
-        as clusters, buffers and results (render it with `dot -Tsvg`)."""
-        from .dot import to_dot
-        return to_dot(self)
-
-    def _repr_svg_(self):
-        """Jupyter shows the graph's picture when Graphviz's `dot` is installed, its text otherwise.
-        A hand-made graph still being staged shows as text: drawing it would build it."""
-        if self._program is None:
-            return None
-        from .dot import to_svg
-        return to_svg(self)
 
     def __repr__(self):
         if self._exe is None and self._program is None:
