@@ -129,7 +129,24 @@ class Fork:
 
 
 class Graph:
-    """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue."""
+    """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue.
+
+    A builder makes one with `eagle.Graph()`, calls kernels (they become nodes), declares
+    `g.result` and returns it; calling the builder on arrays builds the graph once, and calling
+    the graph replays it:
+
+        @eagle_fx.Graph.builder
+        def chain(x):
+            g = eagle_fx.Graph()
+            g.result = square(scale(x, 2.0, 1.0))
+            return g
+
+        g = chain(np.arange(4.0))      # build
+        g()                            # replay: the result arrays (the graph's own; copy to keep)
+
+    `record=True` keeps what `eagle_fx.diff.reverse` needs; `backend=` names a backend ("numpy", "cuda")
+    instead of choosing by the arrays' type.
+    """
 
     def __init__(self, record: bool = False, backend=None):
         self._record = bool(record)
@@ -159,7 +176,11 @@ class Graph:
         else:
             self._builder = None
 
-    builder = staticmethod(lambda fn: Builder(fn))
+    @staticmethod
+    def builder(fn):
+        """Decorate a builder (a function that makes, fills and returns a Graph) or a block (one
+        with a parameter annotated `eagle_fx.Graph`, which appends to the graph it is given)."""
+        return Builder(fn)
 
     @classmethod
     def _from_program(cls, program, input_planes, tree, n_results, n):
@@ -324,6 +345,20 @@ class Graph:
         if self._program is None:
             self.build()
         return self._program
+
+    def to_dot(self) -> str:
+        """The graph as Graphviz DOT text: kernels, forks and joins, waits, device if/match/while
+        as clusters, buffers and results (render it with `dot -Tsvg`)."""
+        from .dot import to_dot
+        return to_dot(self)
+
+    def _repr_svg_(self):
+        """Jupyter shows the graph's picture when Graphviz's `dot` is installed, its text otherwise.
+        A hand-made graph still being staged shows as text: drawing it would build it."""
+        if self._program is None:
+            return None
+        from .dot import to_svg
+        return to_svg(self)
 
     def _array_of_plane(self, h: Plane):
         if self._exe is None:
