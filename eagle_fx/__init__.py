@@ -13,7 +13,9 @@ from . import diff
 from .api import grad, jacfwd, jacrev, jvp, make_graph, make_program, vjp, vmap
 from .graph import Branch, Fork, Graph, opaque
 from .staging import UncappedLoopWarning
+from .to_jax import to_jax
 
 __version__ = "0.1.0"
 
-__all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning"]
+__all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning",
+           "to_jax"]

@@ -137,7 +137,8 @@ class _Staged:
 
     def graph(self, prog, extra_planes, tree, n_results):
         from .graph import Graph
-        return Graph._from_program(prog, self.planes + list(extra_planes), tree, n_results, self.n)
+        backend, mesh = self.g._backend_of()
+        return Graph._from_program(prog, self.planes + list(extra_planes), tree, n_results, self.n, backend, mesh)
 
     def capacity(self, trip, e):
         """The most turns a counted loop of trip count `trip` (a Program input) runs: its value now,
@@ -448,7 +449,7 @@ def _batch(f, args, axes, out_axes, api, name):
             outs[j] = v
     bprog = bprog.replace(eqns=eqns, outputs=outs)
     from .graph import Graph
-    return Graph._from_program(bprog, planes, tree, nres, g._trace.n)
+    return Graph._from_program(bprog, planes, tree, nres, g._trace.n, *g._backend_of())
 
 
 def _nested(f, args, outer_axes, out_axes, api, name):

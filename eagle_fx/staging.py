@@ -203,9 +203,13 @@ class GraphTrace:
             return value.key
         if is_array(value):
             return self.extern(value)
-        if type(value).__module__.split(".")[0] in ("cupy", "jax", "jaxlib"):
+        if type(value).__module__.split(".")[0] in ("jax", "jaxlib"):
+            raise NotImplementedError(f"{api}: {what} is a traced {type(value).__name__} (inside jax.jit, jax.grad or "
+                                      "jax.vmap): a builder stages concrete arrays; to call a graph from JAX code, "
+                                      "wrap the builder: eagle_fx.to_jax(builder)")
+        if type(value).__module__.split(".")[0] == "cupy":
             raise NotImplementedError(f"{api}: {what} is a {type(value).__module__}.{type(value).__name__}: graphs run "
-                                      "on NumPy arrays, or on CuPy arrays as CUDA graphs; pass one of those")
+                                      "on NumPy arrays, CuPy arrays (CUDA graphs) or jax.Arrays; pass one of those")
         return None
 
     def new_plane(self, aval, info=None, var=None) -> Plane:
