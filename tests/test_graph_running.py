@@ -10,6 +10,8 @@ import hawk_fx as hawk
 from hawk_fx import Mutable, Scalar
 from tour_kernels import accumulate, add, affine, below, cell, dbl, inc, square
 
+pytestmark = pytest.mark.usefixtures("backend")     # every test on numpy and on jax
+
 
 @hawk.kernel
 def bump(s: Scalar, y: Mutable[Scalar]):        # y grows by s at every replay
@@ -216,7 +218,8 @@ def test_enqueue_error_surfaces_at_synchronize():
 # ---------------------------------------------------------------------------------------------
 # repr and the printed Program
 
-def test_repr_counts_nodes_and_stages():
+def test_repr_counts_nodes_and_stages(backend):
+    where = "cpu" if backend == "numpy" else backend
     @eagle_fx.Graph.builder
     def chain3(x):
         g = eagle_fx.Graph()
@@ -246,10 +249,10 @@ def test_repr_counts_nodes_and_stages():
         return g
 
     x0 = np.zeros(3)
-    assert repr(chain3(x0)) == "<eagle_fx.Graph 3 nodes, 3 stages, cpu>"
-    assert repr(diamond(x0)) == "<eagle_fx.Graph 4 nodes, 3 stages, cpu>"
-    assert repr(with_cond(x0, cell(1))) == "<eagle_fx.Graph 4 nodes, 1 stages, cpu>"
-    assert re.fullmatch(r"<eagle_fx\.Graph \d+ nodes, \d+ stages, cpu>", repr(diamond(x0)))
+    assert repr(chain3(x0)) == f"<eagle_fx.Graph 3 nodes, 3 stages, {where}>"
+    assert repr(diamond(x0)) == f"<eagle_fx.Graph 4 nodes, 3 stages, {where}>"
+    assert repr(with_cond(x0, cell(1))) == f"<eagle_fx.Graph 4 nodes, 1 stages, {where}>"
+    assert re.fullmatch(r"<eagle_fx\.Graph \d+ nodes, \d+ stages, " + where + ">", repr(diamond(x0)))
 
 
 def test_printed_program_is_jaxpr_like_with_cond_while_switch():
@@ -425,7 +428,7 @@ def test_bind_strided_views():
     np.testing.assert_array_equal(ys[::2], -1.0)    # the other half of the base array is untouched
 
 
-def test_a_block_extends_a_hand_made_graph_after_a_host_node():
+def test_a_block_extends_a_hand_made_graph_after_a_host_node(backend):
     @eagle_fx.Graph.builder
     def twice(g: eagle_fx.Graph, v):
         return dbl(dbl(v))
@@ -440,7 +443,7 @@ def test_a_block_extends_a_hand_made_graph_after_a_host_node():
     src[:] = [10.0, 20.0, 30.0, 40.0]            # the host node reads src at every replay
     h.launch()
     np.testing.assert_array_equal(np.asarray(z), 4.0 * (src + 1.0))
-    assert repr(h) == "<eagle_fx.Graph 3 nodes, 3 stages, cpu>"
+    assert repr(h) == f"<eagle_fx.Graph 3 nodes, 3 stages, {'cpu' if backend == 'numpy' else backend}>"
 
 
 def test_a_block_returns_a_tree_and_takes_the_graph_by_keyword():

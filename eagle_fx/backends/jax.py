@@ -154,11 +154,17 @@ class JaxExecutable:
         return [jax.device_put(a, s) for a, s in zip(self.arrays, self.shardings)]
 
     def replay(self, times: int = 1):
+        import jax
         run = self.compile()
         for _ in range(times):
             if self.lowering.trip_checks:
                 self._check_trips()
             outs = run(*self._inputs())
+            if self.lowering.has_host:
+                jax.block_until_ready(outs)
+            if self.lowering.host_errors:
+                errors, self.lowering.host_errors[:] = list(self.lowering.host_errors), []
+                raise errors[0]
             if self.on_jax:
                 for j, i in self.written:
                     self.arrays[i] = outs[j]

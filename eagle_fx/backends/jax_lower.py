@@ -61,6 +61,8 @@ class Lowering:
         self.root: dict[Var, int] = {}      # a Var -> the Program input whose buffer it is (Mutable chains)
         self.loop_trips: list = []          # the trip atoms of the enclosing counted loops
         self.trip_checks: list = []         # (input index, capacity): a replay checks trip <= capacity
+        self.host_errors: list = []         # what an opaque node raised during the running replay
+        self.has_host = False               # the Program calls host nodes (a replay waits for them)
 
     def eval(self, prog: Program, args) -> list:
         env = dict(zip(prog.inputs, args))
@@ -125,13 +127,20 @@ def _opaque(lw, e, ins):
                                 "makes; under jit a host node sees only the caller's NumPy arrays: declare "
                                 "builder arguments (or arrays made outside the builder) in its reads/writes")
         arrays.append(arr)
+    lw.has_host = True
     written = [i for _, i in e.params["inplace"]]
     shapes = [_shape_struct(e.inputs[i].aval) for i in written]
 
     def host(*values):
-        for arr, v in zip(arrays, values):
-            np.copyto(arr, np.asarray(v))
-        fn()
+        # an exception cannot cross XLA: it is kept, the rest of the replay skips its host nodes,
+        # and the executable raises it instead of writing anything back
+        if not lw.host_errors:
+            for arr, v in zip(arrays, values):
+                np.copyto(arr, np.asarray(v))
+            try:
+                fn()
+            except BaseException as exc:
+                lw.host_errors.append(exc)
         return [np.array(arrays[i]) for i in written]
 
     return io_callback(host, shapes, *ins, ordered=True)
