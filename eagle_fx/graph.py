@@ -259,6 +259,9 @@ class Graph:
         keep = {h.var for h in list(t.handles) + t.buffers if h.var is not None}
         arrays = [e.array for e in t.input_planes]
         backend = _cuda.choose(arrays, "jax" if self._mesh is not None else self._backend)
+        if backend == "jax" and self._record and self._backend is None and self._mesh is None \
+                and all(isinstance(a, np.ndarray) for a in arrays):
+            backend = "numpy"          # use_backend('jax') around a record=True graph: records are the NumPy backend's
         if backend == "jax":                                 # one XLA executable (backends/jax.py)
             if self._record:
                 raise NotImplementedError("eagle.Graph: record=True graphs (for eagle_fx.diff) run on the NumPy "
