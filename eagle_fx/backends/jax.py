@@ -31,7 +31,7 @@ LAZY: list = []     # non-empty: executables built now compile at their first re
 
 def _arg(names, k):
     name = names[k] if names and k < len(names) else None
-    return f"argument {name!r}" if name else f"array {k} of the graph"
+    return f"argument {name!r}" if name else f"array {k} of the graph (one the builder reads by closure or a buffer=)"
 
 
 def check_arrays(arrays, names, mesh, api="eagle.Graph"):
