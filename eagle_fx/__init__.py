@@ -10,6 +10,7 @@
     g()                 # replay
 """
 from . import diff
+from .cache import clear_caches
 from .api import grad, jacfwd, jacrev, jvp, make_graph, make_program, vjp, vmap
 from .graph import Branch, Fork, Graph, opaque
 from .staging import UncappedLoopWarning
@@ -18,4 +19,4 @@ from .to_jax import to_jax
 __version__ = "0.1.0"
 
 __all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning",
-           "to_jax"]
+           "clear_caches", "to_jax"]

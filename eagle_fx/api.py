@@ -20,26 +20,29 @@ import numpy as np
 
 from hawk_fx.core import Eqn, Var
 from hawk_fx.diff import match_tree
+from hawk_fx.perthread import ThreadDict, ThreadStack
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
-from . import ir
+from . import cache, ir
 from .staging import Extern
 from .transforms.jvp_graph import jvp_graph
 from .transforms.program import TransformError, ct_aval, dce, is_float
 from .transforms.vjp_graph import vjp_graph
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
 
-_STAGING: list = []          # > 0: a transform is staging a plain function; transforms return Graphs
-_BATCH_FULL: dict = {}       # id(instance array) -> its batched array, while vmap stages an instance
+_STAGING = ThreadStack()     # non-empty: a transform is staging a plain function; transforms return Graphs
+_BATCH_FULL = ThreadDict()   # id(instance array) -> its batched array, while vmap stages an instance
 
 
 class Transformed:
-    """A function a transform made. `graph(*args)`: the Graph it runs for these arguments."""
+    """A function a transform made. `graph(*args)`: a new Graph it runs for these arguments.
+    Called, it replays a cached graph for the arguments' layout (see eagle_fx.cache)."""
 
-    def __init__(self, name, stage, values=True, finish=None, vmap_of=None):
+    def __init__(self, name, stage, values=True, vmap_of=None, sig=None):
         self.__name__ = name
-        self._stage, self._values, self._finish = stage, values, finish
+        self._stage, self._values = stage, values
         self._vmap_of = vmap_of          # (f, in_axes, out_axes) of a vmap: an outer vmap flattens both
+        self._sig = sig if sig is not None else self   # the cache's name for it: (transform, options, function)
 
     def graph(self, *args):
         return self._stage(*args)
@@ -47,11 +50,18 @@ class Transformed:
     def __call__(self, *args, **kwargs):
         if kwargs:
             raise TypeError(f"{self.__name__}: pass the arguments positionally (got {', '.join(kwargs)} by keyword)")
-        g = self._stage(*args)
         if _STAGING or not self._values:
-            return g
-        out = _run(g)
-        return self._finish(out) if self._finish else out
+            return self._stage(*args)
+        return _run(cache.staged(self._sig, args, self._stage)[0].graph)
+
+    def cache_info(self):
+        """(hits, misses, currsize, maxsize) of its cache of staged graphs."""
+        c = cache.cache_for(self._sig, create=False)
+        return c.info() if c is not None else cache.CacheInfo(0, 0, 0, cache.MAXSIZE)
+
+    def clear_cache(self):
+        """Forget its staged graphs: the next call stages again."""
+        cache.clear(self._sig)
 
     def __repr__(self):
         return f"<eagle_fx transformed function {self.__name__}>"
@@ -61,14 +71,21 @@ def _name(f):
     return getattr(f, "__name__", type(f).__name__)
 
 
+def _sig(kind, f, *options):
+    """The cache's name for transform `kind` of `f`: equal for grad(f) made twice."""
+    return (kind, f._sig if isinstance(f, Transformed) else f) + options
+
+
 def _run(g):
+    """Replay `g` and return copies of its result (through the transform's finishing step)."""
     g.launch()
-    return _copy_tree(g.result)
-
-
-def _copy_tree(tree):
-    leaves, t = tree_flatten(tree, is_leaf=lambda x: isinstance(x, np.ndarray))
-    return tree_unflatten(t, [np.array(x) for x in leaves])
+    if g._has_result:
+        leaves, tree = g._result_flat
+        out = tree_unflatten(tree, [np.array(g._leaf_array(x, v)) for x, v in zip(leaves, g._program.outputs)])
+    else:
+        out = None
+    post = getattr(g, "_post", None)
+    return post(out) if post is not None else out
 
 
 def stage(f, args, api):
@@ -146,7 +163,10 @@ class _Staged:
         if trip in self.prog.inputs:
             arr = self.planes[self.prog.inputs.index(trip)].array
             full = _BATCH_FULL.get(id(arr))
-            return int(np.max(full if full is not None else arr))
+            src = full if full is not None else arr
+            cap = int(np.max(src))
+            cache.note_capacity(src, cap)
+            return cap
         raise TransformError(f"{self.api}: the trip count of the counted loop at {e.info.where} is computed in the "
                              "graph; reverse mode needs to know its turns: cap the loop "
                              "(`for _ in range(N): if not cell: break`)")
@@ -182,6 +202,13 @@ def jvp(f, primals, tangents):
             need = f"{np.shape(p)} {p.dtype}, or None" if _float_array(p) else "None (it is not a floating array)"
             raise ValueError(f"{api}: the tangent for argument {names[k]} has shape {np.shape(t)} and dtype "
                              f"{np.asarray(t).dtype}; it needs {need}")
+    if _STAGING:
+        return _jvp_graph(f, primals, tangents, names, api)
+    e, _ = cache.staged(_sig("jvp", f), (primals, tangents), lambda p, t: _jvp_graph(f, p, t, names, api))
+    return _run(e.graph)
+
+
+def _jvp_graph(f, primals, tangents, names, api):
     s = _Staged(f, primals, api)
     flags = [k is not None and tangents[k] is not None for k in s.arg_of]
     force = [is_float(v.aval) for v in s.results]
@@ -198,10 +225,7 @@ def jvp(f, primals, tangents):
             outs.append(z)
     jp = jp.replace(eqns=eqns, outputs=outs)
     t_planes = [Extern(np.asarray(tangents[a]), f"t_{names[a]}") for a, fl in zip(s.arg_of, flags) if fl]
-    g = s.graph(jp, t_planes, _pair_tree(s.tree, s.tree), 2 * k)
-    if _STAGING:
-        return g
-    return _run(g)
+    return s.graph(jp, t_planes, _pair_tree(s.tree, s.tree), 2 * k)
 
 
 def _arg_names(f, n):
@@ -251,14 +275,22 @@ def vjp(f, *args):
     if _STAGING:
         raise TransformError(f"{api}: inside a transformed function, use eagle_fx.grad or eagle_fx.jacrev (they "
                              "return their graph to the outer transform); vjp returns a Python pullback")
-    s = _Staged(f, args, api)
     floats = [k for k, a in enumerate(args) if _float_array(a)]
-    prog = _vjp_program(s, floats, api)
-    seeds = _seed_planes(s)
-    # one functional graph gives the result (at zero seeds) and the pullback: the caller's arrays
-    # are never written, so every pullback sees the arguments as they were
-    g = s.graph(prog, seeds, _pair_tree(s.tree, _leaf_tree(len(floats))), len(s.results) + len(floats))
+
+    def make(*args):
+        s = _Staged(f, args, api)
+        prog = _vjp_program(s, floats, api)
+        seeds = _seed_planes(s)
+        # one functional graph gives the result (at zero seeds) and the pullback
+        g = s.graph(prog, seeds, _pair_tree(s.tree, _leaf_tree(len(floats))), len(s.results) + len(floats))
+        g._vjp = (s, seeds)
+        return g
+    e, _ = cache.staged(_sig("vjp", f), args, make)
+    g = e.graph
+    s, seeds = g._vjp
     y = _run(g)[0]
+    # the cached graph may run other calls before this pullback: it keeps the arguments it saw
+    saved = [None if o is None else np.array(o) for o in e.owned] if e.owned is not None else None
     float_results = [j for j, v in enumerate(s.results) if is_float(v.aval)]
 
     def pullback(ct):
@@ -272,6 +304,8 @@ def vjp(f, *args):
                 raise ValueError(f"{api}: the cotangent of result {j} has shape {c.shape}; the result has "
                                  f"{p.array.shape}")
             np.copyto(p.array, c)
+        if saved is not None:
+            e.bind(saved)
         cts = dict(zip(floats, _run(g)[1]))
         return tuple(cts.get(k) for k in range(len(args)))
     return y, pullback
@@ -300,7 +334,7 @@ def grad(f, argnums=0):
         v = s.results[0]
         seed = [Extern(np.ones(v.aval.shape, v.aval.dtype), "ct")]
         return s.graph(prog, seed, _leaf_tree(None if isinstance(argnums, int) else len(ks)), len(ks))
-    return Transformed(f"grad({_name(f)})", make)
+    return Transformed(f"grad({_name(f)})", make, sig=_sig("grad", f, _freeze(argnums)))
 
 
 def jacfwd(f, argnums=0):
@@ -317,8 +351,6 @@ def jacrev(f, argnums=0):
 def _jacobian(f, argnums, api, forward):
     if not isinstance(argnums, int):
         raise TypeError(f"{api}: argnums is one argument position (an int)")
-    shapes = {}
-
     def make(*args):
         x = args[argnums]
         if not _float_array(x):
@@ -327,26 +359,39 @@ def _jacobian(f, argnums, api, forward):
         if len(s.results) != 1:
             raise TypeError(f"{api}: {s.fname} returns {len(s.results)} results; a Jacobian takes one")
         out = s.results[0].aval
-        shapes["out"], shapes["in"] = out.shape, x.shape
         if forward:
             basis = np.eye(x.size, dtype=x.dtype).reshape((x.size,) + x.shape)
 
             def one(t):
                 return jvp(f, args, tuple(t if k == argnums else None for k in range(len(args))))
-            return vmap(one, in_axes=0).graph(basis)
-        basis = np.eye(int(np.prod(out.shape)), dtype=ct_aval(out).dtype).reshape((-1,) + out.shape)
+            g = vmap(one, in_axes=0).graph(basis)
+        else:
+            basis = np.eye(int(np.prod(out.shape)), dtype=ct_aval(out).dtype).reshape((-1,) + out.shape)
 
-        def one(ct):
-            s2 = _Staged(f, args, api)
-            prog = _vjp_program(s2, [argnums % len(args)], api)
-            return s2.graph(dce(prog.replace(outputs=prog.outputs[1:])), _seed_planes(s2, [ct]), _leaf_tree(None), 1)
-        return vmap(Transformed(f"vjp({_name(f)})", one), in_axes=0).graph(basis)
+            def one(ct):
+                s2 = _Staged(f, args, api)
+                prog = _vjp_program(s2, [argnums % len(args)], api)
+                return s2.graph(dce(prog.replace(outputs=prog.outputs[1:])), _seed_planes(s2, [ct]),
+                                _leaf_tree(None), 1)
+            g = vmap(Transformed(f"vjp({_name(f)})", one), in_axes=0).graph(basis)
+        g._post = lambda value: _jacobian_shape(value, forward, out.shape, x.shape)
+        return g
+    return Transformed(f"{api.split('.')[-1]}({_name(f)})", make, sig=_sig(api, f, argnums))
 
-    def finish(value):
-        j = value[1] if forward else value                   # (inputs..., *out) or (outputs..., *in)
-        j = np.moveaxis(j, 0, -1) if forward else j
-        return j.reshape(shapes["out"] + shapes["in"])
-    return Transformed(f"{api.split('.')[-1]}({_name(f)})", make, finish=finish)
+
+def _jacobian_shape(value, forward, out_shape, in_shape):
+    j = value[1] if forward else value                   # (inputs..., *out) or (outputs..., *in)
+    j = np.moveaxis(j, 0, -1) if forward else j
+    return j.reshape(out_shape + in_shape)
+
+
+def _freeze(x):
+    """A hashable copy of an option (lists of axes become tuples)."""
+    if isinstance(x, (list, tuple)):
+        return tuple(_freeze(v) for v in x)
+    if isinstance(x, dict):
+        return tuple((k, _freeze(v)) for k, v in x.items())
+    return x
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,7 +432,8 @@ def vmap(f, in_axes=0, out_axes=0):
         if isinstance(f, Transformed) and f._vmap_of is not None:
             return _nested(f, args, axes, out_axes, api, name)
         return _batch(f, args, axes, out_axes, api, name)
-    return Transformed(f"vmap({name})", make, values=not _returns_graph(f), vmap_of=(f, in_axes, out_axes))
+    return Transformed(f"vmap({name})", make, values=not _returns_graph(f), vmap_of=(f, in_axes, out_axes),
+                       sig=_sig("vmap", f, _freeze(in_axes), _freeze(out_axes)))
 
 
 def _batch(f, args, axes, out_axes, api, name):
@@ -456,6 +502,7 @@ def _nested(f, args, outer_axes, out_axes, api, name):
     """vmap(vmap(inner, in_axes=ia), in_axes=oa): one vmap over B2 * B1 instances, results seen as
     (B2, B1, ...). An argument batched by one level only is repeated along the other."""
     inner, ia, inner_out = f._vmap_of
+    cache.uncacheable()                  # the arguments are repeated into new arrays: stage each call
     if out_axes != 0 or inner_out != 0:
         raise ValueError(f"{api}({name}): nested vmap takes out_axes 0 at both levels")
     B2 = B1 = None

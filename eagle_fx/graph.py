@@ -13,6 +13,7 @@ import typing
 import numpy as np
 
 from hawk_fx.kernel import GRAPH_STAGING
+from hawk_fx.perthread import ThreadStack
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from . import staging
@@ -63,7 +64,7 @@ class _BuildContext:
         self.builder, self.arg_names, self.graph = builder, arg_names, None
 
 
-_building: list[_BuildContext] = []
+_building = ThreadStack()     # this thread's builder calls (_BuildContext), innermost last
 
 
 class Branch:

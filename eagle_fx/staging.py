@@ -15,6 +15,7 @@ import numpy as np
 
 from hawk_fx.core import AVal, Eqn, EqnInfo, Literal, Program, Var
 from hawk_fx.kernel import GRAPH_STAGING
+from hawk_fx.perthread import ThreadStack
 from hawk_fx.source import SourceInfo, user_line
 from hawk_fx.trace import UNDEF
 
@@ -366,7 +367,7 @@ class GraphTrace:
         return Program(self.inputs, self.root.eqns, outs)
 
 
-_source_stack: list[SourceInfo] = []
+_source_stack = ThreadStack()     # this thread's builders being staged (SourceInfo), innermost last
 
 
 def _current_source():

@@ -1,7 +1,9 @@
 """The builder tour: every form of a graph builder, with what it prints (`python -m eagle_fx`).
 
-Lines starting with '## ' mark the sections.
+The numbered sections are those of the docs' Graphs page; each heading line starts with '## ',
+followed by its prose and a blank line.
 """
+import textwrap
 import warnings
 
 import numpy as np
@@ -47,7 +49,21 @@ def cell(v):                                                   # a one-cell uint
 
 x = np.arange(4.0)
 
-print("## A builder, a block, a block on a hand-made graph")
+
+def section(title, prose=""):
+    """Print a heading between blank lines, with the prose under it wrapped to 100 columns (never mid-word)."""
+    print(f"\n## {title}" if title[0].isdigit() else f"## {title}")
+    if prose:
+        print(textwrap.fill(prose, 100, break_long_words=False, break_on_hyphens=False))
+
+
+section("Every form of a graph builder",
+        "A tour of what you can write inside @eagle.Graph.builder, one form at a time, each with a line "
+        "saying what it does. The documentation's Graphs page follows the same numbered sections; its "
+        "Under the hood page shows how it all works. Everything here runs on the CPU; CuPy arrays make "
+        "the same functions CUDA graphs.")
+
+section("1. A builder, a block, a block on a hand-made graph")
 
 @eagle.Graph.builder
 def twice(g: eagle.Graph, v):                  # a BLOCK: a parameter annotated eagle.Graph; it appends to that graph
@@ -71,7 +87,7 @@ h.build().launch()
 print(z)
 
 
-print("## Forks, branches, wait")
+section("2. Forks, branches, wait")
 
 @eagle.Graph.builder
 def forks(x):
@@ -95,7 +111,7 @@ def forks(x):
 print(forks(x)())
 
 
-print("## if, a Python if, a Python for")
+section("3. if, a Python if, a Python for")
 
 @eagle.Graph.builder
 def choose(x, flag, which, debug):
@@ -120,7 +136,7 @@ c[0] = 0
 print(g())                                     # same graph, the other arm: the cell is read per replay
 
 
-print("## Loops on the device")
+section("4. Loops on the device")
 
 @eagle.Graph.builder
 def capped(x, flag):
@@ -166,14 +182,14 @@ def skipping(x, flag, skip):
 
 print(capped(np.ones(4), cell(1))())
 print(counted(np.zeros(4), cell(3))())
-with warnings.catch_warnings(record=True) as w:
+with warnings.catch_warnings(record=True) as w:   # an uncapped `while` warns at build: shown here once
     warnings.simplefilter("always")
     print(early_exit(np.zeros(4), cell(1), cell(0))())
-print(w[0].message)                            # the warning an uncapped `while` gives
-print(skipping(np.zeros(4), cell(1), cell(0))())
+    print(w[0].message)                        # the warning an uncapped `while` gives
+    print(skipping(np.zeros(4), cell(1), cell(0))())   # skipping's loop is uncapped too: same warning
 
 
-print("## match")
+section("5. match")
 
 @eagle.Graph.builder
 def chooser(x, sel):
@@ -192,7 +208,7 @@ for s in (0, 2, 5):
     print(s, chooser(np.full(4, 3.0), cell(s))()[0])
 
 
-print("## Buffers and results")
+section("6. Buffers and results")
 
 @eagle.Graph.builder
 def keep(x):
@@ -215,7 +231,7 @@ y = np.zeros(4)
 print(void(x, y)(), y)                         # g() is None; y holds the output
 
 
-print("## Running")
+section("7. Running")
 
 g = first(x)
 print(g())                                     # one replay; returns result
@@ -228,7 +244,7 @@ g.synchronize()                                # ... until you ask
 print(g.result)                                # the result arrays, read without a launch
 
 
-print("## Gradients")
+section("8. Gradients")
 
 @eagle.Graph.builder
 def model(x, y, record=False):
@@ -250,15 +266,15 @@ r = eagle.diff.reverse(gr.record, {"a": ones}, wrt=("x",))            # seed a b
 print(r["x"])
 
 
-print("## What it refuses")
-
-print("## Each refusal says what to change. The limits that belong to ")
+section("9. What it refuses",
+        "Each refusal says what to change. The limits that belong to recorded loops are listed on the "
+        "Gradients and transforms page.")
 
 def refused(label, f):
     try:
         f()
     except Exception as e:
-        print(f"{label}:\n  {type(e).__name__}: {str(e)[:330]}\n")
+        print(f"\n{label}:\n  {type(e).__name__}: {e}")
 
 def returns_array():
     @eagle.Graph.builder
@@ -315,11 +331,12 @@ for label, f in (("a builder returns arrays", returns_array), ("wait outside a f
     refused(label, f)
 
 
-print("## One graph with everything")
+section("10. One graph with everything",
+        "The pieces above, together: a fork with a wait, blocks, a capped device loop, a state seeded "
+        "from an argument, an output written in place, a bind, a replay and a gradient. Each step below "
+        "builds on the one before it.")
 
-print("## The pieces above, together: a fork with a wait, blocks, a ca")
-
-print("## The kernels. Toy bodies; the roles are hawk’s.")
+section("10.1 The kernels", "Toy bodies; the roles are hawk’s.")
 
 import numpy as np
 import hawk_fx as hawk
@@ -350,7 +367,7 @@ def square(v: Scalar) -> Scalar: return v * v
 
 x = np.arange(8.0); x2 = x + 1.0; y = np.zeros(8); flag = np.array([1], dtype=np.uint32)
 
-print("## Blocks. A parameter annotated eagle.Graph means “append to t")
+section("10.2 Blocks", "A parameter annotated eagle.Graph means “append to the graph you are given”.")
 
 import eagle_fx as eagle
 
@@ -366,7 +383,8 @@ def settle(g: eagle.Graph, s, l, flag):
         remaining(s, flag)                         #   the body writes the guard through its Mutable
     return s
 
-print("## Build. A builder makes a graph, records into it and returns ")
+section("10.3 Build", "A builder makes a graph, records into it and returns it. Calling it on arrays "
+        "builds that graph; nothing runs.")
 
 @eagle.Graph.builder                               # a BUILDER: no Graph parameter; makes and returns one
 def whole(x, flag, y, record=False) -> eagle.Graph:
@@ -388,13 +406,14 @@ def whole(x, flag, y, record=False) -> eagle.Graph:
 
 g = whole(x, flag, y)                              # BUILD + first BIND: records, lowers, instantiates
 
-print("## Bind. New arrays, same program, in place.")
+section("10.4 Bind", "New arrays, same program, in place.")
 
 g.bind(x=x2)                                       # by the builder's parameter names; no copy, no rebuild;
                                                    # same shape/dtype/device/n (else: "call whole again")
 
 
-print("## Run. Call the graph. It returns the declared result, and the")
+section("10.5 Run", "Call the graph. It returns the declared result, and the Mutable arguments hold "
+        "theirs.")
 
 s = g()                                            # one replay -> the result tree; y holds its output
 s = g(10)                                          # ten replays, the result after the last
@@ -403,7 +422,8 @@ latest = g.result                                  # the same arrays, read witho
 print(latest)
 
 
-print("## Gradients. The keys are the names that enter and leave the g")
+section("10.6 Gradients", "The keys are the names that enter and leave the graph: builder arguments and "
+        "result.")
 
 gr = whole(x, flag, y, record=True)                # a recorded twin (record=True is a build fact)
 s = gr()                                           # a recorded graph runs with launch()/g(), never enqueue
@@ -411,7 +431,7 @@ grads = eagle.diff.reverse(gr.record, {"result": np.ones(8), "y": np.ones(8)}, w
 print(grads["x"])
 
 
-print("## The result forms. A first-hour graph, a tree of results, and")
+section("11. The result forms", "A first-hour graph, a tree of results, and a graph with no result.")
 
 import numpy as np
 import eagle_fx as eagle

@@ -17,12 +17,13 @@ import numpy as np
 from . import prims
 from .core import SAMPLE, UNIFORM, AVal, Program, Tracer, literal_aval
 from .emit.jax import eager_call, is_jax_array
-from .emit.numpy import NumpyKernel
+from .emit.numpy import NumpyKernel, overlapping_inputs
+from .perthread import ThreadStack
 from .roles import Role
 from .trace import UNDEF, TraceError, convert_kernel, trace_body
 from .tree import tree_flatten, tree_unflatten
 
-GRAPH_STAGING: list = []    # active graph stagers (eagle_fx); the last one receives kernel calls
+GRAPH_STAGING = ThreadStack()   # this thread's active graph stagers (eagle_fx); the last one receives kernel calls
 
 
 class Layout(tuple):
@@ -145,6 +146,10 @@ def _fast_entry(spec: Specialization):
     for a in range(len(spec.commits)):
         for b in range(a):
             shapes.append(f"not may_share(a{spec.commits[a]}, a{spec.commits[b]})")
+    for c in spec.commits:            # an input overlapping a Mutable: the full path copies it first
+        for k, entry in enumerate(layout):
+            if k != c and not entry[3]:
+                shapes.append(f"(a{k} is a{c} or not may_share(a{k}, a{c}))")
     lines = [f"def fast({', '.join(args)}):",
              f"    if not ({' and '.join(types + dtypes) or 'True'}):",
              "        return MISS"]
@@ -346,12 +351,13 @@ class Kernel:
 
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, *args, buffer=None, **kwargs):
-        if not kwargs and buffer is None and len(args) == self._nparams and not GRAPH_STAGING:
+        staging = GRAPH_STAGING.items
+        if not kwargs and buffer is None and len(args) == self._nparams and not staging:
             out = self._fast(*args)
             if out is not MISS:
                 return out
-        if GRAPH_STAGING:
-            return GRAPH_STAGING[-1].stage_call(self, args, kwargs, buffer)
+        if staging:
+            return staging[-1].stage_call(self, args, kwargs, buffer)
         if buffer is not None:
             raise TypeError(f"hawk.kernel {self.name}: buffer= is for kernel calls inside a graph builder; "
                             "outside one, a call returns new arrays")
@@ -372,8 +378,11 @@ class Kernel:
                         raise ValueError(f"hawk.kernel {self.name}: Mutable arguments "
                                          f"'{self.param_names[spec.commits[b]]}' and "
                                          f"'{self.param_names[spec.commits[a]]}' share memory; pass separate arrays")
+        targets = [values[k] for k in spec.commits]
+        for k in overlapping_inputs(values, targets):       # read before written, whatever the chunk order
+            values[k] = values[k].copy()
         outs = [np.empty(spec.result_shape(j, n), spec.result_dtype(j)) for j in range(spec.n_results)]
-        spec.compiled(values, outs + [values[k] for k in spec.commits], n)
+        spec.compiled(values, outs + targets, n)
         return tree_unflatten(spec.tree, outs)
 
     # -- inspection ----------------------------------------------------------------------------

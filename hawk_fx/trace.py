@@ -18,6 +18,7 @@ import numpy as np
 
 from . import prims
 from .core import NO_INFO, SAMPLE, UNIFORM, AVal, EqnInfo, ProgramTrace, Tracer
+from .perthread import ThreadStack
 from .source import SourceInfo, assigned_names, parse_function, recompile, user_line
 
 P = prims.P
@@ -40,7 +41,7 @@ class _Undefined:
 
 UNDEF = _Undefined()
 
-_active: list["KernelTrace"] = []
+_active = ThreadStack()     # this thread's kernel traces, innermost last
 
 
 def current_kernel_trace():

@@ -1,7 +1,7 @@
 """The CUDA C emitter: every primitive compiles with NVRTC for sm_90 (no GPU needed), and the
 generated C has the shape it must. Compile tests batch many kernels into one translation unit.
 
-NVRTC comes from the `test` extra (cuda-bindings + nvidia-cuda-nvrtc-cu12). Without it the compile
+NVRTC comes from the `nvrtc` extra (cuda-bindings + nvidia-cuda-nvrtc-cu12). Without it the compile
 tests skip, except under CI (the CI variable set), where a missing NVRTC is a failure.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ INTS = [np.dtype(d) for d in (np.int32, np.uint32, np.int64, np.bool_)]
 
 
 def _nvrtc_required() -> bool:
-    # CI installs the test extra, which brings NVRTC on these platforms: there it must be usable
+    # CI installs the nvrtc extra, which brings NVRTC on these platforms: there it must be usable
     return bool(os.environ.get("CI")) and sys.platform in ("linux", "win32")
 
 
@@ -41,7 +41,7 @@ def nvrtc():
         return cuda.nvrtc_version()
     except (ImportError, RuntimeError, OSError) as exc:   # no bindings, or no libnvrtc for them
         if _nvrtc_required():
-            pytest.fail(f"NVRTC is not usable under CI ({exc!r}); the 'test' extra should install it")
+            pytest.fail(f"NVRTC is not usable under CI ({exc!r}); the 'nvrtc' extra should install it")
         pytest.skip(f"NVRTC cannot be loaded: {exc}")
 
 

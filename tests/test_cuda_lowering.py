@@ -610,7 +610,7 @@ def nvrtc():
         return hcuda.nvrtc_version()
     except (ImportError, RuntimeError, OSError) as exc:
         if _nvrtc_required():
-            pytest.fail(f"NVRTC is not usable under CI ({exc!r})")
+            pytest.fail(f"NVRTC is not usable under CI ({exc!r}); the 'nvrtc' extra should install it")
         pytest.skip(f"NVRTC cannot be loaded: {exc}")
 
 

@@ -15,7 +15,7 @@ from hawk_fx.prims import P
 
 @pytest.fixture(scope="module")
 def tour():
-    with contextlib.redirect_stdout(io.StringIO()), pytest.warns(Warning):
+    with contextlib.redirect_stdout(io.StringIO()):
         return runpy.run_module("eagle_fx.tour")
 
 

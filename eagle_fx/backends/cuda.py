@@ -943,6 +943,12 @@ def _ptr(a) -> int:
     return int(a.data.ptr)
 
 
+def _same_view(a, b) -> bool:
+    """Two device arrays over the same elements in the same order (CuPy, or the fake runtime's NumPy)."""
+    start = (lambda x: x.__array_interface__["data"][0]) if isinstance(a, np.ndarray) else _ptr
+    return a.shape == b.shape and a.strides == b.strides and start(a) == start(b)
+
+
 class CoreGraphBuilder:
     """The builder protocol over cuda.core's explicit GraphDefinition, with CuPy device arrays.
 
@@ -1432,6 +1438,10 @@ def call_kernel(spec, values, n: int, runtime=None) -> list:
             if runtime.overlaps(dev[commits[a]], dev[commits[b]]):
                 raise ValueError(f"hawk.kernel {kernel.name}: Mutable arguments '{kernel.param_names[commits[b]]}' "
                                  f"and '{kernel.param_names[commits[a]]}' share memory; pass separate arrays")
+    for k, v in enumerate(dev):     # an input overlapping a Mutable (not that very view): read before written
+        if k not in commits and runtime.is_device(v) and any(
+                runtime.overlaps(v, dev[c]) and not _same_view(v, dev[c]) for c in commits):
+            dev[k] = v.copy()
     outs = [runtime.empty(spec.result_shape(j, n), spec.result_dtype(j)) for j in range(spec.n_results)]
     targets = outs + [dev[k] for k in commits]
     ws = runtime.empty((ek.workspace_bytes,), np.uint8) if ek.workspace_bytes else None

@@ -498,7 +498,7 @@ class FakeBuilder:
             if isinstance(ins[i], np.ndarray) and v.aval.kind != SAMPLE:
                 ins[i] = ins[i].reshape(tuple(v.aval.shape) + (1,))
         nk = spec.compiled
-        nk.run_fn(tuple(ins), tuple(outs), n, nk._uniform, nk.scratch)
+        nk.run_fn(tuple(ins), tuple(outs), n)
 
 
 class FakeExec:

@@ -17,7 +17,7 @@ import numpy as np
 
 from hawk_fx.core import Literal, Program, Var
 
-from hawk_fx.emit.numpy import NumpyKernel
+from hawk_fx.emit.numpy import NumpyKernel, overlapping_inputs
 
 from .. import ir
 from ..analysis import direct_outputs
@@ -25,7 +25,6 @@ from ..transforms.vmap import batch_broadcast_p
 from .fusion import fuse
 
 
-_REPLAY_LOCK = threading.Lock()
 _CELL_UFUNC = {ir.cell_not_p: "np.logical_not", ir.cell_and_p: "np.logical_and", ir.cell_or_p: "np.logical_or"}
 
 
@@ -43,6 +42,27 @@ def _shared(x, batch, kernel):
     samples (whose results must be one per instance), a stride-0 view over every instance."""
     x = x[..., None, :]
     return np.broadcast_to(x, x.shape[:-2] + tuple(batch) + x.shape[-1:]) if kernel.has_reduction else x
+
+
+def _call(run, ins, outs, n):
+    """A kernel call over bound arrays. An input that overlaps an output without being the same view
+    (two views of one user buffer) is copied into a private buffer before each run: the body reads
+    every input before any write, as NumPy's `y[1:] = f(y[:-1], y[1:])` does."""
+    overlap = overlapping_inputs(ins, outs)
+    if not overlap:
+        return functools.partial(run, tuple(ins), tuple(outs), n)
+    ins = list(ins)
+    copies = []
+    for k in overlap:
+        copies.append((ins[k], np.empty(ins[k].shape, ins[k].dtype)))
+        ins[k] = copies[-1][1]
+    ins, outs = tuple(ins), tuple(outs)
+
+    def call():
+        for src, private in copies:
+            np.copyto(private, src)
+        run(ins, outs, n)
+    return call
 
 
 class _Gen:
@@ -90,6 +110,7 @@ class NumpyExecutable:
         self.keep = set(keep) | {a for a in prog.outputs if isinstance(a, Var)}
         self.pool: dict = {}
         self.pooled: set = set()
+        self._lock = threading.Lock()
         g = _Gen(self)
         self._gen_top(g)
         body = g.lines or ["pass"]
@@ -450,8 +471,7 @@ class NumpyExecutable:
                        else (np.moveaxis(x, 0, -2) if b else _shared(x, batch, kernel))
                        for k, (x, b) in enumerate(zip(ins, in_batched))]
                 out_arrays = [np.moveaxis(o, 0, -2) for o in out_arrays]
-            ns[f"c{k}"] = functools.partial(kernel.run_fn, tuple(ins), tuple(out_arrays), n, kernel._uniform,
-                                            kernel.scratch)
+            ns[f"c{k}"] = _call(kernel.run_fn, ins, out_arrays, n)
         exec(self._code, ns)
         self._replay = ns["replay"]
 
@@ -460,9 +480,9 @@ class NumpyExecutable:
         self._link()
 
     def replay(self, times: int = 1):
-        # kernels keep their scratch per compiled body, shared by every graph that calls them: replays
-        # (an enqueued one on its worker included) take turns
-        with _REPLAY_LOCK:
+        # kernels keep their scratch per thread; this graph's buffers are its own, so two threads
+        # replaying this one graph take turns, and any other graph or eager call runs alongside
+        with self._lock:
             self._replay(times)
 
     def array_of(self, var):

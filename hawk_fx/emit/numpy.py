@@ -3,6 +3,8 @@
 The generated `run(ins, outs, n)` evaluates the body over cache-sized chunks of samples, each
 intermediate in a scratch array allocated once per chunk length and reused across calls.
 Values that do not depend on the samples (Params, constants) are computed once per call.
+Scratch belongs to a thread (a few chunk lengths each), so any number of threads may call one
+compiled body at once: eagerly, from graph replays, or as chunk workers.
 A body with a sample reduction runs as one chunk, since the reduction needs every sample.
 Large calls share their chunks out to a few threads; one chunk runs inline, for small-n speed.
 
@@ -12,12 +14,14 @@ Python number when weakly typed (so float32 stays float32, as NumPy's rules say)
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from .. import prims
 from ..core import SAMPLE, UNIFORM, Literal, Program, RuleTable, Var, eager_impl
+from ..perthread import ThreadDict
 
 CHUNK = 32768   # samples per chunk: a few intermediates of this size (reused by liveness) stay in L2
 
@@ -25,30 +29,58 @@ CHUNK = 32768   # samples per chunk: a few intermediates of this size (reused by
 # Read at every call, so they can be changed at run time; THREADS = 1 keeps every call in one thread.
 THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 PARALLEL_MIN = 8 * CHUNK    # below this, waking workers costs more than they save
-_pool: list = []            # [ThreadPoolExecutor, its worker count], made at the first large call
+SCRATCH_SIZES = 4          # chunk lengths whose scratch a thread keeps per compiled body (LRU)
+_pool: list = [None, 0]     # [ThreadPoolExecutor, its worker count], made at the first large call
+_pool_lock = threading.Lock()
+
+
+def _workers(count: int) -> ThreadPoolExecutor:
+    """A pool of at least `count` threads. A smaller one is replaced, not shut down: a call in
+    another thread may still be submitting to it."""
+    with _pool_lock:
+        if _pool[1] < count:
+            _pool[:] = [ThreadPoolExecutor(max_workers=count, thread_name_prefix="hawk-chunks"), count]
+        return _pool[0]
 
 
 def run_chunks(part, n: int, chunk: int, args: tuple = ()) -> None:
-    """Run part(lo, hi, slot, *args) over samples [0, n): in this thread, or cut at chunk boundaries
+    """Run part(lo, hi, *args) over samples [0, n): in this thread, or cut at chunk boundaries
     into one range per worker, this thread taking the first. Returns when every range is done."""
     chunks = -(-n // chunk)
     workers = min(THREADS, chunks)
     if workers <= 1 or n < PARALLEL_MIN:
-        part(0, n, 0, *args)
+        part(0, n, *args)
         return
-    if not _pool or _pool[1] < workers - 1:
-        if _pool:
-            _pool[0].shutdown(wait=False)
-        _pool[:] = [ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="hawk-chunks"), workers - 1]
+    pool = _workers(workers - 1)
     per = -(-chunks // workers) * chunk           # whole chunks per worker
-    futures = [_pool[0].submit(part, lo, min(lo + per, n), w, *args) for w, lo in enumerate(range(per, n, per), 1)]
+    futures = [pool.submit(part, lo, min(lo + per, n), *args) for lo in range(per, n, per)]
     try:
-        part(0, min(per, n), 0, *args)
+        part(0, min(per, n), *args)
     finally:
         errors = [f.exception() for f in futures]     # wait for all: no write may outlive the call
     for err in errors:
         if err is not None:
             raise err
+
+
+def overlapping_inputs(ins, outs) -> list[int]:
+    """Indices of the input arrays that share memory with an output array without being that very
+    view. A body runs chunk by chunk, so such an input would be read after an earlier chunk wrote
+    over it; callers copy these once first, so a call computes what NumPy computes for
+    `y[1:] = f(y[:-1], y[1:])`: every input read before any write. (may_share_memory: an
+    interleaved view that does not truly overlap is copied too, which is merely slower.)"""
+    found = []
+    for k, a in enumerate(ins):
+        if isinstance(a, np.ndarray) and any(a is not o and np.may_share_memory(a, o) and not _same_view(a, o)
+                                             for o in outs):
+            found.append(k)
+    return found
+
+
+def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
+    """Both arrays see the same elements in the same order: each sample reads what it writes."""
+    return (a.shape == b.shape and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 numpy_emit = RuleTable("NumPy emission")   # prim -> fn(ctx, out, ins, params) -> list of source lines
@@ -121,7 +153,7 @@ def _sample_sum(x, out):
 
 _SHORT_ROW = 64
 _POPCOUNT = getattr(np, "bitwise_count", None)      # NumPy >= 2.0
-_ROW_SCRATCH: dict = {}       # (shape, dtype) -> the buffers of _row_sums (kernels run one at a time per graph)
+_ROW_SCRATCH = ThreadDict()   # (shape, dtype) -> the buffers of _row_sums, per thread
 
 
 def _row_sums(x, out):
@@ -129,6 +161,8 @@ def _row_sums(x, out):
     bufs = _ROW_SCRATCH.get(key)
     if bufs is None:
         dt = out.dtype if out.dtype.kind == "f" else np.dtype(np.float64)
+        if len(_ROW_SCRATCH) >= SCRATCH_SIZES:
+            _ROW_SCRATCH.clear()
         bufs = _ROW_SCRATCH[key] = (np.ones((x.shape[-1], 1), dt), np.empty(x.shape, dt),
                                     np.empty(x.shape[:-1] + (1,), dt))
     ones, rows, sums = bufs
@@ -195,8 +229,17 @@ def _literal_src(ctx, lit: Literal, nbatch: int = 0) -> str:
     return ctx.const(v, "lit")
 
 
+class _ThreadScratch(threading.local):
+    """One thread's scratch for one compiled body: U, the values computed once per call (Params,
+    constants), and per chunk length the intermediates, most recently used last."""
+
+    def __init__(self, uniform_specs, batch):
+        self.U = tuple(np.empty(s + batch + (1,), d) for s, d in uniform_specs)
+        self.sets: dict[int, tuple] = {}
+
+
 class NumpyKernel:
-    """One kernel body compiled for one input signature. Call run(ins, outs, n)."""
+    """One kernel body compiled for one input signature. Call run(ins, outs, n), from any thread."""
 
     def __init__(self, prog: Program, out_sample, chunk: int = CHUNK, batch: tuple = ()):
         self.prog = prog
@@ -206,13 +249,11 @@ class NumpyKernel:
         self.batch = tuple(batch)
         self.has_reduction = any(e.prim in prims.REDUCTION for e in prog.eqns)
         self.chunk = 1 << 62 if self.has_reduction else chunk
-        self._scratch_cache: dict[int, tuple] = {}
         self.source = self._generate()
-        self._uniform = tuple(np.empty(s + self.batch + (1,), d) for s, d in self.uniform_specs)
-        ns = dict(self.ctx.globals, _U=self._uniform, _scratch=self.scratch, _cache=self._scratch_cache,
-                  _run_chunks=run_chunks)
+        self._local = _ThreadScratch(self.uniform_specs, self.batch)
+        ns = dict(self.ctx.globals, _T=self._local, _scratch=self.scratch, _run_chunks=run_chunks)
         exec(compile(self.source, f"<hawk kernel {id(prog):x}>", "exec"), ns)
-        self.run_fn = ns["run"]              # run(ins, outs, n, U, scratch)
+        self.run_fn = ns["run"]              # run(ins, outs, n)
         self.run_flat = ns["run_flat"]       # run_flat(*ins, *outs, n): the same, positionally
 
     def _generate(self) -> str:
@@ -358,42 +399,45 @@ class NumpyKernel:
             # them big (one pass on one core)
             self.chunk = PARALLEL_MIN if THREADS > 1 else 1 << 62
         ch = self.chunk
-        # part: the chunks in samples [lo, hi), with worker slot w's scratch
+        # part: the chunks in samples [lo, hi), with the scratch of the thread that runs it
         whole = i_names + o_names + hoisted_names
-        code += [f"def part(lo, hi, w, {', '.join(whole + ['U', 'scratch', 'n'])}):",
+        code += [f"def part(lo, hi, {', '.join(whole + ['U', 'n'])}):",
                  f"    for s in range(lo, hi, {ch}):",
                  f"        e = s + {ch} if s + {ch} < hi else hi",
-                 f"        body({', '.join(sliced_in + sliced_out + hoisted_names + ['scratch(e - s, w)', 'U', 'n'])})"]
+                 f"        body({', '.join(sliced_in + sliced_out + hoisted_names + ['_scratch(e - s)', 'U', 'n'])})"]
         # run_flat: positional planes, then n; one chunk runs the body inline (a call fewer, which
-        # counts at small n), more go through run_chunks (worker threads for large n)
-        code += [f"def run_flat({', '.join(i_names + o_names + ['n', 'U=_U', 'scratch=_scratch'])}):"]
+        # counts at small n), more go through run_chunks (worker threads for large n). U and S are
+        # this thread's: another thread may be in the same body now
+        code += [f"def run_flat({', '.join(i_names + o_names + ['n'])}):"]
+        code += ["    U = _T.U" if self.uniform_specs else "    U = ()"]
         code += ["    " + ln for ln in hoisted]
         if body:
             code += [f"    if n <= {ch}:",
-                     "        S = _cache.get(n)",
+                     "        S = _T.sets.get(n)",
                      "        if S is None:",
-                     "            S = scratch(n)"]
+                     "            S = _scratch(n)"]
             code += ["        " + ln for ln in body]
-            part_args = "".join(a + ", " for a in whole + ["U", "scratch", "n"])
+            part_args = "".join(a + ", " for a in whole + ["U", "n"])
             code += ["    else:",
                      f"        _run_chunks(part, n, {ch}, ({part_args}))"]
         code += ["    " + ln for ln in after] + ["    return"]
-        code += ["def run(ins, outs, n, U, scratch):",
-                 "    run_flat(*ins, *outs, n, U, scratch)"]
+        code += ["def run(ins, outs, n):",
+                 "    run_flat(*ins, *outs, n)"]
         return "\n".join(code) + "\n"
 
-    def scratch(self, m: int, w: int = 0) -> tuple:
-        """The intermediates for a chunk of m samples, one set per worker slot w."""
-        key = m if w == 0 else (m, w)
-        s = self._scratch_cache.get(key)
+    def scratch(self, m: int) -> tuple:
+        """This thread's intermediates for a chunk of m samples. A thread keeps them for the
+        SCRATCH_SIZES chunk lengths it used last (a chunked call uses two: the chunk and the tail)."""
+        sets = self._local.sets
+        s = sets.pop(m, None)
         if s is None:
-            if len(self._scratch_cache) > 64:
-                self._scratch_cache.clear()
+            if len(sets) >= SCRATCH_SIZES:
+                del sets[next(iter(sets))]
             s = tuple(np.empty(shape + self.batch + ((m if sample else 1),), dt)
                       for shape, dt, sample in self.scratch_specs)
-            self._scratch_cache[key] = s
+        sets[m] = s
         return s
 
     def __call__(self, ins, outs, n):
-        self.run_fn(ins, outs, n, self._uniform, self.scratch)
+        self.run_fn(ins, outs, n)
 

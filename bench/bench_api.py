@@ -1,0 +1,139 @@
+"""The cost of calling a transformed function, against replaying its graph.
+
+    python bench/bench_api.py              # grad(f)(x) at n = 16 and n = 1e5; the oscillator fit
+    python bench/bench_api.py --quick      # fewer repeats
+
+1. `eagle_fx.grad(l_chain)(x)` called in a loop (the transform made at each call, as a script
+   writes it), per call, against one replay of its prebuilt graph plus a copy of the gradient:
+   the cost of the staging cache's lookup and binding. Target <= 1.3 at n = 16 and n = 1e5.
+2. An optimisation script: 200 gradient steps fitting the stiffness and damping of 16 damped
+   oscillators (a counted device loop of 25 steps), `eagle_fx.grad(loss, argnums=(0, 1))` per step,
+   against `jax.jit(jax.grad(...))` of the same loss in this process (skipped without JAX).
+Every figure is a ratio of medians of timeit repeats taken in one process.
+"""
+import sys
+import timeit
+
+import numpy as np
+
+import eagle_fx as eagle
+import hawk_fx as hawk
+from hawk_fx import Param, Scalar
+from workloads import l_chain
+
+TARGET = 1.3
+QUICK = "--quick" in sys.argv
+REPEAT = 5 if QUICK else 15
+
+
+def _ratio(a, b, number):
+    """median(a) / median(b), their repeats interleaved so that a busy machine slows both alike."""
+    ta, tb = [], []
+    for _ in range(REPEAT):
+        ta.append(timeit.timeit(a, number=number))
+        tb.append(timeit.timeit(b, number=number))
+    return float(np.median(ta) / np.median(tb))
+
+
+def grad_call_vs_replay(n):
+    x = np.linspace(-1.0, 1.0, n)
+    want = 2 * 2.0 ** 10 * (2.0 ** 10 * x + 1023.0)          # d/dx sum(y^2), y = 1024 x + 1023
+    np.testing.assert_allclose(eagle.grad(l_chain)(x), want, rtol=1e-12)
+    g = eagle.grad(l_chain).graph(x)
+
+    def replay():
+        g.launch()
+        np.array(g.result)
+    number = max(1, int(2e5 // n)) if n < 1e4 else 20
+    return _ratio(lambda: eagle.grad(l_chain)(x), replay, number)
+
+
+DT, STEPS, TURNS, B, LR = 0.1, 200, 25, 16, 0.05
+
+
+@hawk.kernel
+def osc_step(x: Scalar, v: Scalar, k: Param, c: Param):
+    v2 = v + DT * (-k * x - c * v)
+    return x + DT * v2, v2
+
+
+@hawk.kernel
+def misfit(x: Scalar, target: Scalar) -> Scalar:
+    return hawk.sum((x - target) * (x - target))
+
+
+@eagle.Graph.builder
+def osc_loss(k, c, x0, v0, target, turns):
+    g = eagle.Graph()
+    x, v = x0, v0
+    for _ in range(turns):                   # a cell: a counted device loop
+        x, v = osc_step(x, v, k, c)
+    g.result = misfit(x, target)
+    return g
+
+
+def _osc_data():
+    rng = np.random.default_rng(0)
+    x0, v0 = rng.normal(size=B), rng.normal(size=B)
+    x, v = x0.copy(), v0.copy()
+    for _ in range(TURNS):                   # the truth: k = 2, c = 0.3
+        v = v + DT * (-2.0 * x - 0.3 * v)
+        x = x + DT * v
+    return x0, v0, x
+
+
+def oscillator_fit():
+    x0, v0, target = _osc_data()
+    turns = np.array([TURNS], dtype=np.uint32)
+    dloss = eagle.grad(osc_loss, argnums=(0, 1))
+
+    def fit_eagle():
+        k, c = np.array([1.0]), np.array([0.1])
+        for _ in range(STEPS):
+            gk, gc = dloss(k, c, x0, v0, target, turns)
+            k, c = k - LR * gk, c - LR * gc
+        return k, c
+
+    try:
+        import jax
+    except ImportError:
+        return fit_eagle(), None, None
+    jax.config.update("jax_enable_x64", True)
+    jnp, lax = jax.numpy, jax.lax
+
+    def jloss(k, c, x0, v0, target):
+        def body(i, s):
+            x, v = s
+            v = v + DT * (-k * x - c * v)
+            return x + DT * v, v
+        x, _ = lax.fori_loop(0, TURNS, body, (x0, v0))
+        return jnp.sum((x - target) ** 2)
+    jg = jax.jit(jax.grad(jloss, argnums=(0, 1)))
+    jx0, jv0, jt = map(jnp.asarray, (x0, v0, target))
+
+    def fit_jax():
+        k, c = jnp.array([1.0]), jnp.array([0.1])
+        for _ in range(STEPS):
+            gk, gc = jg(k, c, jx0, jv0, jt)
+            k, c = k - LR * gk, c - LR * gc
+        return np.asarray(k), np.asarray(c)
+    ke, ce = fit_eagle()
+    kj, cj = fit_jax()
+    np.testing.assert_allclose([ke, ce], [kj, cj], rtol=1e-9)
+    return (ke, ce), _ratio(fit_eagle, fit_jax, 1), None
+
+
+def main():
+    print("grad(f)(x) per call / (one replay of its graph + copy of the result), target <= 1.3:")
+    for n in (16, 100_000):
+        r = grad_call_vs_replay(n)
+        print(f"  n = {n:>7}: {r:.2f}x  {'ok' if r <= TARGET else 'OVER'}")
+    (k, c), ratio, _ = oscillator_fit()
+    print(f"oscillator fit ({STEPS} steps, {B} trajectories, {TURNS}-turn counted loop): k = {k[0]:.4f}, "
+          f"c = {c[0]:.4f}")
+    if ratio is not None:
+        print(f"  eagle_fx.grad per step / jax.jit(jax.grad) per step: {ratio:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
