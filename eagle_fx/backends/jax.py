@@ -76,21 +76,21 @@ def plane_sharding(mesh, shape, n, names=None, k=0, api="eagle.Graph"):
 
 
 def _written_inputs(prog):
-    """(output index, input index) for each output that is the new value of a written input: the
-    chain of `inplace` pairs from an input to a Program output."""
+    """(output index, input index) for the final value of each written input, and every output Var
+    that is a version of a written input -> that input (it reads as the caller's array, as on the
+    NumPy backend, where every version lives in the caller's buffer)."""
     root = {v: k for k, v in enumerate(prog.inputs)}
     for e in prog.eqns:
         for j, i in e.params.get("inplace", ()) or ():
             a = e.inputs[i]
             if isinstance(a, Var) and a in root:
                 root[e.outputs[j]] = root[a]
-    out = []
-    seen = set()
+    final, every = {}, {}
     for j, a in enumerate(prog.outputs):
-        if isinstance(a, Var) and a in root and a not in prog.inputs and root[a] not in seen:
-            seen.add(root[a])
-            out.append((j, root[a]))
-    return out
+        if isinstance(a, Var) and a in root and a not in prog.inputs:
+            final[root[a]] = j                  # the written finals come after the results
+            every[a] = root[a]
+    return sorted((j, i) for i, j in final.items()), every
 
 
 class JaxExecutable:
@@ -106,7 +106,7 @@ class JaxExecutable:
         top = {v for e in prog.eqns for v in e.outputs}
         extra = [v for v in keep if v in top and v not in prog.outputs]
         self.out_vars = list(prog.outputs) + extra
-        self.written = _written_inputs(prog)
+        self.written, versions = _written_inputs(prog.replace(outputs=self.out_vars))
         host = None if self.on_jax else list(self.arrays)
         why = ("reads and writes host arrays, and this graph's arguments are jax.Arrays; build it on NumPy arrays "
                "with eagle.Graph(backend='jax')" if self.on_jax else None)
@@ -119,7 +119,7 @@ class JaxExecutable:
         self._compiled = None
         self.values: dict = {}      # Var -> its value after the last replay (jax mode)
         self.stable: dict = {}      # Var -> the NumPy array a replay copies it into (NumPy mode)
-        self.written_of = {self.out_vars[j]: i for j, i in self.written}
+        self.written_of = versions
         if not self.on_jax:
             for v in self.out_vars:
                 if isinstance(v, Var) and v not in self.written_of and v not in prog.inputs:
