@@ -215,3 +215,21 @@ def test_jax_missing_names_the_extra():
     run = subprocess.run([sys.executable, "-c", JAX_MISSING], capture_output=True, text=True, timeout=120,
                          cwd=__file__.rsplit("/", 1)[0])
     assert "the `jax` extra" in run.stdout and "eagle_fx[jax]" in run.stdout, run.stdout + run.stderr
+
+
+@eagle_fx.Graph.builder
+def bump_twice(x, y):
+    g = eagle_fx.Graph()
+    bump(x, y)
+    mid = y                             # a version of y that a later write replaces
+    bump(x, y)
+    g.result = (mid, y)
+    return g
+
+
+def test_versions_of_a_written_argument_read_as_it(backend):
+    y = np.zeros(3)
+    mid, last = bump_twice(np.ones(3), y)()
+    np.testing.assert_array_equal(y, [2.0, 2.0, 2.0])            # the final value, in the caller's array
+    np.testing.assert_array_equal(mid, y)                       # every version lives in that one buffer
+    np.testing.assert_array_equal(last, y)
