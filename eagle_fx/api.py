@@ -31,6 +31,7 @@ from .transforms.vjp_graph import vjp_graph
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
 
 _STAGING = ThreadStack()     # non-empty: a transform is staging a plain function; transforms return Graphs
+TRACED = ThreadStack()       # non-empty: eagle_fx.to_jax is staging on stand-ins for traced arrays (no values)
 _BATCH_FULL = ThreadDict()   # id(instance array) -> its batched array, while vmap stages an instance
 
 
@@ -160,6 +161,11 @@ class _Staged:
     def capacity(self, trip, e):
         """The most turns a counted loop of trip count `trip` (a Program input) runs: its value now,
         the largest over the instances under vmap."""
+        if trip in self.prog.inputs and TRACED:
+            raise TransformError(f"{self.api}: reverse mode through the counted loop at {e.info.where} saves each of "
+                                 "its turns, and its trip count is an argument traced by JAX (eagle_fx.to_jax: its "
+                                 "value is unknown while staging): cap the loop (`for _ in range(N): if not cell: "
+                                 "break`) so its turns are bounded")
         if trip in self.prog.inputs:
             arr = self.planes[self.prog.inputs.index(trip)].array
             full = _BATCH_FULL.get(id(arr))

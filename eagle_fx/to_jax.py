@@ -41,7 +41,7 @@ class _Signature:
         from .backends.cuda import use_backend
         self.f, self.names = f, names
         self.positions = [k for k, a in enumerate(args) if _is_arraylike(a)]
-        self.placeholders = [np.zeros(np.shape(a), np.dtype(a.dtype)) if _is_arraylike(a) else a for a in args]
+        self.placeholders = [_placeholder(a) if _is_arraylike(a) else a for a in args]
         with use_backend("jax"), _lazy():
             g = stage(f, self.placeholders, API)
             if not g._has_result:
@@ -54,17 +54,45 @@ class _Signature:
             self._stage_for_vjp = lambda: _Staged(f, self.placeholders, API)
         self.forward, _ = lower(self.prog, self.n, None, _OPAQUE)
         self.ids = {id(p): k for k, p in enumerate(self.placeholders) if isinstance(p, np.ndarray)}
+        self.sources = {}                 # id(plane array) -> (argument position, view) for forward and backward
         self.float_args = [k for k in self.positions if np.dtype(args[k].dtype).kind == "f"]
         self._backward = None
 
     def inputs(self, arrays, planes):
-        """The Program's inputs: the traced arguments, and closure arrays as constants."""
+        """The Program's inputs: the traced arguments (or the views of them a transform staged, as
+        vmap's moved batch axis), and closure arrays as constants."""
         by_pos = dict(zip(self.positions, arrays))
         out = []
         for p in planes:
-            k = self.ids.get(id(p.array))
-            out.append(by_pos[k] if k is not None else np.array(p.array))
+            src = self.source(p)
+            if src is None:
+                out.append(np.array(p.array))
+                continue
+            k, offsets = src
+            x = by_pos[k]
+            out.append(x if offsets is None else _take(x, offsets, p.array.shape))
         return out
+
+    def source(self, plane):
+        """(argument position, element offsets or None) of a plane read from an argument, or None
+        for a constant; a plane copied from an argument (which would silently be a constant) is refused."""
+        arr = plane.array
+        key = id(arr)
+        if key in self.sources:
+            return self.sources[key]
+        k = self.ids.get(key)
+        found = (k, None) if k is not None else None
+        if found is None:
+            for pk, ph in enumerate(self.placeholders):
+                if isinstance(ph, np.ndarray) and ph.size and np.shares_memory(arr, ph):
+                    found = (pk, _offsets(arr, ph))
+                    break
+        if found is None and _holds_sentinel(arr):
+            raise TypeError(f"{API}({_name(self.f)}): the graph reads a copy of an argument ({plane.name or 'a plane'} "
+                            f"of shape {arr.shape}) made while staging, which a traced function cannot follow; "
+                            "pass the arrays the graph reads as arguments")
+        self.sources[key] = found
+        return found
 
     def backward(self):
         """(fn, planes): fn(*inputs, *cotangents of the float results) -> a cotangent per float argument."""
@@ -74,7 +102,6 @@ class _Signature:
             from .transforms.program import dce
             with use_backend("jax"), _lazy():
                 s = self._stage_for_vjp()
-                s.capacity = lambda trip, e: _refuse_counted(self, s, trip, e)
                 prog = _vjp_program(s, self.float_args, API)
             prog = dce(prog.replace(outputs=prog.outputs[len(s.results):]))
             fn, _ = lower(prog, self.n, None, _OPAQUE)
@@ -82,23 +109,56 @@ class _Signature:
         return self._backward
 
 
-def _refuse_counted(sig, s, trip, e):
-    which = "an argument" if trip in s.prog.inputs else "a value the graph computes"
-    raise ValueError(f"{API}: reverse mode through the counted loop at {e.info.where} saves each of its turns, and "
-                     f"its trip count is {which}, traced by JAX (its value is unknown when the backward is built): "
-                     "cap the loop (`for _ in range(N): if not cell: break`) so its turns are bounded")
+def _placeholder(a):
+    """A stand-in for an array argument while staging: its shape and dtype, filled with a sentinel
+    (NaN, or the dtype's largest value) so that a copy of it made while staging is recognised."""
+    dt = np.dtype(a.dtype)
+    fill = np.nan if dt.kind in "fc" else True if dt.kind == "b" else np.iinfo(dt).max
+    return np.full(np.shape(a), fill, dt)
+
+
+def _holds_sentinel(arr) -> bool:
+    if not isinstance(arr, np.ndarray) or not arr.size or arr.dtype.kind == "b":
+        return False
+    if arr.dtype.kind in "fc":
+        return bool(np.isnan(arr).any())
+    return bool((arr == np.iinfo(arr.dtype).max).any())
+
+
+def _offsets(view, base):
+    """The flat element offsets into `base` of each element of `view` (a strided view of it)."""
+    item = base.itemsize
+    start = (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // item
+    idx = np.arange(base.size).reshape(base.shape) if base.flags.c_contiguous else None
+    if idx is None or view.itemsize != item:
+        raise TypeError(f"{API}: a staged view of an argument that is not a plain strided view")
+    flat = np.lib.stride_tricks.as_strided(idx.reshape(-1)[start:], view.shape,
+                                           tuple(st // item * idx.itemsize for st in view.strides))
+    flat = np.array(flat)
+    return None if flat.shape == base.shape and (flat.ravel() == np.arange(base.size)).all() else flat
+
+
+def _take(x, offsets, shape):
+    import jax.numpy as jnp
+    if (offsets.ravel() == np.arange(offsets.size)).all():
+        return jnp.reshape(x, shape)
+    return jnp.reshape(x, (-1,))[offsets]
 
 
 class _lazy:
     """Graphs staged inside are lowered when run, not compiled at build (to_jax only needs their Program)."""
 
     def __enter__(self):
+        from . import api
         from .backends import jax as jb
         jb.LAZY.append(True)
+        api.TRACED.append(True)
 
     def __exit__(self, *exc):
+        from . import api
         from .backends import jax as jb
         jb.LAZY.pop()
+        api.TRACED.pop()
         return False
 
 

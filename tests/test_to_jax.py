@@ -86,7 +86,7 @@ def test_reverse_through_a_counted_loop_with_a_traced_trip_count_is_refused():
     f = eagle_fx.to_jax(counted)
     np.testing.assert_allclose(f(jnp.asarray(X), jnp.asarray(cell(2)))[0],
                                counted(X, cell(2))()[0], rtol=1e-13)       # forward: fine
-    with pytest.raises(ValueError, match="counted loop at .*trip count is an argument.*cap the loop"):
+    with pytest.raises(ValueError, match="counted loop at .*trip count is an argument traced by JAX.*cap the loop"):
         jax.grad(lambda u: f(u, jnp.asarray(cell(2)))[0])(jnp.asarray(X))
 
 
@@ -101,3 +101,19 @@ def test_an_opaque_node_is_refused():
         return g
     with pytest.raises(ValueError, match="opaque node '<lambda>'.* is a host function.*Graph\\(backend='jax'\\)"):
         eagle_fx.to_jax(hosted)(jnp.asarray(X))
+
+
+def test_reverse_through_a_traced_trip_count_inside_a_transformed_function_is_refused():
+    with pytest.raises(ValueError, match="counted loop at .*trip count is an argument traced by JAX"):
+        eagle_fx.to_jax(eagle_fx.grad(counted))(jnp.asarray(X), jnp.asarray(cell(2)))
+
+
+def test_a_vmap_made_function_reads_its_arguments_through_the_moved_axis():
+    flags = np.ones((2, 1), np.uint32)
+    xs = np.stack([X, 2 * X])
+    f = eagle_fx.to_jax(eagle_fx.vmap(until, in_axes=(0, 0)))
+    got = f(jnp.asarray(xs), jnp.asarray(flags))
+    np.testing.assert_allclose(np.asarray(got)[:, 0], [ref_until(X), ref_until(2 * X)], rtol=1e-13)
+    ft = eagle_fx.to_jax(eagle_fx.vmap(until, in_axes=(1, 0)))           # the batch axis last: a transposed view
+    got = ft(jnp.asarray(xs.T), jnp.asarray(flags))
+    np.testing.assert_allclose(np.asarray(got)[:, 0], [ref_until(X), ref_until(2 * X)], rtol=1e-13)
