@@ -158,9 +158,9 @@ def _fast_entry(spec: Specialization):
         for b in range(a):
             shapes.append(f"not may_share(a{spec.commits[a]}, a{spec.commits[b]})")
     for c in spec.commits:            # an input overlapping a Mutable: the full path copies it first
-        for k, entry in enumerate(layout):
+        for k, entry in enumerate(layout):   # (two arrays that own their memory cannot overlap: cheap)
             if k != c and not entry[3]:
-                shapes.append(f"(a{k} is a{c} or not may_share(a{k}, a{c}))")
+                shapes.append(f"(a{k} is a{c} or (a{k}.base is None and a{c}.base is None) or not may_share(a{k}, a{c}))")
     lines = [f"def fast({', '.join(args)}):",
              f"    if not ({' and '.join(types + dtypes) or 'True'}):",
              "        return MISS"]
