@@ -293,6 +293,12 @@ class Graph:
                 raise TypeError(f"eagle.Graph: g.result holds {type(x).__name__}; a result is a tree of arrays "
                                 "computed in the graph")
         self._program = t.program(outs)
+        for e, v in zip(t.input_planes, self._program.inputs):      # refused now, not at the first replay
+            if isinstance(e.array, np.ndarray) and not e.array.flags.writeable and t.root.current.get(e, v) is not v:
+                who = f"eagle.Graph.builder {self._builder.__name__}" if self._builder else "eagle.Graph"
+                what = f"argument {e.name!r}" if e.name else "an array the builder reaches by closure"
+                raise ValueError(f"{who}: {what} is a read-only array, and the graph writes it in place (a Mutable "
+                                 "or buffer=); pass a writeable array")
         keep = {h.var for h in list(t.handles) + t.buffers if h.var is not None}
         arrays = [e.array for e in t.input_planes]
         backend = _cuda.choose(arrays, "jax" if self._mesh is not None else self._backend)
@@ -408,13 +414,21 @@ class Graph:
 
     def launch(self, n: int = 1) -> "Graph":
         """Replay n times and wait."""
-        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
-            raise TypeError(self._replay_refusal(n))
+        n = self._replay_count(n, "launch")
         self.synchronize()
-        self.build()._exe.replay(int(n))
+        self.build()._exe.replay(n)
         self._fill_pinned()
         self._generation += 1
         return self
+
+    def _replay_count(self, n, verb: str) -> int:
+        """A replay count: a whole number >= 0 (launch(2.5) does not run twice, g(-1) does not run);
+        an array is the user meaning to run on new arrays: say how."""
+        if getattr(n, "ndim", 0) > 0:
+            raise TypeError(self._replay_refusal(n))
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"eagle.Graph.{verb}: the replay count is a whole number >= 0, got {n!r}")
+        return int(n)
 
     def _replay_refusal(self, n):
         """g(x): a Graph replays the arrays bound to it; say how to run it on others."""
@@ -430,25 +444,39 @@ class Graph:
             np.copyto(arr, np.asarray(self._array_of_plane(plane)))
 
     def enqueue(self, n: int = 1) -> "Graph":
-        """Replay n times on a worker thread and return at once; `synchronize()` waits."""
+        """Replay n times on a worker thread and return at once; `synchronize()` waits. Until then
+        the arrays the graph only reads are read-only (a write would tear the replay's results)."""
+        n = self._replay_count(n, "enqueue")
         if self._record:
             raise RuntimeError("eagle.Graph.enqueue: a record=True graph runs with launch(), which waits for the "
                                "run its Record describes")
         self.synchronize()
         exe = self.build()._exe
         if hasattr(exe, "enqueue"):          # a CUDA graph: launched asynchronously on the stream
-            exe.enqueue(int(n))
+            exe.enqueue(n)
             return self
+        locked = [a for a in self._read_inputs() if a.flags.writeable]
+        for a in locked:
+            a.flags.writeable = False
 
         def work():
             try:
-                exe.replay(int(n))
+                exe.replay(n)
                 self._fill_pinned()
             except BaseException as e:   # surfaced by synchronize()
                 self._worker_error = e
+            finally:
+                for a in locked:
+                    a.flags.writeable = True
         self._worker = threading.Thread(target=work, daemon=True)
         self._worker.start()
         return self
+
+    def _read_inputs(self):
+        """The NumPy arrays of the builder's inputs that the graph reads and never writes."""
+        t, prog = self._trace, self._program
+        return [e.array for e, v in zip(t.input_planes, prog.inputs)
+                if isinstance(e.array, np.ndarray) and t.root.current.get(e, v) is v]
 
     def synchronize(self) -> "Graph":
         """Wait for enqueued replays."""

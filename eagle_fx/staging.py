@@ -338,12 +338,13 @@ class GraphTrace:
                                 "pass arrays, staged planes or Python numbers")
         layout, n = kernel.layout_of(proxies)
         if any(kind == "sample" for kind, *_ in layout):
-            if self.n is None:
+            if self.n is None or (self.n == 1 and n != 1):     # one-cell planes broadcast, whichever call is first
                 self.n = n
             elif n != self.n and n != 1 and n not in self.view_ns:
                 raise ValueError(f"{api}: called on planes of {n} samples in a graph of {self.n}; "
                                  "every plane of one graph has the same sample count")
         spec = kernel.specialize(layout)
+        spec.check_count(n)
         info = self.info()
         out_vars = [Var(ir.plane_aval(spec.result_shape(j, n), spec.result_dtype(j))) for j in range(spec.n_results)]
         handles = [self.new_plane(v.aval, info, v) for v in out_vars]
