@@ -155,6 +155,8 @@ for _p in (prims.transpose_p, prims.broadcast_p):
 jvp_rules[prims.index_p] = _linear_jvp(prims.index_p)
 jvp_rules[P["sample_sum"]] = _linear_jvp(P["sample_sum"])
 jvp_rules[P["sample_mean"]] = _linear_jvp(P["sample_mean"])
+jvp_rules[prims.sample_count_p] = lambda primals, tangents, outs: [None]     # n: no derivative
+vjp_rules[prims.sample_count_p] = lambda cts, primals, outs: [None]
 
 
 @jvp_rules.register(prims.stack_p)

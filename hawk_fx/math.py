@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import opt_einsum
 
+from .core import Tracer
 from .prims import P
+from .trace import current_kernel_trace
 
 __all__ = ["abs", "sign", "floor", "ceil", "round", "trunc", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "expm1",
            "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh",
@@ -20,13 +22,18 @@ __all__ = ["abs", "sign", "floor", "ceil", "round", "trunc", "sqrt", "rsqrt", "c
            "relu", "xlogy", "xlog1py", "logsumexp", "stop_gradient"]
 
 
+_UNARY_DOCS = {"rsqrt": "Elementwise 1 / sqrt(x) (CUDA's rsqrt).",
+               "erf": "Elementwise error function, as math.erf (scipy.special.erf).",
+               "erfc": "Elementwise complementary error function 1 - erf(x), as math.erfc."}
+
+
 def _unary(name, doc):
     p = P[name]
 
     def f(x):
         return p.bind(x)
     f.__name__ = f.__qualname__ = doc
-    f.__doc__ = f"Elementwise {doc}, as numpy.{getattr(p, 'np_name', doc)}."
+    f.__doc__ = _UNARY_DOCS.get(doc, f"Elementwise {doc}, as numpy.{getattr(p, 'np_name', doc)}.")
     return f
 
 
@@ -146,6 +153,9 @@ def vec(*xs):
     """A Vector from its components: vec(a, b, c)."""
     if len(xs) == 1 and isinstance(xs[0], (list, tuple)):
         xs = tuple(xs[0])
+    trace = current_kernel_trace()
+    if trace is not None and not any(isinstance(x, Tracer) for x in xs):
+        return trace.process(P["stack"], xs, {})[0]     # numbers only: a weak Vector of the body
     return P["stack"].bind(*xs)
 
 
@@ -190,6 +200,7 @@ def outer(a, b):
 
 
 def transpose(m):
+    """Per-sample transpose of a Matrix."""
     return P["transpose"].bind(m)
 
 

@@ -131,9 +131,21 @@ def _elementwise_abstract(name):
             shapes = ", ".join(str(a.shape) for a in avals)
             raise ValueError(f"hawk.math.{name}: per-sample shapes {shapes} do not broadcast") from None
         dt = _elementwise_dtype(name, tuple((a.dtype, a.weak) for a in avals))
-        weak = all(a.weak for a in avals)
+        # weak when its values are: a choice between two Python numbers is a Python number in
+        # each sample, whatever the condition (so float32 code stays float32, as with a Param)
+        weak = all(a.weak for a in (avals[1:] if name == "select" else avals))
         return [AVal(shape, dt, broadcast_kind(*avals), weak)]
     return rule
+
+
+def promote(avals) -> np.dtype:
+    """The dtype NumPy computes operands of these avals in (Python numbers weak, NEP 50)."""
+    return _promote(tuple((a.dtype, a.weak) for a in avals))
+
+
+@functools.lru_cache(maxsize=1024)
+def _promote(sig):
+    return np.result_type(*[_probe(AVal((), dt, UNIFORM, weak)) for dt, weak in sig])
 
 
 for _name, (_arity, _fn) in ELEMENTWISE_TABLE.items():
@@ -204,9 +216,9 @@ eager_impl[index_p] = lambda x, *, i: [np.asarray(x)[i]]
 @abstract_eval.register(stack_p)
 def _stack_abstract(*xs):
     shape = np.broadcast_shapes(*[a.shape for a in xs])
-    dt = functools.reduce(lambda d, a: _elementwise_dtype("add", ((d, False), (a.dtype, a.weak))), xs[1:],
-                          _elementwise_dtype("add", ((xs[0].dtype, xs[0].weak), (xs[0].dtype, xs[0].weak))))
-    return [AVal((len(xs),) + shape, dt, broadcast_kind(*xs))]
+    # the components promote as one NumPy operation would: Python numbers are weak wherever they
+    # stand (vec(p, a, a) and vec(a, p, a) are float32 alike for a float32 a)
+    return [AVal((len(xs),) + shape, promote(xs), broadcast_kind(*xs), all(a.weak for a in xs))]
 
 
 eager_impl[stack_p] = lambda *xs: [np.stack(np.broadcast_arrays(*xs))]
