@@ -14,7 +14,7 @@ import numpy as np
 
 from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
-from hawk_fx.tree import tree_flatten, tree_unflatten
+from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
 
 from . import staging, views
 from .analysis import count_nodes, count_stages
@@ -52,11 +52,7 @@ def _rebuild(t, leaves, k):
     for c in t.children:
         v, k = _rebuild(c, leaves, k)
         kids.append(v)
-    if t.kind == "tuple":
-        return tuple(kids), k
-    if t.kind == "list":
-        return kids, k
-    return dict(zip(t.meta, kids)), k
+    return make_node(t, kids), k
 
 
 class _BuildContext:
@@ -133,7 +129,24 @@ class Fork:
 
 
 class Graph:
-    """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue."""
+    """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue.
+
+    A builder makes one with `eagle.Graph()`, calls kernels (they become nodes), declares
+    `g.result` and returns it; calling the builder on arrays builds the graph once, and calling
+    the graph replays it:
+
+        @eagle_fx.Graph.builder
+        def chain(x):
+            g = eagle_fx.Graph()
+            g.result = square(scale(x, 2.0, 1.0))
+            return g
+
+        g = chain(np.arange(4.0))      # build
+        g()                            # replay: the result arrays (the graph's own; copy to keep)
+
+    `record=True` keeps what `eagle_fx.diff.reverse` needs; `backend=` names a backend ("numpy", "cuda")
+    instead of choosing by the arrays' type.
+    """
 
     def __init__(self, record: bool = False, backend=None):
         self._record = bool(record)
@@ -146,9 +159,10 @@ class Graph:
         self._worker: threading.Thread | None = None
         self._worker_error = None
         self._input_names: dict[str, int] = {}
+        self._unread_args: dict = {}   # array arguments of the builder no node reads: bindable all the same
         self._generation = 0
         self._residuals = None
-        self._views: dict = {}       # id(result plane) -> the shape it is seen with (nested vmap)
+        self._views: dict = {}       # id(result plane) -> the shape it is seen with, or a function (transforms)
         if _building and _building[-1].graph is None:
             ctx = _building[-1]
             ctx.graph = self
@@ -162,7 +176,11 @@ class Graph:
         else:
             self._builder = None
 
-    builder = staticmethod(lambda fn: Builder(fn))
+    @staticmethod
+    def builder(fn):
+        """Decorate a builder (a function that makes, fills and returns a Graph) or a block (one
+        with a parameter annotated `eagle_fx.Graph`, which appends to the graph it is given)."""
+        return Builder(fn)
 
     @classmethod
     def _from_program(cls, program, input_planes, tree, n_results, n):
@@ -328,14 +346,30 @@ class Graph:
             self.build()
         return self._program
 
+    def to_dot(self) -> str:
+        """The graph as Graphviz DOT text: kernels, forks and joins, waits, device if/match/while
+        as clusters, buffers and results (render it with `dot -Tsvg`)."""
+        from .dot import to_dot
+        return to_dot(self)
+
+    def _repr_svg_(self):
+        """Jupyter shows the graph's picture when Graphviz's `dot` is installed, its text otherwise.
+        A hand-made graph still being staged shows as text: drawing it would build it."""
+        if self._program is None:
+            return None
+        from .dot import to_svg
+        return to_svg(self)
+
     def _array_of_plane(self, h: Plane):
         if self._exe is None:
             return None
         if h.var is None:                 # an argument, or a view of one: read from the arrays bound now
             return views.array_of(h.key, self._root_array)
         arr = self._exe.array_of(h.var)
-        shape = self._views.get(id(h))
-        return arr if shape is None else arr.reshape(shape)
+        view = self._views.get(id(h))          # a shape, or a function of the array (a Jacobian's axes)
+        if view is None:
+            return arr
+        return view(arr) if callable(view) else arr.reshape(view)
 
     def _root_array(self, key):
         if isinstance(key, staging.Extern):
@@ -351,10 +385,26 @@ class Graph:
 
     def launch(self, n: int = 1) -> "Graph":
         """Replay n times and wait."""
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+            raise TypeError(self._replay_refusal(n))
         self.synchronize()
         self.build()._exe.replay(int(n))
+        self._fill_pinned()
         self._generation += 1
         return self
+
+    def _replay_refusal(self, n):
+        """g(x): a Graph replays the arrays bound to it; say how to run it on others."""
+        names = ", ".join(f"{k}=..." for k in self._input_names) or "name=..."
+        b = self._builder.__name__ if self._builder is not None else "the builder"
+        return (f"eagle.Graph: g(n) and g.launch(n) replay the graph n times on its own arrays; got "
+                f"{type(n).__name__}. To run it on new arrays, bind them (g.bind({names}); g()) or call {b}(...) "
+                "again (a transformed function, e.g. eagle_fx.grad(f)(x), caches its graph per layout)")
+
+    def _fill_pinned(self):
+        """Copy each block result handed out as an array (see Builder._call_block) from its plane."""
+        for arr, plane in self._trace.pinned.values():
+            np.copyto(arr, np.asarray(self._array_of_plane(plane)))
 
     def enqueue(self, n: int = 1) -> "Graph":
         """Replay n times on a worker thread and return at once; `synchronize()` waits."""
@@ -370,6 +420,7 @@ class Graph:
         def work():
             try:
                 exe.replay(int(n))
+                self._fill_pinned()
             except BaseException as e:   # surfaced by synchronize()
                 self._worker_error = e
         self._worker = threading.Thread(target=work, daemon=True)
@@ -394,21 +445,32 @@ class Graph:
         self.synchronize()
         self.build()
         for name, arr in arrays.items():
-            if name not in self._input_names:
-                known = ", ".join(self._input_names) or "none"
+            if name not in self._input_names and name not in self._unread_args:
+                known = ", ".join([*self._input_names, *self._unread_args]) or "none"
                 raise KeyError(f"eagle.Graph.bind: {name!r} is not an array argument of the builder (it has: {known})")
-            i = self._input_names[name]
-            old = self._trace.input_planes[i].array
+            if name in self._unread_args:
+                old = self._unread_args[name]
+            else:
+                old = self._trace.input_planes[self._input_names[name]].array
+            if not staging.is_array(arr):
+                raise ValueError(f"eagle.Graph.bind: {name!r} takes an array of shape {old.shape} and dtype {old.dtype}, "
+                                 f"got {type(arr).__name__}: pass np.asarray({name}, dtype=np.{old.dtype.name})")
             if not staging.is_array(arr) or isinstance(arr, np.ndarray) != isinstance(old, np.ndarray) \
                     or arr.shape != old.shape or arr.dtype != old.dtype:
                 got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
                 raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
                                  "call the builder again")
+            if name in self._unread_args:
+                continue
+            i = self._input_names[name]
             entry, v = self._trace.input_planes[i], self._program.inputs[i]
             if not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
                 raise ValueError(f"eagle.Graph.bind: {name!r} is a read-only array, and the graph writes this argument "
                                  "in place (a Mutable or buffer=); pass a writeable array")
         for name, arr in arrays.items():
+            if name in self._unread_args:       # no node reads it: nothing to swap but the record of it
+                self._unread_args[name] = arr
+                continue
             i = self._input_names[name]
             self._trace.input_planes[i].array = arr
             self._exe.rebind(i, arr)
@@ -445,7 +507,7 @@ class Builder:
     def __call__(self, *args, **kwargs):
         if self.graph_param is not None:
             return self._call_block(args, kwargs)
-        bound = self.signature.bind(*args, **kwargs)
+        bound = self._bind(args, kwargs)
         bound.apply_defaults()
         names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
         ctx = _BuildContext(self, names)
@@ -470,18 +532,51 @@ class Builder:
             raise TypeError(f"{self.__name__}: a builder returns its graph: `return g`; declare the arrays with "
                             "`g.result = ...`" + ("" if ctx.graph is not None else
                                                   " (and create it first: g = eagle.Graph())"))
-        return ret.build()
+        ret.build()
+        ret._unread_args = {k: v for k, v in bound.arguments.items()
+                            if staging.is_array(v) and k not in ret._input_names}
+        return ret
+
+    def _bind(self, args, kwargs):
+        """The call's arguments bound to the builder's parameters; a mismatch names them."""
+        try:
+            return self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            params = ", ".join(self.signature.parameters)
+            unknown = [k for k in kwargs if k not in self.signature.parameters]
+            hint = f"; {', '.join(map(repr, unknown))} is not one of them" if unknown else ""
+            raise TypeError(f"{self.__name__}: {e}; the {'block' if self.graph_param else 'builder'} takes "
+                            f"({params}){hint}") from None
 
     def _call_block(self, args, kwargs):
-        bound = self.signature.bind(*args, **kwargs)
+        bound = self._bind(args, kwargs)
         handle = bound.arguments[self.graph_param]
         graph = handle if isinstance(handle, Graph) else getattr(handle, "graph", None)
         if not isinstance(graph, Graph):
             raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "
                             f"append to, got {type(handle).__name__}")
+        outermost = not staging._source_stack
         staging._source_stack.append(self.source)
         try:
             with graph._staging():
-                return self.converted(*args, **kwargs)
+                ret = self.converted(*args, **kwargs)
         finally:
             staging._source_stack.pop()
+        return _pin_results(graph, ret) if outermost else ret
+
+
+def _pin_results(graph, tree):
+    """A block called from plain code (on a hand-made graph) hands its planes out as NumPy arrays,
+    filled after every launch; staging the array later in the same graph reads the plane itself."""
+    t = graph._trace
+    if graph._backend not in (None, "numpy") or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
+        return tree            # a CUDA graph: its planes stay handles that read the device arrays
+    leaves, treedef = tree_flatten(tree, is_leaf=lambda x: isinstance(x, Plane))
+    out = []
+    for x in leaves:
+        if isinstance(x, Plane) and x.graph is graph:
+            arr = np.zeros(x.aval.shape, x.aval.dtype)
+            t.pinned[id(arr)] = (arr, x)
+            x = arr
+        out.append(x)
+    return tree_unflatten(treedef, out)

@@ -414,6 +414,12 @@ class NumpyExecutable:
         ctr = self._sub_slot(ir.U32_CELL)
         carries = [self._ref(s, a.aval) for s, a in zip(outs, init)]
         alive = f"{t}_alive"
+        if counted and isinstance(trip, Var):
+            # the trip counts are read once, on entry, as Python's range(k) and the unbatched loop
+            # read them: a body that writes its own trip cell does not change how often it turns
+            trips = self._sub_slot(trip.aval)
+            g.emit(d, f"np.copyto(b{trips}, {self.b(trip)})")
+            trip = self._ref(trips, trip.aval)
         g.emit(d, f"{t} = 0")
         g.emit(d, f"b{live}[...] = True")
         g.emit(d, f"{alive} = {B}")
