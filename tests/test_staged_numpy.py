@@ -12,6 +12,7 @@ import eagle_fx as eagle
 import hawk_fx as hawk
 from hawk_fx import Mutable, Scalar, Vector
 from eagle_fx.staged_numpy import COMPOSED, UFUNCS
+from hawk_fx.core import LeakedTracerError
 
 from conftest import line_of
 
@@ -368,7 +369,7 @@ def test_a_plane_leaked_from_a_built_graph_is_refused_in_another_builder(rng):
 
     x = rng.normal(size=4)
     leaks(x)()
-    with pytest.raises(ValueError, match="already built"):
+    with pytest.raises(LeakedTracerError, match="made by eagle.Graph.builder leaks"):
         uses(x)
 
 
