@@ -125,7 +125,7 @@ class Plane(staged_numpy.NdarrayProtocol):
         t = self.graph._trace
         if shape and shape[-1] != self.aval.shape[-1]:
             t.view_ns.update((shape[-1], self.aval.shape[-1]))
-        h = Plane(self.graph, ir.plane_aval(shape, self.aval.dtype), key=key, info=self.info)
+        h = Plane(self.graph, ir.plane_aval(shape, self.aval.dtype), key=key)     # its name is its own
         t.handles.add(h)
         return h
 
