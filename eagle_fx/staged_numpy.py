@@ -156,6 +156,12 @@ def stage_function(func, args, kwargs, where):
         return SHAPE_ONLY[func](args[0])
     if func in (np.stack, np.concatenate):
         return _join(func, args, kwargs, where)
+    if func in (np.vstack, np.hstack) and len(args) == 1 and not kwargs:
+        arrays = list(args[0])
+        if func is np.vstack:                   # 1-d planes become rows; the rest join on axis 0
+            return _join(np.concatenate, ([a.reshape((1,) + tuple(a.shape)) if len(a.shape) == 1 else a
+                                           for a in arrays],), {}, where)
+        return _join(np.concatenate, (arrays,), {"axis": 0 if len(arrays[0].shape) == 1 else 1}, where)
     if func is np.reshape and isinstance(args[0], Plane):
         shape = args[1] if len(args) > 1 else kwargs.get("newshape", kwargs.get("shape"))
         return args[0].reshape(shape)

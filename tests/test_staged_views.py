@@ -579,3 +579,22 @@ def test_vmap_of_a_loop_with_per_instance_exits_writing_views(rng):
         value, p = loop(X[i], np.zeros((2, 4)))
         np.testing.assert_allclose(out[i], value, rtol=1e-12)
         np.testing.assert_allclose(P[i], p, rtol=1e-12)
+
+
+@eagle.Graph.builder
+def stacks(x, p):
+    g = eagle.Graph()
+    g.result = (np.vstack([x, x * 2.0]), np.vstack([p, x]), np.hstack([x, x[:2]]), np.hstack([p, p[:, :1]]))
+    return g
+
+
+def test_vstack_and_hstack_follow_numpy(rng):
+    x, p = rng.normal(size=4), rng.normal(size=(2, 4))
+    g = stacks(x, p)
+    for _ in range(2):
+        got = g()
+        want = (np.vstack([x, x * 2.0]), np.vstack([p, x]), np.hstack([x, x[:2]]), np.hstack([p, p[:, :1]]))
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+        x[:] = rng.normal(size=4)
+        p[:] = rng.normal(size=(2, 4))
