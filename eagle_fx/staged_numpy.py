@@ -325,6 +325,8 @@ class NdarrayProtocol:
 
     def __array_ufunc__(self, uf, method, *inputs, **kwargs):
         if not any(isinstance(a, NdarrayProtocol) and a._staging(uf.__name__) is not None for a in inputs):
+            if "out" in kwargs:
+                kwargs = dict(kwargs, out=tuple(_arrays(kwargs["out"])))
             return getattr(uf, method)(*_arrays(inputs), **kwargs)
         return stage_ufunc(uf, method, inputs, kwargs, self._where())
 

@@ -71,7 +71,7 @@ class Plane(staged_numpy.NdarrayProtocol):
         if self.graph is None:
             raise TypeError(f"eagle.Graph.builder {_here()}: a builder argument is used before its graph exists; "
                             "create it first: g = eagle.Graph()")
-        if self.graph._builder is not None and _finished(self.graph):
+        if self.graph._builder is not None and _finished(self.graph) and self.graph not in _HOST_NODES:
             _refuse_foreign(self, use)
 
     def _array(self):
@@ -269,9 +269,13 @@ class GraphTrace:
             raise TypeError(f"{api}: {what} is a value traced inside a kernel body; graphs take arrays")
         if is_array(value):
             return self.extern(value)
-        if type(value).__module__.split(".")[0] in ("cupy", "jax", "jaxlib"):
+        if type(value).__module__.split(".")[0] in ("jax", "jaxlib"):
+            raise NotImplementedError(f"{api}: {what} is a traced {type(value).__name__} (inside jax.jit, jax.grad or "
+                                      "jax.vmap): a builder stages concrete arrays; to call a graph from JAX code, "
+                                      "wrap the builder: eagle_fx.to_jax(builder)")
+        if type(value).__module__.split(".")[0] == "cupy":
             raise NotImplementedError(f"{api}: {what} is a {type(value).__module__}.{type(value).__name__}: graphs run "
-                                      "on NumPy arrays, or on CuPy arrays as CUDA graphs; pass one of those")
+                                      "on NumPy arrays, CuPy arrays (CUDA graphs) or jax.Arrays; pass one of those")
         return None
 
     def new_plane(self, aval, info=None, var=None) -> Plane:
@@ -403,7 +407,7 @@ class GraphTrace:
         info = self.info(name)
         for (j, _), (key, _) in zip(inplace, writes):
             scope.write(key, outs[j])
-        params = dict(fn=node.fn, reads=tuple(node.reads), writes=tuple(node.writes), inplace=tuple(inplace))
+        params = dict(fn=_in_host_node(self.graph, node.fn), reads=tuple(node.reads), writes=tuple(node.writes), inplace=tuple(inplace))
         scope.eqns.append(Eqn(ir.opaque_p, atoms, outs, params, info))
         self.add_access(info, reads, writes, getattr(node.fn, "__name__", "opaque"))
 
@@ -498,6 +502,22 @@ def _refuse_foreign(plane: Plane, use):
             "launch), or compute it in this builder")
     raise ValueError(f"{use} is the staged value{name} of {by}{at}, another graph being built; pass "
                      "arrays between graphs as NumPy arrays")
+
+
+_HOST_NODES = ThreadStack()       # graphs whose host node this thread runs now: their planes read as arrays
+
+
+def _in_host_node(graph, fn):
+    """fn, run so that the planes of `graph` it closes over (a builder's arguments, its buffers) read
+    as the arrays they stand for at that moment, as a host node means."""
+    def host():
+        _HOST_NODES.append(graph)
+        try:
+            return fn()
+        finally:
+            _HOST_NODES.pop()
+    host.__name__ = getattr(fn, "__name__", "opaque")
+    return host
 
 
 _source_stack = ThreadStack()     # this thread's builders being staged (SourceInfo), innermost last

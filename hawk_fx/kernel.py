@@ -16,6 +16,7 @@ import numpy as np
 
 from . import prims
 from .core import SAMPLE, UNIFORM, AVal, Program, Tracer, literal_aval
+from .emit.jax import eager_call, is_jax_array
 from .emit.numpy import NumpyKernel, overlapping_inputs
 from .perthread import ThreadStack
 from .roles import Role
@@ -224,13 +225,13 @@ def _resolve_roles(fn) -> list[tuple[str, Role]]:
 
 
 def _is_gpu_array(a) -> bool:
-    return type(a).__module__.split(".")[0] in ("cupy", "jax", "jaxlib")
+    return type(a).__module__.split(".")[0] == "cupy"
 
 
 def _is_cuda_array(a) -> bool:
     """A CuPy array (or any __cuda_array_interface__ array): the call runs the emitted CUDA kernel."""
     return ((type(a).__module__.split(".")[0] == "cupy" or hasattr(type(a), "__cuda_array_interface__"))
-            and hasattr(a, "shape") and hasattr(a, "dtype"))
+            and hasattr(a, "shape") and hasattr(a, "dtype") and not is_jax_array(a))
 
 
 def _shape_proxy(a) -> np.ndarray:
@@ -318,7 +319,12 @@ class Kernel:
             if not role.accepts_dtype(dt):
                 raise TypeError(f"{where} is a Python {type(v).__name__} {v!r}; it needs {role.describe_dtype()}")
             return (UNIFORM, dt, (), True)
-        if _is_cuda_array(v):            # laid out by shape and dtype; __call__ runs it on the GPU
+        if is_jax_array(v) and not v.shape and not role.mutable and not role.shape:
+            dt = np.dtype(v.dtype)          # a 0-d jax.Array (a traced scalar): one value for all samples
+            if dt.kind not in "biuf" or not role.accepts_dtype(dt):
+                raise TypeError(f"{where} has dtype {dt}; it needs {role.describe_dtype()}")
+            return (UNIFORM, dt, (), False)
+        if _is_cuda_array(v) or is_jax_array(v):    # laid out by shape and dtype; __call__ runs it there
             v = _shape_proxy(v)
         if not isinstance(v, np.ndarray):
             if _is_gpu_array(v):
@@ -376,6 +382,8 @@ class Kernel:
         values = self.bind_arguments(args, kwargs)
         layout, n = self.layout_of(values)
         spec = self.specialize(layout)
+        if any(is_jax_array(v) for v in values):     # jax.Arrays (or tracers): jax.numpy, jitted
+            return tree_unflatten(spec.tree, eager_call(spec, values, n))
         if any(_is_cuda_array(v) for v in values):   # CuPy arrays: the emitted CUDA kernel, on the GPU
             from eagle_fx.backends.cuda import call_kernel
             return tree_unflatten(spec.tree, call_kernel(spec, values, n))

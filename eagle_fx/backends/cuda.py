@@ -99,6 +99,7 @@ import numpy as np
 
 from hawk_fx.core import Literal, Program, Var
 from hawk_fx.emit import cuda as hcuda
+from hawk_fx.emit.jax import is_jax_array
 
 from .. import ir
 from ..analysis import direct_outputs
@@ -1553,9 +1554,10 @@ _forced = threading.local()
 
 
 def _device_like(a) -> bool:
-    """A GPU array: a CuPy array (by its module), or anything with __cuda_array_interface__."""
+    """A GPU array: a CuPy array (by its module), or anything with __cuda_array_interface__ that is
+    not a jax.Array (those go to the jax backend)."""
     return (type(a).__module__.split(".")[0] == "cupy" or hasattr(type(a), "__cuda_array_interface__")) \
-        and hasattr(a, "shape") and hasattr(a, "dtype")
+        and hasattr(a, "shape") and hasattr(a, "dtype") and not is_jax_array(a)
 
 
 class use_backend:
@@ -1589,7 +1591,15 @@ def choose(arrays, requested=None):
         requested = stack[-1] if stack else None
     on_gpu = [a for a in arrays if _device_like(a)]
     if requested is None:
-        requested = "cuda" if on_gpu else "numpy"
+        requested = "jax" if any(is_jax_array(a) for a in arrays) else "cuda" if on_gpu else "numpy"
+    if requested == "jax":
+        if on_gpu:
+            raise ValueError(f"eagle_fx: the jax backend was asked for, but the graph reads a "
+                             f"{type(on_gpu[0]).__module__}.{type(on_gpu[0]).__name__}; pass NumPy arrays or jax.Arrays")
+        return "jax"
+    if any(is_jax_array(a) for a in arrays):
+        raise ValueError(f"eagle_fx: backend {requested!r} was asked for, but the graph reads a jax.Array; pass "
+                         "NumPy arrays (np.asarray) or drop backend= (jax.Arrays run on the jax backend)")
     if requested == "numpy":
         if on_gpu:
             a = on_gpu[0]
@@ -1602,7 +1612,7 @@ def choose(arrays, requested=None):
     if requested == "fake-cuda":
         requested = _fake_runtime()
     if not hasattr(requested, "builder"):
-        raise ValueError(f"eagle_fx: unknown backend {requested!r}; 'numpy', 'cuda' or 'fake-cuda'")
+        raise ValueError(f"eagle_fx: unknown backend {requested!r}; 'numpy', 'jax', 'cuda' or 'fake-cuda'")
     if on_gpu and requested.name == "fake-cuda":
         raise ValueError("eagle_fx: the fake-cuda backend runs on NumPy arrays; the graph reads a device array")
     return requested
