@@ -68,8 +68,10 @@ class Plane(staged_numpy.NdarrayProtocol):
     # reading the value after the graph is built
     def _check_use(self, use="eagle: the value read as an array (np.asarray, print, a NumPy or hawk.math function)"):
         """A plane a builder staged is that builder's: once it has finished, a use elsewhere is a leak."""
-        if self.graph is not None and self.graph._builder is not None and _finished(self.graph) \
-                and self.graph not in _HOST_NODES:
+        if self.graph is None:
+            raise TypeError(f"eagle.Graph.builder {_here()}: a builder argument is used before its graph exists; "
+                            "create it first: g = eagle.Graph()")
+        if self.graph._builder is not None and _finished(self.graph) and self.graph not in _HOST_NODES:
             _refuse_foreign(self, use)
 
     def _array(self):
@@ -111,14 +113,10 @@ class Plane(staged_numpy.NdarrayProtocol):
         """The trace to stage `what` into, or None when the graph is built (the plane reads as its
         array); refuses a plane whose graph does not exist yet or one leaked into another builder."""
         if self.graph is None:
-            raise RuntimeError(f"eagle.Graph.builder {_here()}: {what} on a builder argument before the graph "
-                               "exists; create it first: g = eagle.Graph()")
+            raise TypeError(f"eagle.Graph.builder {_here()}: {what} on a builder argument before the graph "
+                            "exists; create it first: g = eagle.Graph()")
         if self.graph._exe is not None:
-            other = active_trace()
-            if other is not None and other.graph is not self.graph:
-                raise ValueError(f"eagle.Graph.builder {_here()}: {what} of a plane of a graph that is already built "
-                                 f"({self.label or self.aval}); it leaked out of its builder: pass arrays between "
-                                 "graphs (the built graph's result arrays), not its staged planes")
+            self._check_use(f"eagle: {what}")       # a builder's plane after its builder finished: a leak
             return None
         return self.graph._trace
 
@@ -127,7 +125,7 @@ class Plane(staged_numpy.NdarrayProtocol):
         t = self.graph._trace
         if shape and shape[-1] != self.aval.shape[-1]:
             t.view_ns.update((shape[-1], self.aval.shape[-1]))
-        h = Plane(self.graph, ir.plane_aval(shape, self.aval.dtype), key=key, info=self.info)
+        h = Plane(self.graph, ir.plane_aval(shape, self.aval.dtype), key=key)     # its name is its own
         t.handles.add(h)
         return h
 
