@@ -11,6 +11,7 @@
 """
 from . import diff
 from .cache import clear_caches
+from .eager import disable_staging
 from .api import grad, jacfwd, jacrev, jvp, make_graph, make_program, vjp, vmap
 from .graph import Branch, Fork, Graph, opaque
 from .staging import UncappedLoopWarning
@@ -18,4 +19,4 @@ from .staging import UncappedLoopWarning
 __version__ = "0.1.0"
 
 __all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning",
-           "clear_caches"]
+           "clear_caches", "disable_staging"]

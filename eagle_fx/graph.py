@@ -16,7 +16,7 @@ from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
-from . import staging
+from . import eager, staging
 from .analysis import count_nodes, count_stages
 from .autograph import convert_builder
 from .backends import cuda as _cuda
@@ -120,6 +120,13 @@ class Fork:
 
 class Graph:
     """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue."""
+
+    def __new__(cls, record: bool = False, backend=None):
+        if cls is Graph and eager._runs:       # the graph of a builder running with staging disabled
+            g = eager.new_graph(record, backend)
+            if g is not None:
+                return g
+        return super().__new__(cls)
 
     def __init__(self, record: bool = False, backend=None):
         self._record = bool(record)
@@ -428,6 +435,14 @@ class Builder:
         self.graph_param = next((n for n in self.signature.parameters
                                  if hints.get(n) is Graph or hints.get(n) == "eagle.Graph"), None)
         self.converted, self.source = convert_builder(fn)
+        self._eager_fn = None
+
+    @property
+    def eager_fn(self):
+        """The function rewritten for eager runs (disable_staging): its control flow runs in Python."""
+        if self._eager_fn is None:
+            self._eager_fn = convert_builder(self.fn, eager.EagerRuntime)[0]
+        return self._eager_fn
 
     def __repr__(self):
         return f"<eagle.Graph.{'block' if self.graph_param else 'builder'} {self.__name__}>"
@@ -435,6 +450,8 @@ class Builder:
     def __call__(self, *args, **kwargs):
         if self.graph_param is not None:
             return self._call_block(args, kwargs)
+        if eager.staging_disabled():
+            return eager.call_builder(self, args, kwargs)
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
@@ -460,6 +477,8 @@ class Builder:
     def _call_block(self, args, kwargs):
         bound = self.signature.bind(*args, **kwargs)
         handle = bound.arguments[self.graph_param]
+        if eager.is_eager_handle(handle):
+            return eager.call_block(self, args, kwargs)
         graph = handle if isinstance(handle, Graph) else getattr(handle, "graph", None)
         if not isinstance(graph, Graph):
             raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "
