@@ -820,9 +820,10 @@ class Runtime:
         n_names = len(carried)
         labelled = {j: state[i] for j, i in enumerate(carried) if _buffer_named(trace, state[i], names[i])}
         for j, h0 in labelled.items():
-            if h0.key in inplace:
+            if h0.key in inplace or h0.key in consts:
                 raise TypeError(f"eagle.Graph.builder {self.where(line)}: the buffer {h0.label!r} is rebound in this "
-                                "device loop and also written in place through another name; use one of the two")
+                                "device loop and also read or written through another name inside it (the buffer "
+                                f"holds each turn's value); use {h0.label!r} itself in the loop")
         inplace_pairs = tuple((j, base + j) for j in labelled) \
             + tuple((n_names + j, base + n_names + j) for j in range(len(inplace)))
         info = trace.info()

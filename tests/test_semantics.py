@@ -172,7 +172,7 @@ def test_a_plane_leaked_from_a_finished_builder_is_refused_with_where_it_was_mad
             use()
 
 
-from tour_kernels import square  # noqa: E402
+from tour_kernels import add, square  # noqa: E402
 
 
 def test_a_buffer_name_rebound_in_a_counted_loop_keeps_its_buffer():
@@ -266,3 +266,22 @@ def test_a_buffer_label_means_its_final_value_in_reverse():
     eps = 1e-6                                                      # and by finite differences of plain NumPy
     np.testing.assert_allclose(grads["x"], ((128 * (x + eps) ** 2 + 1) - (128 * (x - eps) ** 2 + 1)) / (2 * eps),
                                rtol=1e-6)
+
+
+def test_a_buffer_rebound_in_a_loop_and_read_there_through_another_name_is_refused():
+    M = np.zeros(3)
+
+    @eagle.Graph.builder
+    def f(x, n):
+        g = eagle.Graph()
+        own = inc(x, buffer=M)
+        alias = own
+        for _ in range(n):
+            own = add(own, alias)
+        g.result = own
+        return g
+
+    before = M.copy()
+    with pytest.raises(TypeError, match=r"f:6: the buffer 'own' is rebound in this device loop and also read"):
+        f(np.arange(3.0), cell(2))
+    np.testing.assert_array_equal(M, before)
