@@ -285,3 +285,29 @@ def test_a_buffer_rebound_in_a_loop_and_read_there_through_another_name_is_refus
     with pytest.raises(TypeError, match=r"f:6: the buffer 'own' is rebound in this device loop and also read"):
         f(np.arange(3.0), cell(2))
     np.testing.assert_array_equal(M, before)
+
+
+def test_a_buffer_name_rebound_by_a_nested_arm_and_again_in_its_arm_holds_the_last_value():
+    # found by the differential fuzzer: the inner if moved the buffer, then the arm rebound the name
+    B = np.zeros(3)
+
+    @eagle.Graph.builder
+    def f(x, c, d):
+        g = eagle.Graph()
+        own = inc(x, buffer=B)
+        if c:
+            if d:
+                own = dbl(own)
+            own = add(own, x)
+        g.result = inc(own)
+        return g
+
+    x, c, d = np.arange(3.0), cell(1), cell(1)
+    g = f(x, c, d)
+    for cv, dv in ((1, 1), (1, 0), (0, 1)):
+        c[0], d[0] = cv, dv
+        own = x + 1.0
+        if cv:
+            own = (2.0 * own if dv else own) + x
+        np.testing.assert_array_equal(g(), own + 1.0)
+        np.testing.assert_array_equal(B, own)
