@@ -98,7 +98,15 @@ class BodySpec:
         self.n_results = len(prog.outputs) - len(self.commits)
         self.result_kinds = [a.aval.kind for a in prog.outputs[:self.n_results]]
         self.layout = tuple((v.aval.kind, v.aval.dtype, v.aval.shape, v.aval.weak) for v in prog.inputs)
-        self.compiled = NumpyKernel(prog, [a.aval.kind == SAMPLE for a in prog.outputs])
+        self._compiled = None
+
+    @property
+    def compiled(self):
+        """The NumPy code of the body, generated when first run: fusing a chain makes a spec per
+        pair, and only the whole chain's runs."""
+        if self._compiled is None:
+            self._compiled = NumpyKernel(self.prog, [a.aval.kind == SAMPLE for a in self.prog.outputs])
+        return self._compiled
 
     result_shape = Specialization.result_shape
     result_dtype = Specialization.result_dtype
@@ -232,6 +240,9 @@ def _shape_proxy(a) -> np.ndarray:
 
 
 class Kernel:
+    """A traced per-sample function (made by `@hawk_fx.kernel`): call it on arrays to run it over
+    every sample, or inside a builder to add it to a graph. `ir` is its traced body."""
+
     def __init__(self, fn):
         self.fn = fn
         self.name = fn.__name__
@@ -331,8 +342,10 @@ class Kernel:
             raise ValueError(f"{where} is a read-only array; a Mutable is written in place")
         if role.uniform:
             if v.shape != (1,):
+                fix = (" (a 0-d array: pass a.reshape(1), a view read at every call, or float(a), fixed when "
+                       "the graph is built)") if v.ndim == 0 else ""
                 raise ValueError(f"{where} has shape {v.shape}; a Param is a Python number or a one-cell array "
-                                 "of shape (1,), read at every call")
+                                 f"of shape (1,), read at every call{fix}")
             return (UNIFORM, v.dtype, (), False)
         want = role.shape
         if v.ndim != len(want) + 1 or v.shape[:-1] != want:
@@ -404,7 +417,17 @@ class Kernel:
 
 
 def kernel(fn) -> Kernel:
-    """Decorate a one-sample function whose parameters are annotated with roles."""
+    """Decorate a one-sample function whose parameters are annotated with roles.
+
+    The body is traced once per argument layout (dtypes, shapes) into a Program, then runs over
+    whole arrays, the sample axis last. Inside a builder, a call adds a node to the graph.
+
+        @hawk_fx.kernel
+        def scale(x: Scalar, a: Param, b: Param) -> Scalar:
+            return a * x + b
+
+        scale(np.arange(4.0), 2.0, 1.0)      # array([1., 3., 5., 7.])
+    """
     if isinstance(fn, Kernel):
         return fn
     return Kernel(fn)
