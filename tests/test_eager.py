@@ -10,6 +10,7 @@ import pytest
 import eagle_fx as eagle
 from hawk_fx.tree import tree_flatten
 from tour_kernels import accumulate, add, affine, below, cell, dbl, inc, over, square
+from fuzz_kernels import total
 
 
 def leaves(tree):
@@ -275,3 +276,20 @@ def test_buffer_labels_follow_their_name_in_eager_runs_too():
         M[:] = 0.0
         f(x, cell(3), cell(cv))()
         np.testing.assert_array_equal(M, M_eager)
+
+
+def test_transforms_stage_inside_disable_staging():
+    from tour_kernels import wobble
+
+    @eagle.Graph.builder
+    def loss(x):
+        g = eagle.Graph()
+        g.result = total(wobble(x))
+        return g
+
+    x = np.array([0.3, -1.2, 2.0])
+    with eagle.disable_staging():
+        got = eagle.grad(loss)(x)
+        batched = np.asarray(eagle.vmap(loss)(np.stack([x, 2.0 * x]))())
+    np.testing.assert_allclose(got, 0.2 * (np.sin(x) * x) * (np.cos(x) * x + np.sin(x)), rtol=1e-12)
+    np.testing.assert_allclose(batched.reshape(2), [0.1 * np.sum((np.sin(r) * r) ** 2) for r in (x, 2.0 * x)], rtol=1e-12)
