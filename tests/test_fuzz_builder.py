@@ -31,7 +31,7 @@ PLANES = ("p0", "p1", "p2", "p3")
 CELLS = ("c0", "c1", "c2")
 UNARY = ("inc", "dbl", "half", "wave", "soft")
 BINARY = ("add", "mix")
-FORMS = ("assign", "block", "mutable", "cell_write", "if", "match", "capped", "counted", "uncapped", "python_for",
+FORMS = ("assign", "block", "numpy", "view_write", "mutable", "cell_write", "if", "match", "capped", "counted", "uncapped", "python_for",
          "fork", "break", "continue")
 _ids = itertools.count()
 
@@ -55,6 +55,12 @@ class Program:
         if self.chance(1, 6):
             self.used.add("block")
             return f"blk(g, {self.pick(PLANES)})"
+        if self.chance(1, 5):
+            self.used.add("numpy")
+            a, b = self.pick(PLANES), self.pick(PLANES)
+            return self.pick((f"np.sin({a}) * 0.5 + {b}", f"-{a} + 1.0", f"np.maximum({a}, {b}) - 0.5",
+                              f"np.stack([{a}, {b}])[1] * 0.75", f"{a}[::-1] * 0.5", f"np.tanh({a} * {b})",
+                              f"({a} - {b}) / 2.0"))
         if self.chance(1):
             return f"{self.pick(BINARY)}({self.pick(PLANES)}, {self.pick(PLANES)})"
         return f"{self.pick(UNARY)}({self.pick(PLANES)})"
@@ -82,6 +88,10 @@ class Program:
         self.used.add(kind)
         free = [c for c in CELLS if c not in frozen]
         if kind == "assign":
+            if self.chance(1, 8):
+                self.used.add("view_write")
+                a, b = self.pick(PLANES), self.pick(PLANES)
+                return [(0, f"{a} = inc({a})"), (0, f"{a}[1:] = {b}[:-1] * 0.5")]
             return [(0, f"{self.pick(PLANES)} = {self.expr(depth)}")]
         if kind == "mutable":
             return [(0, f"accumulate(soft({self.pick(PLANES)}), y)")]
@@ -174,7 +184,7 @@ def _indent(lines, by=1):
 def load(src: str, name: str):
     """Compile generated source as if from a file (the builder pass reads a function's text)."""
     filename = f"<fuzz builder {name}>"
-    header = "import eagle_fx as eagle\nfrom fuzz_kernels import *\n\n"
+    header = "import numpy as np\nimport eagle_fx as eagle\nfrom fuzz_kernels import *\n\n"
     text = header + src
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
     ns: dict = {}
@@ -295,6 +305,12 @@ def check_derivatives(builder, args, vmappable, src):
         got = np.asarray(eagle.vmap(lambda x_: builder(x_, *copy.deepcopy(rest)))(X)).reshape(3, -1)[:, 0]
         want = np.array([f_eager(r) for r in X])
         np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"vmap of\n{src}")
+        # a batched cell too: each instance takes its own arms and turns
+        C = np.array([[0], [1], [3]], np.uint32)
+        y, _, c1, c2, b0 = copy.deepcopy(rest)
+        got = np.asarray(eagle.vmap(lambda x_, c_: builder(x_, y, c_, c1, c2, b0))(X, C)).reshape(3, -1)[:, 0]
+        want = np.array([eager_value(builder, [r, y, c, c1, c2, b0]) for r, c in zip(X, C)])
+        np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"vmap over x and c0 of\n{src}")
 
 
 PROFILE = dict(deadline=None, database=None, derandomize=True, print_blob=True,

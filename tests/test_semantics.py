@@ -311,3 +311,21 @@ def test_a_buffer_name_rebound_by_a_nested_arm_and_again_in_its_arm_holds_the_la
             own = (2.0 * own if dv else own) + x
         np.testing.assert_array_equal(g(), own + 1.0)
         np.testing.assert_array_equal(B, own)
+
+
+@eagle.Graph.builder
+def idle_loop(x, c):
+    g = eagle.Graph()
+    for _ in range(c):          # carries nothing: its turns have no effect
+        if c:
+            continue
+    g.result = inc(x)
+    return g
+
+
+def test_vmap_over_the_trip_count_of_a_loop_that_carries_nothing():
+    # found by the differential fuzzer: the batched loop took its batch size from its first carry
+    X = np.stack([np.arange(3.0), np.ones(3), np.zeros(3)])
+    C = np.array([[0], [1], [3]], np.uint32)
+    got = np.asarray(eagle.vmap(lambda x, c: idle_loop(x, c))(X, C))
+    np.testing.assert_array_equal(got, X + 1.0)
