@@ -119,7 +119,14 @@ def run(g):
 
 def stage(f, args, api):
     """The Graph `f` stages for these arguments: a builder builds it, a transformed function makes
-    it, a plain function must return one (it calls a transform inside: a lambda around jvp)."""
+    it, a plain function must return one (it calls a transform inside: a lambda around jvp).
+    Transforms stage even inside disable_staging(), as JAX's grad and vmap run under disable_jit."""
+    from .eager import disable_staging
+    with disable_staging(False):
+        return _stage(f, args, api)
+
+
+def _stage(f, args, api):
     from .graph import Builder, Graph
     if isinstance(f, Transformed):
         return f.graph(*args)

@@ -16,7 +16,7 @@ from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
 from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
 
-from . import staging, views
+from . import eager, staging, views
 from .analysis import count_nodes, count_stages
 from .autograph import convert_builder
 from .backends import cuda as _cuda
@@ -147,6 +147,13 @@ class Graph:
     `record=True` keeps what `eagle_fx.diff.reverse` needs; `backend=` names a backend ("numpy", "cuda")
     instead of choosing by the arrays' type.
     """
+
+    def __new__(cls, record: bool = False, backend=None, mesh=None):
+        if cls is Graph and eager._runs:       # the graph of a builder running with staging disabled
+            g = eager.new_graph(record, backend)
+            if g is not None:
+                return g
+        return super().__new__(cls)
 
     def __init__(self, record: bool = False, backend=None, mesh=None):
         self._record = bool(record)
@@ -569,6 +576,14 @@ class Builder:
         self.graph_param = next((n for n in self.signature.parameters
                                  if hints.get(n) is Graph or hints.get(n) == "eagle.Graph"), None)
         self.converted, self.source = convert_builder(fn)
+        self._eager_fn = None
+
+    @property
+    def eager_fn(self):
+        """The function rewritten for eager runs (disable_staging): its control flow runs in Python."""
+        if self._eager_fn is None:
+            self._eager_fn = convert_builder(self.fn, eager.EagerRuntime)[0]
+        return self._eager_fn
 
     def __repr__(self):
         return f"<eagle.Graph.{'block' if self.graph_param else 'builder'} {self.__name__}>"
@@ -576,6 +591,8 @@ class Builder:
     def __call__(self, *args, **kwargs):
         if self.graph_param is not None:
             return self._call_block(args, kwargs)
+        if eager.staging_disabled():
+            return eager.call_builder(self, args, kwargs)
         bound = self._bind(args, kwargs)
         bound.apply_defaults()
         names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
@@ -620,6 +637,8 @@ class Builder:
     def _call_block(self, args, kwargs):
         bound = self._bind(args, kwargs)
         handle = bound.arguments[self.graph_param]
+        if eager.is_eager_handle(handle):
+            return eager.call_block(self, args, kwargs)
         graph = handle if isinstance(handle, Graph) else getattr(handle, "graph", None)
         if not isinstance(graph, Graph):
             raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "

@@ -403,6 +403,8 @@ class NumpyExecutable:
         ops = list(e.inputs)
         trip = ops.pop(0) if counted else None
         consts, init = ops[:nc], ops[nc:]
+        if not outs:            # it carries nothing and writes nothing: no turn has an effect
+            return
         self._gen_copies(g, d, init, outs)
         B = self.slots[outs[0]].shape[0]
         live = self._new_slot(np.ones((B, 1), bool))       # not finished yet
