@@ -14,9 +14,9 @@ import numpy as np
 
 from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
-from hawk_fx.tree import tree_flatten, tree_unflatten
+from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
 
-from . import staging
+from . import staging, views
 from .analysis import count_nodes, count_stages
 from .autograph import convert_builder
 from .backends import cuda as _cuda
@@ -52,16 +52,26 @@ def _rebuild(t, leaves, k):
     for c in t.children:
         v, k = _rebuild(c, leaves, k)
         kids.append(v)
-    if t.kind == "tuple":
-        return tuple(kids), k
-    if t.kind == "list":
-        return kids, k
-    return dict(zip(t.meta, kids)), k
+    return make_node(t, kids), k
 
 
 class _BuildContext:
     def __init__(self, builder, arg_names):
         self.builder, self.arg_names, self.graph = builder, arg_names, None
+        self.planes: dict = {}       # id(array) -> the staged plane the builder sees for that argument
+
+    def wrap(self, value):
+        """Arguments (and arrays in tuples, lists and dicts of them) as staged planes."""
+        if staging.is_array(value):
+            p = self.planes.get(id(value))
+            if p is None:
+                p = self.planes[id(value)] = staging.argument_plane(value, self.arg_names.get(id(value)))
+            return p
+        if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+            return type(value)(self.wrap(v) for v in value)
+        if type(value) is dict:
+            return {k: self.wrap(v) for k, v in value.items()}
+        return value
 
 
 _building = ThreadStack()     # this thread's builder calls (_BuildContext), innermost last
@@ -137,11 +147,15 @@ class Graph:
         self._input_names: dict[str, int] = {}
         self._generation = 0
         self._residuals = None
-        self._views: dict = {}       # id(result plane) -> the shape it is seen with (nested vmap)
+        self._views: dict = {}       # id(result plane) -> the shape it is seen with, or a function (transforms)
         if _building and _building[-1].graph is None:
             ctx = _building[-1]
             ctx.graph = self
             self._trace.arg_names = ctx.arg_names
+            for p in ctx.planes.values():
+                p.graph = self
+                self._trace.externs[id(p.key.array)] = p.key
+                self._trace.handles.add(p)
             GRAPH_STAGING.append(self._trace)
             self._builder = ctx.builder
         else:
@@ -199,7 +213,7 @@ class Graph:
         self._has_result = tree is not None
 
     def _leaf_array(self, x, out_var):
-        if isinstance(x, Plane):
+        if isinstance(x, Plane) and x.var is not None:
             return self._array_of_plane(x)
         arr = self._exe.array_of(out_var)         # a user's array in the result: the one bound now
         return x if arr is None else arr
@@ -336,9 +350,19 @@ class Graph:
     def _array_of_plane(self, h: Plane):
         if self._exe is None:
             return None
+        if h.var is None:                 # an argument, or a view of one: read from the arrays bound now
+            return views.array_of(h.key, self._root_array)
         arr = self._exe.array_of(h.var)
-        shape = self._views.get(id(h))
-        return arr if shape is None else arr.reshape(shape)
+        view = self._views.get(id(h))          # a shape, or a function of the array (a Jacobian's axes)
+        if view is None:
+            return arr
+        return view(arr) if callable(view) else arr.reshape(view)
+
+    def _root_array(self, key):
+        if isinstance(key, staging.Extern):
+            return key.array
+        v = self._trace.root.current.get(key)
+        return None if v is None else self._exe.array_of(v)
 
     # -- running -----------------------------------------------------------------------------
     def __call__(self, n: int = 1):
@@ -348,10 +372,20 @@ class Graph:
 
     def launch(self, n: int = 1) -> "Graph":
         """Replay n times and wait."""
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+            raise TypeError(self._replay_refusal(n))
         self.synchronize()
         self.build()._exe.replay(int(n))
         self._generation += 1
         return self
+
+    def _replay_refusal(self, n):
+        """g(x): a Graph replays the arrays bound to it; say how to run it on others."""
+        names = ", ".join(f"{k}=..." for k in self._input_names) or "name=..."
+        b = self._builder.__name__ if self._builder is not None else "the builder"
+        return (f"eagle.Graph: g(n) and g.launch(n) replay the graph n times on its own arrays; got "
+                f"{type(n).__name__}. To run it on new arrays, bind them (g.bind({names}); g()) or call {b}(...) "
+                "again (a transformed function, e.g. eagle_fx.grad(f)(x), caches its graph per layout)")
 
     def enqueue(self, n: int = 1) -> "Graph":
         """Replay n times on a worker thread and return at once; `synchronize()` waits."""
@@ -396,6 +430,9 @@ class Graph:
                 raise KeyError(f"eagle.Graph.bind: {name!r} is not an array argument of the builder (it has: {known})")
             i = self._input_names[name]
             old = self._trace.input_planes[i].array
+            if not staging.is_array(arr):
+                raise ValueError(f"eagle.Graph.bind: {name!r} takes an array of shape {old.shape} and dtype {old.dtype}, "
+                                 f"got {type(arr).__name__}: pass np.asarray({name}, dtype=np.{old.dtype.name})")
             if not staging.is_array(arr) or isinstance(arr, np.ndarray) != isinstance(old, np.ndarray) \
                     or tuple(arr.shape) != tuple(old.shape) or arr.dtype != old.dtype:
                 got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
@@ -460,15 +497,23 @@ class Builder:
     def __call__(self, *args, **kwargs):
         if self.graph_param is not None:
             return self._call_block(args, kwargs)
-        bound = self.signature.bind(*args, **kwargs)
+        bound = self._bind(args, kwargs)
         bound.apply_defaults()
         names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
         ctx = _BuildContext(self, names)
         _building.append(ctx)
         staging._source_stack.append(self.source)
         depth = len(GRAPH_STAGING)
+        args = ctx.wrap(tuple(bound.args))
+        kwargs = ctx.wrap(dict(bound.kwargs))
         try:
             ret = self.converted(*args, **kwargs)
+        except TypeError as e:
+            if ctx.graph is not None or not ctx.planes:
+                raise
+            raise TypeError(f"{self.__name__}: its arguments are used before its graph exists ({e}); a builder "
+                            "creates its graph first: g = eagle.Graph(), stages kernel calls into it, declares "
+                            "g.result = ... and ends with `return g`") from None
         finally:
             staging._source_stack.pop()
             _building.pop()
@@ -479,8 +524,19 @@ class Builder:
                                                   " (and create it first: g = eagle.Graph())"))
         return ret.build()
 
+    def _bind(self, args, kwargs):
+        """The call's arguments bound to the builder's parameters; a mismatch names them."""
+        try:
+            return self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            params = ", ".join(self.signature.parameters)
+            unknown = [k for k in kwargs if k not in self.signature.parameters]
+            hint = f"; {', '.join(map(repr, unknown))} is not one of them" if unknown else ""
+            raise TypeError(f"{self.__name__}: {e}; the {'block' if self.graph_param else 'builder'} takes "
+                            f"({params}){hint}") from None
+
     def _call_block(self, args, kwargs):
-        bound = self.signature.bind(*args, **kwargs)
+        bound = self._bind(args, kwargs)
         handle = bound.arguments[self.graph_param]
         graph = handle if isinstance(handle, Graph) else getattr(handle, "graph", None)
         if not isinstance(graph, Graph):

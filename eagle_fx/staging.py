@@ -13,13 +13,13 @@ import weakref
 
 import numpy as np
 
-from hawk_fx.core import AVal, Eqn, EqnInfo, Literal, Program, Var
+from hawk_fx.core import AVal, Eqn, EqnInfo, Literal, Program, Var, abstract_eval
 from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
 from hawk_fx.source import SourceInfo, user_line
 from hawk_fx.trace import UNDEF
 
-from . import ir
+from . import ir, staged_numpy, views
 from .analysis import check_fork_hazards
 
 
@@ -39,14 +39,23 @@ class Extern:
         return f"<array {self.name or ''} {self.array.dtype}{list(self.array.shape)}>"
 
 
+def argument_plane(array, name) -> "Plane":
+    """A builder argument as the builder sees it: a staged plane over the caller's array (its graph is
+    set when the builder makes it), so NumPy on it is staged, never computed once at build."""
+    p = Plane(None, ir.plane_aval(array.shape, array.dtype), key=Extern(array, name))
+    p.label = name
+    return p
+
+
 class PlaneKey:
     """The identity of a staged buffer. Scopes key versions by it, so they do not keep handles alive."""
 
     __slots__ = ("__weakref__",)
 
 
-class Plane:
-    """A staged array in a graph. Once the graph is built it reads as its array (np.asarray, print)."""
+class Plane(staged_numpy.NdarrayProtocol):
+    """A staged array in a graph: NumPy on it is staged or refused (staged_numpy.NdarrayProtocol).
+    Once the graph is built it reads as its array (np.asarray, print)."""
 
     __slots__ = ("graph", "aval", "key", "var", "label", "info", "kept", "__weakref__")
 
@@ -64,18 +73,14 @@ class Plane:
                                "(`g.build()`, or call the builder) and launch it first")
         return arr
 
-    def __array__(self, dtype=None, copy=None):
-        a = self._array()
-        return a if dtype is None else a.astype(dtype)
-
     def __repr__(self):
-        arr = self.graph._array_of_plane(self)
+        arr = self.graph._array_of_plane(self) if self.graph is not None else None
         if arr is None:
             return f"<eagle plane {self.label or ''} {self.aval} (not built yet)>"
         return repr(arr)
 
     def __str__(self):
-        arr = self.graph._array_of_plane(self)
+        arr = self.graph._array_of_plane(self) if self.graph is not None else None
         return str(arr) if arr is not None else repr(self)
 
     @property
@@ -93,13 +98,44 @@ class Plane:
     def __len__(self):
         return self.aval.shape[0]
 
+    __hash__ = object.__hash__      # == stages a comparison; identity keeps planes usable in sets
 
-def _arith(*_):
-    raise TypeError("eagle: arithmetic on a staged plane in a builder; do it in a kernel (@hawk.kernel)")
+    def _staging(self, what):
+        """The trace to stage `what` into, or None when the graph is built (the plane reads as its
+        array); refuses a plane whose graph does not exist yet or one leaked into another builder."""
+        if self.graph is None:
+            raise RuntimeError(f"eagle.Graph.builder {_here()}: {what} on a builder argument before the graph "
+                               "exists; create it first: g = eagle.Graph()")
+        if self.graph._exe is not None:
+            other = active_trace()
+            if other is not None and other.graph is not self.graph:
+                raise ValueError(f"eagle.Graph.builder {_here()}: {what} of a plane of a graph that is already built "
+                                 f"({self.label or self.aval}); it leaked out of its builder: pass arrays between "
+                                 "graphs (the built graph's result arrays), not its staged planes")
+            return None
+        return self.graph._trace
+
+    def _derived(self, key, shape):
+        """A view of this plane (views.ViewKey / ReshapeKey): a handle, nothing staged until it is read."""
+        t = self.graph._trace
+        if shape and shape[-1] != self.aval.shape[-1]:
+            t.view_ns.update((shape[-1], self.aval.shape[-1]))
+        h = Plane(self.graph, ir.plane_aval(shape, self.aval.dtype), key=key, info=self.info)
+        t.handles.add(h)
+        return h
+
+    @staticmethod
+    def _where() -> str:
+        return _here()
 
 
-for _op in ("add", "sub", "mul", "truediv", "pow", "neg", "radd", "rsub", "rmul", "rtruediv"):
-    setattr(Plane, f"__{_op}__", _arith)
+def _here() -> str:
+    """`builder:line` of the builder line being staged now."""
+    src = _current_source()
+    if src is None:
+        return "?"
+    line = user_line(src.filename)
+    return src.where(line) if line else src.name
 
 
 class Scope:
@@ -110,8 +146,17 @@ class Scope:
         self.captures: dict = {}       # plane key -> (inner Var, outer Var), in order of first read
         self.written: list = []        # outer planes written here
         self.local: set = set()
+        self.derived: dict = {}        # view key -> (its source's Var, the view's Var): one slice per version
 
     def read(self, key) -> Var:
+        if isinstance(key, views.DERIVED):
+            src = self.read(key.src)
+            hit = self.derived.get(key)
+            if hit is not None and hit[0] is src:
+                return hit[1]
+            v = key.stage_read(src, self.eqns, self.trace.info())
+            self.derived[key] = (src, v)
+            return v
         v = self.current.get(key)
         if v is not None:
             return v
@@ -129,6 +174,11 @@ class Scope:
         self.current[key] = var
 
     def write(self, key, var):
+        if isinstance(key, views.DERIVED):       # a write through a view updates its source, in place
+            src = key.stage_write(self.read(key.src), var, self.eqns, self.trace.info())
+            self.write(key.src, src)
+            self.derived.pop(key, None)          # `var` may live in another plane's buffer: read it back anew
+            return
         if key not in self.local and key not in self.written:
             self.written.append(key)
         self.current[key] = var
@@ -171,6 +221,7 @@ class GraphTrace:
         self.externs: dict[int, Extern] = {}
         self.arg_names: dict[int, str] = {}
         self.n: int | None = None
+        self.view_ns: set = set()          # sample counts of views (x[:2] has 2 samples in a graph of n)
         self.handles = weakref.WeakSet()
         self.buffers: list[Plane] = []     # buffer= planes: nameable for gradients, kept by the graph
         self.accesses: list[Access] = []
@@ -263,7 +314,7 @@ class GraphTrace:
         if any(kind == "sample" for kind, *_ in layout):
             if self.n is None:
                 self.n = n
-            elif n != self.n and n != 1:
+            elif n != self.n and n != 1 and n not in self.view_ns:
                 raise ValueError(f"{api}: called on planes of {n} samples in a graph of {self.n}; "
                                  "every plane of one graph has the same sample count")
         spec = kernel.specialize(layout)
@@ -295,7 +346,9 @@ class GraphTrace:
                 handles[0].kept = True
                 self.handles.add(handles[0])
                 self.buffers[-1] = handles[0]
-        writes = []
+        params = dict(kernel=kernel, spec=spec, n=n, inplace=tuple(inplace))
+        scope.eqns.append(Eqn(ir.call_p, atoms, out_vars, params, info))
+        writes = []          # after the call: a write through a view stages an update that reads its value
         for h, v in zip(handles, out_vars):
             if isinstance(h.key, PlaneKey):
                 scope.define(h.key, v)
@@ -305,8 +358,6 @@ class GraphTrace:
         for key, name, v in commits:
             scope.write(key, v)
             writes.append((key, name))
-        params = dict(kernel=kernel, spec=spec, n=n, inplace=tuple(inplace))
-        scope.eqns.append(Eqn(ir.call_p, atoms, out_vars, params, info))
         self.add_access(info, reads, writes, kernel.name)
         from hawk_fx.tree import tree_unflatten
         result = tree_unflatten(spec.tree, handles)
@@ -336,6 +387,44 @@ class GraphTrace:
         scope.eqns.append(Eqn(ir.opaque_p, atoms, outs, params, info))
         self.add_access(info, reads, writes, getattr(node.fn, "__name__", "opaque"))
 
+    def stage_copy(self, plane) -> Plane:
+        """x.copy(): a new plane holding x's current value (a full slice into its own buffer)."""
+        src = self.scope.read(plane.key)
+        v = views.full_slice(src, self.scope.eqns, self.info())
+        h = self.new_plane(v.aval, self.info(), v)
+        self.scope.define(h.key, v)
+        return h
+
+    def stage_concat(self, operands, axis) -> Plane:
+        """np.concatenate / np.stack of planes and arrays: one concat equation, a new plane."""
+        ins = [self.scope.read(self.key_of(a, "np.concatenate", "an operand")) for a in operands]
+        info = self.info()
+        params = {"axis": axis}
+        v = Var(abstract_eval[ir.concat_p](*[a.aval for a in ins], **params)[0])
+        self.scope.eqns.append(Eqn(ir.concat_p, ins, [v], params, info))
+        if v.aval.shape[-1] != ins[0].aval.shape[-1]:
+            self.view_ns.update([v.aval.shape[-1]] + [a.aval.shape[-1] for a in ins])
+        h = self.new_plane(v.aval, info, v)
+        self.scope.define(h.key, v)
+        return h
+
+    def stage_assign(self, view, value, where) -> None:
+        """`x[idx] = value` in a builder: an in-place update of x, at every replay. A Python number or
+        an array the builder made is a constant (as a Param number or a constant array is)."""
+        scope, info = self.scope, self.info()
+        if isinstance(value, (bool, int, float, np.number)) or (is_array(value) and not isinstance(value, Plane)):
+            value = np.array(np.broadcast_to(np.asarray(value, view.aval.dtype), view.aval.shape))
+        if not isinstance(value, Plane) and not is_array(value):
+            raise TypeError(f"eagle.Graph.builder {where}: x[...] = {type(value).__name__}; assign a plane, an array "
+                            "or a number")
+        if tuple(value.shape) != view.aval.shape or np.dtype(value.dtype) != view.aval.dtype:
+            raise ValueError(f"eagle.Graph.builder {where}: x[...] = a plane of {np.dtype(value.dtype).name}"
+                             f"{list(value.shape)} for a region of {view.aval.dtype.name}{list(view.aval.shape)}; "
+                             "give it the region's shape and dtype (a view, .reshape, .astype)")
+        key = self.key_of(value, "eagle.Graph.builder", "the assigned value")
+        scope.write(view.key, scope.read(key))
+        self.add_access(info, [(key, "value")], [(view.key, view.label or "x")], "assignment")
+
     def stage_cell_op(self, prim, *cells):
         ins = [self.scope.read(c.key) if isinstance(c, Plane) else self.scope.read(self.extern(c)) for c in cells]
         v = Var(ir.U32_CELL)
@@ -353,9 +442,9 @@ class GraphTrace:
         check_fork_hazards(self, fork_id, depth)
 
     def add_wait(self, branch_path, value):
-        key = self.key_of(value, "eagle.Graph.wait", "the plane")
+        key = views.root_key(self.key_of(value, "eagle.Graph.wait", "the plane"))
         for acc in reversed(self.accesses):
-            if any(k is key for k, _ in acc.writes):
+            if any(views.root_key(k) is key for k, _ in acc.writes):
                 self.waits.append(Wait(branch_path, self.seq, acc))
                 return
 
@@ -634,6 +723,9 @@ class Runtime:
                 parent.write(k, v)
 
     def for_stmt(self, iterable, cond_fn, body_fn, state, names, line):
+        if isinstance(iterable, Plane) and len(iterable.shape) < 2 and iterable._staging("iteration") is not None:
+            raise TypeError(f"eagle.Graph.builder {self.where(line)}: iterating over a 1-d plane walks its samples "
+                            "(the last axis); write the per-sample work as a kernel, or slice: x[k:k+1]")
         if isinstance(iterable, DeviceRange):
             return self._stage_loop(cond_fn, body_fn, state, names, line, cap=None, trip=iterable.trip, target=True)
         if isinstance(iterable, range) and len(iterable) and active_trace() is not None:

@@ -37,7 +37,7 @@ class _Signature:
     """One staging of the builder: the lowered forward and (lazily) backward."""
 
     def __init__(self, f, args, names):
-        from .api import _Staged, stage
+        from .api import Staged, stage
         from .backends.cuda import use_backend
         self.f, self.names = f, names
         self.positions = [k for k, a in enumerate(args) if _is_arraylike(a)]
@@ -51,7 +51,7 @@ class _Signature:
             self.prog = g.program.replace(outputs=leaves)
             self.planes = list(g._trace.input_planes)
             self.float_results = [j for j, v in enumerate(leaves) if v.aval.dtype.kind == "f"]
-            self._stage_for_vjp = lambda: _Staged(f, self.placeholders, API)
+            self._stage_for_vjp = lambda: Staged(f, self.placeholders, API)
         self.forward, _ = lower(self.prog, self.n, None, _OPAQUE)
         self.ids = {id(p): k for k, p in enumerate(self.placeholders) if isinstance(p, np.ndarray)}
         self.sources = {}                 # id(plane array) -> (argument position, view) for forward and backward
@@ -97,12 +97,12 @@ class _Signature:
     def backward(self):
         """(fn, planes): fn(*inputs, *cotangents of the float results) -> a cotangent per float argument."""
         if self._backward is None:
-            from .api import _vjp_program
+            from .derivatives import vjp_program
             from .backends.cuda import use_backend
             from .transforms.program import dce
             with use_backend("jax"), _lazy():
                 s = self._stage_for_vjp()
-                prog = _vjp_program(s, self.float_args, API)
+                prog = vjp_program(s, [(k, 0) for k in self.float_args], API)
             prog = dce(prog.replace(outputs=prog.outputs[len(s.results):]))
             fn, _ = lower(prog, self.n, None, _OPAQUE)
             self._backward = (fn, list(s.planes))

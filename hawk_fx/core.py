@@ -210,7 +210,16 @@ eager_impl = RuleTable("eager NumPy")             # prim -> fn(*values, **params
 
 
 def eval_eager(prim, args, params):
-    return eager_impl[prim](*args, **params)
+    outs = eager_impl[prim](*args, **params)
+    if args and all(type(a) in _PY_NUMBER for a in args):
+        # Python numbers in: a Python number out where the traced result would be weak (hm.sin(1.0)
+        # in a float32 body is what hm.sin(p) of a Python-number Param is, not a float64 scalar)
+        avals = abstract_eval[prim](*[literal_aval(a) for a in args], **params)
+        outs = [o.item() if av.weak and np.ndim(o) == 0 else o for o, av in zip(outs, avals)]
+    return outs
+
+
+_PY_NUMBER = (bool, int, float, complex)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -99,7 +99,15 @@ class BodySpec:
         self.n_results = len(prog.outputs) - len(self.commits)
         self.result_kinds = [a.aval.kind for a in prog.outputs[:self.n_results]]
         self.layout = tuple((v.aval.kind, v.aval.dtype, v.aval.shape, v.aval.weak) for v in prog.inputs)
-        self.compiled = NumpyKernel(prog, [a.aval.kind == SAMPLE for a in prog.outputs])
+        self._compiled = None
+
+    @property
+    def compiled(self):
+        """The NumPy code of the body, generated when first run: fusing a chain makes a spec per
+        pair, and only the whole chain's runs."""
+        if self._compiled is None:
+            self._compiled = NumpyKernel(self.prog, [a.aval.kind == SAMPLE for a in self.prog.outputs])
+        return self._compiled
 
     result_shape = Specialization.result_shape
     result_dtype = Specialization.result_dtype
@@ -332,8 +340,10 @@ class Kernel:
             raise ValueError(f"{where} is a read-only array; a Mutable is written in place")
         if role.uniform:
             if v.shape != (1,):
+                fix = (" (a 0-d array: pass a.reshape(1), a view read at every call, or float(a), fixed when "
+                       "the graph is built)") if v.ndim == 0 else ""
                 raise ValueError(f"{where} has shape {v.shape}; a Param is a Python number or a one-cell array "
-                                 "of shape (1,), read at every call")
+                                 f"of shape (1,), read at every call{fix}")
             return (UNIFORM, v.dtype, (), False)
         want = role.shape
         if v.ndim != len(want) + 1 or v.shape[:-1] != want:

@@ -16,6 +16,7 @@ from hawk_fx.core import Literal, Program, Var
 from hawk_fx.diff import jvp_spec
 
 from .. import ir
+from . import structure
 from .program import Eqns, copy_eqn, copy_program, ct_aval, dce, is_float, refuse_untransformable
 from .vmap import batch_broadcast_p
 
@@ -55,6 +56,11 @@ def _eqn(e, env, tan, eqns):
         _branches(e, env, tan, eqns)
     elif p is ir.while_p:
         _while(e, env, tan, eqns)
+    elif p in ir.STRUCTURE:
+        copy_eqn(e, env, eqns)
+        t = structure.jvp(e, ts, eqns)
+        if t is not None and is_float(e.outputs[0].aval):
+            tan[e.outputs[0]] = t
     else:
         copy_eqn(e, env, eqns)
         if p in _LINEAR:
