@@ -15,6 +15,8 @@ from eagle_fx.staged_numpy import UFUNCS
 
 from conftest import line_of
 
+pytestmark = pytest.mark.usefixtures("backend")     # every test on numpy and on jax
+
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
 jnp = jax.numpy
