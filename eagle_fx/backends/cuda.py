@@ -103,6 +103,7 @@ from hawk_fx.emit.jax import is_jax_array
 
 from .. import ir
 from ..analysis import direct_outputs
+from .memory import SlotPlanner
 
 BLOCK = hcuda.BLOCK        # threads per block of the grid-stride map kernels
 MAX_GRID = 1024            # blocks at most; the map kernels stride over the rest
@@ -518,7 +519,7 @@ def _c_strides(shape, itemsize):
     return tuple(reversed(strides))
 
 
-class _Lowering:
+class _Lowering(SlotPlanner):
     def __init__(self, prog, input_arrays, keep, n, builder, records):
         self.prog, self.builder = prog, builder
         self.plan = plan = CudaPlan(prog, n, builder)
@@ -527,8 +528,7 @@ class _Lowering:
         plan.records = self.records
         self.reuse = records is None
         self.consts: dict = {}
-        self.pool: dict = {}
-        self.pooled: set = set()
+        self._init_pool()
         self.slot_paths: dict = {}       # top-level slot -> branch paths of the equations that used it
         self.loops: list = []            # (counter slot, record capacity) of the enclosing device loops
         self.depth = 0                   # conditional bodies around the current node
@@ -547,32 +547,14 @@ class _Lowering:
         sinks = self._gen_top(top)
         plan.end = sinks[0] if len(sinks) == 1 else (self.join(top, sinks) if sinks else None)
 
-    # -- memory ------------------------------------------------------------------------------
-    def _new_slot(self, arr) -> int:
-        self.slots.append(arr)
-        return len(self.slots) - 1
-
+    # -- memory (the planner: backends/memory.py) ----------------------------------------------
     def _zeros(self, shape, dtype):
         return self.builder.zeros(tuple(shape), np.dtype(dtype))
 
-    def _alloc(self, aval, path=()) -> int:
+    def _alloc_on(self, aval, path=()) -> int:
         """A top-level slot: a freed one whose users all run in order with `path` (reusing a slot
         of a sibling branch would serialise the branches), else a new one."""
-        free = self.pool.get((aval.shape, aval.dtype))
-        for i in range(len(free or ()) - 1, -1, -1):
-            if all(_ordered(q, path) for q in self.slot_paths.get(free[i], ())):
-                return free.pop(i)
-        k = self._new_slot(self._zeros(aval.shape, aval.dtype))
-        self.pooled.add(k)
-        return k
-
-    def _free(self, k):
-        if k in self.pooled and self.reuse:
-            arr = self.slots[k]
-            self.pool.setdefault((tuple(arr.shape), np.dtype(arr.dtype)), []).append(k)
-
-    def _sub_slot(self, aval) -> int:
-        return self._new_slot(self._zeros(aval.shape, aval.dtype))
+        return self._alloc(aval, lambda k: all(_ordered(q, path) for q in self.slot_paths.get(k, ())))
 
     def _ref(self, slot, aval) -> Var:
         v = Var(aval)
@@ -661,29 +643,13 @@ class _Lowering:
     def _gen_top(self, level):
         prog = self.prog
         seq = _Seq(self, level)
-        last_use: dict = {}
-        for i, e in enumerate(prog.eqns):
-            for a in e.inputs:
-                if isinstance(a, Var):
-                    last_use[a] = i
-        holder: dict = {}
-        for i, e in enumerate(prog.eqns):
-            self._gen_eqn(seq, prog, i, e, {}, top=True)
-            for v in e.outputs:
-                holder[self.slot_of[v]] = v
-            dead = [a for a in e.inputs if isinstance(a, Var) and last_use.get(a) == i and a not in self.keep]
-            dead += [v for v in e.outputs if v not in last_use and v not in self.keep]
-            for a in dead:
-                k = self.slot_of.get(a)
-                if k is not None and holder.get(k) is a:
-                    holder.pop(k)
-                    self._free(k)
+        self._walk_top(prog, lambda i, e: self._gen_eqn(seq, prog, i, e, {}, top=True))
         return seq.finish()
 
     def _out_slot(self, v, pre, top, path=()):
         if v in pre:
             return pre[v]
-        return self._alloc(v.aval, path) if top else self._sub_slot(v.aval)
+        return self._alloc_on(v.aval, path) if top else self._sub_slot(v.aval)
 
     def _gen_eqn(self, seq, prog, idx, e, pre, top=False):
         inplace = dict(e.params.get("inplace", ()) or ())
