@@ -204,7 +204,7 @@ JAX_MISSING = """
 import sys
 sys.modules["jax"] = None                 # as if the jax extra were not installed
 import numpy as np
-from eagle_fx.backends.cuda import use_backend
+from eagle_fx.backends.select import use_backend
 from tour_kernels import cell, loss
 try:
     with use_backend("jax"):
