@@ -4,7 +4,7 @@
 graph through `builder`, a small graph-builder protocol (below). It returns a `CudaPlan`, which
 keeps the node tree, the device buffers and the kernel modules. The same lowering runs against
 `CoreGraphBuilder` (cuda.core >= 1.0 explicit graphs, CuPy arrays; needs a GPU) and against
-`eagle_fx.backends.fake_cuda.FakeBuilder` (a recording fake that interprets the plan with NumPy),
+`eagle_fx.testing.fake_cuda.FakeBuilder` (a recording fake that interprets the plan with NumPy),
 which is how it is tested on machines without a GPU.
 
 The builder protocol
@@ -1262,7 +1262,7 @@ class CoreRuntime:
 
 
 def _fake_runtime():
-    from .fake_cuda import FakeRuntime
+    from ..testing.fake_cuda import FakeRuntime
     return FakeRuntime()
 
 

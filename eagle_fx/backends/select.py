@@ -67,7 +67,7 @@ def choose(arrays, requested=None):
         from .cuda import CoreRuntime
         return CoreRuntime.get()
     if requested == "fake-cuda":
-        from .fake_cuda import FakeRuntime
+        from ..testing.fake_cuda import FakeRuntime
         requested = FakeRuntime()
     if not hasattr(requested, "builder"):
         raise ValueError(f"eagle_fx: unknown backend {requested!r}; 'numpy', 'jax', 'cuda' or 'fake-cuda'")
