@@ -130,7 +130,24 @@ class Fork:
 
 
 class Graph:
-    """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue."""
+    """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue.
+
+    A builder makes one with `eagle.Graph()`, calls kernels (they become nodes), declares
+    `g.result` and returns it; calling the builder on arrays builds the graph once, and calling
+    the graph replays it:
+
+        @eagle_fx.Graph.builder
+        def chain(x):
+            g = eagle_fx.Graph()
+            g.result = square(scale(x, 2.0, 1.0))
+            return g
+
+        g = chain(np.arange(4.0))      # build
+        g()                            # replay: the result arrays (the graph's own; copy to keep)
+
+    `record=True` keeps what `eagle_fx.diff.reverse` needs; `backend=` names a backend ("numpy", "cuda")
+    instead of choosing by the arrays' type.
+    """
 
     def __init__(self, record: bool = False, backend=None, mesh=None):
         self._record = bool(record)
@@ -146,6 +163,7 @@ class Graph:
         self._worker: threading.Thread | None = None
         self._worker_error = None
         self._input_names: dict[str, int] = {}
+        self._unread_args: dict = {}   # array arguments of the builder no node reads: bindable all the same
         self._generation = 0
         self._residuals = None
         self._views: dict = {}       # id(result plane) -> the shape it is seen with, or a function (transforms)
@@ -162,7 +180,11 @@ class Graph:
         else:
             self._builder = None
 
-    builder = staticmethod(lambda fn: Builder(fn))
+    @staticmethod
+    def builder(fn):
+        """Decorate a builder (a function that makes, fills and returns a Graph) or a block (one
+        with a parameter annotated `eagle_fx.Graph`, which appends to the graph it is given)."""
+        return Builder(fn)
 
     def _backend_of(self):
         """(backend, mesh) for graphs a transform makes from this one."""
@@ -348,6 +370,20 @@ class Graph:
             self.build()
         return self._program
 
+    def to_dot(self) -> str:
+        """The graph as Graphviz DOT text: kernels, forks and joins, waits, device if/match/while
+        as clusters, buffers and results (render it with `dot -Tsvg`)."""
+        from .dot import to_dot
+        return to_dot(self)
+
+    def _repr_svg_(self):
+        """Jupyter shows the graph's picture when Graphviz's `dot` is installed, its text otherwise.
+        A hand-made graph still being staged shows as text: drawing it would build it."""
+        if self._program is None:
+            return None
+        from .dot import to_svg
+        return to_svg(self)
+
     def _array_of_plane(self, h: Plane):
         if self._exe is None:
             return None
@@ -377,6 +413,7 @@ class Graph:
             raise TypeError(self._replay_refusal(n))
         self.synchronize()
         self.build()._exe.replay(int(n))
+        self._fill_pinned()
         self._generation += 1
         return self
 
@@ -387,6 +424,11 @@ class Graph:
         return (f"eagle.Graph: g(n) and g.launch(n) replay the graph n times on its own arrays; got "
                 f"{type(n).__name__}. To run it on new arrays, bind them (g.bind({names}); g()) or call {b}(...) "
                 "again (a transformed function, e.g. eagle_fx.grad(f)(x), caches its graph per layout)")
+
+    def _fill_pinned(self):
+        """Copy each block result handed out as an array (see Builder._call_block) from its plane."""
+        for arr, plane in self._trace.pinned.values():
+            np.copyto(arr, np.asarray(self._array_of_plane(plane)))
 
     def enqueue(self, n: int = 1) -> "Graph":
         """Replay n times on a worker thread and return at once; `synchronize()` waits."""
@@ -402,6 +444,7 @@ class Graph:
         def work():
             try:
                 exe.replay(int(n))
+                self._fill_pinned()
             except BaseException as e:   # surfaced by synchronize()
                 self._worker_error = e
         self._worker = threading.Thread(target=work, daemon=True)
@@ -426,11 +469,13 @@ class Graph:
         self.synchronize()
         self.build()
         for name, arr in arrays.items():
-            if name not in self._input_names:
-                known = ", ".join(self._input_names) or "none"
+            if name not in self._input_names and name not in self._unread_args:
+                known = ", ".join([*self._input_names, *self._unread_args]) or "none"
                 raise KeyError(f"eagle.Graph.bind: {name!r} is not an array argument of the builder (it has: {known})")
-            i = self._input_names[name]
-            old = self._trace.input_planes[i].array
+            if name in self._unread_args:
+                old = self._unread_args[name]
+            else:
+                old = self._trace.input_planes[self._input_names[name]].array
             if not staging.is_array(arr):
                 raise ValueError(f"eagle.Graph.bind: {name!r} takes an array of shape {old.shape} and dtype {old.dtype}, "
                                  f"got {type(arr).__name__}: pass np.asarray({name}, dtype=np.{old.dtype.name})")
@@ -439,11 +484,17 @@ class Graph:
                 got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
                 raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
                                  "call the builder again")
+            if name in self._unread_args:
+                continue
+            i = self._input_names[name]
             entry, v = self._trace.input_planes[i], self._program.inputs[i]
             if isinstance(arr, np.ndarray) and not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
                 raise ValueError(f"eagle.Graph.bind: {name!r} is a read-only array, and the graph writes this argument "
                                  "in place (a Mutable or buffer=); pass a writeable array")
         for name, arr in arrays.items():
+            if name in self._unread_args:       # no node reads it: nothing to swap but the record of it
+                self._unread_args[name] = arr
+                continue
             i = self._input_names[name]
             self._trace.input_planes[i].array = arr
             self._exe.rebind(i, arr)
@@ -523,7 +574,10 @@ class Builder:
             raise TypeError(f"{self.__name__}: a builder returns its graph: `return g`; declare the arrays with "
                             "`g.result = ...`" + ("" if ctx.graph is not None else
                                                   " (and create it first: g = eagle.Graph())"))
-        return ret.build()
+        ret.build()
+        ret._unread_args = {k: v for k, v in bound.arguments.items()
+                            if staging.is_array(v) and k not in ret._input_names}
+        return ret
 
     def _bind(self, args, kwargs):
         """The call's arguments bound to the builder's parameters; a mismatch names them."""
@@ -543,9 +597,28 @@ class Builder:
         if not isinstance(graph, Graph):
             raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "
                             f"append to, got {type(handle).__name__}")
+        outermost = not staging._source_stack
         staging._source_stack.append(self.source)
         try:
             with graph._staging():
-                return self.converted(*args, **kwargs)
+                ret = self.converted(*args, **kwargs)
         finally:
             staging._source_stack.pop()
+        return _pin_results(graph, ret) if outermost else ret
+
+
+def _pin_results(graph, tree):
+    """A block called from plain code (on a hand-made graph) hands its planes out as NumPy arrays,
+    filled after every launch; staging the array later in the same graph reads the plane itself."""
+    t = graph._trace
+    if graph._backend not in (None, "numpy") or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
+        return tree            # a CUDA graph: its planes stay handles that read the device arrays
+    leaves, treedef = tree_flatten(tree, is_leaf=lambda x: isinstance(x, Plane))
+    out = []
+    for x in leaves:
+        if isinstance(x, Plane) and x.graph is graph:
+            arr = np.zeros(x.aval.shape, x.aval.dtype)
+            t.pinned[id(arr)] = (arr, x)
+            x = arr
+        out.append(x)
+    return tree_unflatten(treedef, out)

@@ -13,7 +13,7 @@ import weakref
 
 import numpy as np
 
-from hawk_fx.core import AVal, Eqn, EqnInfo, Literal, Program, Var, abstract_eval
+from hawk_fx.core import AVal, Eqn, EqnInfo, LeakedTracerError, Literal, Program, Tracer, Var, abstract_eval
 from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
 from hawk_fx.source import SourceInfo, user_line
@@ -66,7 +66,13 @@ class Plane(staged_numpy.NdarrayProtocol):
         self.label, self.info, self.kept = None, info, False
 
     # reading the value after the graph is built
+    def _check_use(self, use="eagle: the value read as an array (np.asarray, print, a NumPy or hawk.math function)"):
+        """A plane a builder staged is that builder's: once it has finished, a use elsewhere is a leak."""
+        if self.graph._builder is not None and _finished(self.graph):
+            _refuse_foreign(self, use)
+
     def _array(self):
+        self._check_use()
         arr = self.graph._array_of_plane(self)
         if arr is None:
             raise RuntimeError(f"eagle: plane {self.label or ''!r} has no value yet: build the graph "
@@ -226,12 +232,17 @@ class GraphTrace:
         self.buffers: list[Plane] = []     # buffer= planes: nameable for gradients, kept by the graph
         self.accesses: list[Access] = []
         self.waits: list[Wait] = []
+        self.pinned: dict[int, tuple] = {}  # id(array) -> (array, plane): a block's result handed out as an array
         self.branch: tuple = ()
         self.fork_ids = 0
         self.seq = 0
 
     # -- planes ------------------------------------------------------------------------------
-    def extern(self, arr: np.ndarray) -> Extern:
+    def extern(self, arr: np.ndarray):
+        """The plane key of a user's array: its Extern, or the plane a pinned block result stands for."""
+        pin = self.pinned.get(id(arr))
+        if pin is not None and pin[0] is arr:
+            return pin[1].key
         e = self.externs.get(id(arr))
         if e is None or e.array is not arr:
             e = self.externs[id(arr)] = Extern(arr, self.arg_names.get(id(arr)))
@@ -251,8 +262,12 @@ class GraphTrace:
             value._fail()
         if isinstance(value, Plane):
             if value.graph is not self.graph:
-                raise ValueError(f"{api}: {what} belongs to another graph; pass arrays between graphs as NumPy arrays")
+                _refuse_foreign(value, f"{api}: {what}")
             return value.key
+        if isinstance(value, Tracer):
+            if not value.trace.active:
+                value.trace.leaked(value, f"{api}: {what} is a traced value")
+            raise TypeError(f"{api}: {what} is a value traced inside a kernel body; graphs take arrays")
         if is_array(value):
             return self.extern(value)
         if type(value).__module__.split(".")[0] in ("jax", "jaxlib"):
@@ -267,6 +282,16 @@ class GraphTrace:
     def new_plane(self, aval, info=None, var=None) -> Plane:
         h = Plane(self.graph, aval, info=info, var=var)
         self.handles.add(h)
+        return h
+
+    def rebind_buffer(self, old: Plane, var: Var, info) -> Plane:
+        """The handle of a buffer's name after device flow rebound it: the buffer's next version,
+        and what the label means from now on (in gradients too)."""
+        h = Plane(self.graph, var.aval, key=old.key, info=info, var=var)
+        h.label, h.kept = old.label, True
+        self.handles.add(h)
+        self.scope.write(h.key, var)
+        self.buffers[:] = [h if b is old else b for b in self.buffers]
         return h
 
     # -- equations ---------------------------------------------------------------------------
@@ -454,6 +479,30 @@ class GraphTrace:
                    and self.root.current[k] not in self.inputs]
         outs = list(outputs) + [self.root.current[k] for k in written]
         return Program(self.inputs, self.root.eqns, outs)
+
+
+def _buffer_named(trace, value, name) -> bool:
+    """Is `value` the buffer labelled `name` (`name = k(..., buffer=...)`) of this graph?"""
+    return isinstance(value, Plane) and value.graph is trace.graph and value.kept and value.label == name
+
+
+def _finished(graph) -> bool:
+    return graph._exe is not None or graph._trace not in GRAPH_STAGING
+
+
+def _refuse_foreign(plane: Plane, use):
+    """A plane of another graph: leaked from a builder that has finished, or an outer graph's."""
+    g = plane.graph
+    by = f"eagle.Graph.builder {g._builder.__name__}" if getattr(g, "_builder", None) else "another graph"
+    at = f" at {plane.info.where}" if plane.info is not None and plane.info.where else ""
+    name = f" {plane.label!r}" if plane.label else ""
+    if _finished(g):
+        raise LeakedTracerError(
+            f"{use} is the staged value{name} made by {by}{at}, which has finished: it stands for a buffer "
+            "of that graph, not a value. Return it through that graph's g.result and pass the array (after a "
+            "launch), or compute it in this builder")
+    raise ValueError(f"{use} is the staged value{name} of {by}{at}, another graph being built; pass "
+                     "arrays between graphs as NumPy arrays")
 
 
 _source_stack = ThreadStack()     # this thread's builders being staged (SourceInfo), innermost last
@@ -661,22 +710,47 @@ class Runtime:
             for k in s.captures:
                 if k not in operands:
                     operands.append(k)
+        labelled = {j: state[i] for j, (i, _, _) in enumerate(name_outs) if _buffer_named(trace, state[i], names[i])}
+        via_key = {}        # buffers a construct nested in an arm already moved along with their name
+        for j, h0 in list(labelled.items()):
+            if h0.key in written:
+                if any(h0.key in s.written and a[j] is not s.read(h0.key) for s, a in zip(scopes, arm_outs)):
+                    raise TypeError(f"eagle.Graph.builder {self.where(line)}: the buffer {h0.label!r} is rebound in an "
+                                    "arm of this device conditional and also written in place through another name; "
+                                    "use one of the two")
+                w = len(name_outs) + written.index(h0.key)
+                for a in arm_outs:          # the buffer leaves each arm holding the name's value there
+                    a[w] = a[j]
+                via_key[name_outs[j][0]] = labelled.pop(j)
+            elif h0.key not in operands:
+                operands.append(h0.key)
+        if via_key:
+            keep = [j for j, (i, _, _) in enumerate(name_outs) if i not in via_key]
+            name_outs = [name_outs[j] for j in keep]
+            arm_outs = [[o[j] for j in keep] + o[len(keep) + len(via_key):] for o in arm_outs]
+            labelled = {keep.index(j): h0 for j, h0 in labelled.items()}
         progs = []
         for s, o in zip(scopes, arm_outs):
             ins = [s.captures[k][0] if k in s.captures else Var(parent.read(k).aval) for k in operands]
             progs.append(Program(ins, s.eqns, o))
         in_atoms = [pred] + [parent.read(k) for k in operands]
         out_vars = [Var(av) for _, _, av in name_outs] + [Var(parent.read(k).aval) for k in written]
-        inplace = tuple((len(name_outs) + j, 1 + operands.index(k)) for j, k in enumerate(written))
+        inplace = tuple((j, 1 + operands.index(h0.key)) for j, h0 in labelled.items()) \
+            + tuple((len(name_outs) + j, 1 + operands.index(k)) for j, k in enumerate(written))
         info = trace.info()
         parent.eqns.append(Eqn(prim, in_atoms, out_vars, dict(params, branches=tuple(progs), inplace=inplace), info))
-        for (i, _, av), v in zip(name_outs, out_vars):
+        for j, ((i, _, av), v) in enumerate(zip(name_outs, out_vars)):
+            if j in labelled:       # a buffer's name rebound in an arm: its value after the if lands in the buffer
+                new_state[i] = trace.rebind_buffer(labelled[j], v, info)
+                continue
             h = trace.new_plane(av, info, v)
             h.label = names[i]
             parent.define(h.key, v)
             new_state[i] = h
         for k, v in zip(written, out_vars[len(name_outs):]):
             parent.write(k, v)
+        for i, h0 in via_key.items():
+            new_state[i] = trace.rebind_buffer(h0, parent.read(h0.key), info)
         return tuple(new_state)
 
     # -- loops -------------------------------------------------------------------------------
@@ -771,7 +845,7 @@ class Runtime:
         parent = trace.scope
         carried: list[int] = [i for i, v in enumerate(state) if _is_device(v)]
         inplace: list = []
-        for _ in range(8):
+        while True:     # the carries and in-place planes only grow, so this reaches a fixpoint
             body = Scope(trace, parent)
             counter = Var(ir.U32_CELL, "turn")
             counter_h = trace.new_plane(ir.U32_CELL, var=counter)
@@ -840,7 +914,13 @@ class Runtime:
         base = len(head) + len(consts)
         out_vars = [Var(a.aval) for a in init]
         n_names = len(carried)
-        inplace_pairs = tuple((n_names + j, base + n_names + j) for j in range(len(inplace)))
+        labelled = {j: state[i] for j, i in enumerate(carried) if _buffer_named(trace, state[i], names[i])}
+        for j, h0 in labelled.items():
+            if h0.key in inplace:
+                raise TypeError(f"eagle.Graph.builder {self.where(line)}: the buffer {h0.label!r} is rebound in this "
+                                "device loop and also written in place through another name; use one of the two")
+        inplace_pairs = tuple((j, base + j) for j in labelled) \
+            + tuple((n_names + j, base + n_names + j) for j in range(len(inplace)))
         info = trace.info()
         params = dict(body=body_prog, cond=cond_prog, cap=cap, counted=trip is not None, n_consts=len(consts),
                       inplace=inplace_pairs)
@@ -850,6 +930,9 @@ class Runtime:
             if state[i] is UNDEF and out[i] is not UNDEF:
                 new_state[i] = _LoopLocal(name, self.where(line))
         for j, i in enumerate(carried):
+            if j in labelled:       # a buffer's name rebound in the loop: its final value lands in the buffer
+                new_state[i] = trace.rebind_buffer(labelled[j], out_vars[j], info)
+                continue
             h = trace.new_plane(out_vars[j].aval, info, out_vars[j])
             h.label = names[i]
             parent.define(h.key, out_vars[j])

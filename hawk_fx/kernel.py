@@ -241,6 +241,9 @@ def _shape_proxy(a) -> np.ndarray:
 
 
 class Kernel:
+    """A traced per-sample function (made by `@hawk_fx.kernel`): call it on arrays to run it over
+    every sample, or inside a builder to add it to a graph. `ir` is its traced body."""
+
     def __init__(self, fn):
         self.fn = fn
         self.name = fn.__name__
@@ -332,6 +335,11 @@ class Kernel:
                 if v.dtype.kind not in "biuf" or not role.accepts_dtype(v.dtype):
                     raise TypeError(f"{where} has dtype {v.dtype}; it needs {role.describe_dtype()}")
                 return (UNIFORM, v.dtype, (), False)
+            if isinstance(v, Tracer) and not v.trace.active:
+                v.trace.leaked(v, f"{where} is a traced value")
+            check = getattr(v, "_check_use", None)          # a staged plane of a graph: refused when leaked
+            if check is not None:
+                check(where)
             raise TypeError(f"{where} is {type(v).__name__} {v!r:.60}; pass a NumPy array"
                             + ("" if role.mutable or role.shape else " or a Python number"))
         if v.dtype.kind not in "biuf" or not role.accepts_dtype(v.dtype):
@@ -417,7 +425,17 @@ class Kernel:
 
 
 def kernel(fn) -> Kernel:
-    """Decorate a one-sample function whose parameters are annotated with roles."""
+    """Decorate a one-sample function whose parameters are annotated with roles.
+
+    The body is traced once per argument layout (dtypes, shapes) into a Program, then runs over
+    whole arrays, the sample axis last. Inside a builder, a call adds a node to the graph.
+
+        @hawk_fx.kernel
+        def scale(x: Scalar, a: Param, b: Param) -> Scalar:
+            return a * x + b
+
+        scale(np.arange(4.0), 2.0, 1.0)      # array([1., 3., 5., 7.])
+    """
     if isinstance(fn, Kernel):
         return fn
     return Kernel(fn)

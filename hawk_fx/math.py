@@ -22,13 +22,18 @@ __all__ = ["abs", "sign", "floor", "ceil", "round", "trunc", "sqrt", "rsqrt", "c
            "relu", "xlogy", "xlog1py", "logsumexp", "stop_gradient"]
 
 
+_UNARY_DOCS = {"rsqrt": "Elementwise 1 / sqrt(x) (CUDA's rsqrt).",
+               "erf": "Elementwise error function, as math.erf (scipy.special.erf).",
+               "erfc": "Elementwise complementary error function 1 - erf(x), as math.erfc."}
+
+
 def _unary(name, doc):
     p = P[name]
 
     def f(x):
         return p.bind(x)
     f.__name__ = f.__qualname__ = doc
-    f.__doc__ = f"Elementwise {doc}, as numpy.{getattr(p, 'np_name', doc)}."
+    f.__doc__ = _UNARY_DOCS.get(doc, f"Elementwise {doc}, as numpy.{getattr(p, 'np_name', doc)}.")
     return f
 
 
@@ -195,6 +200,7 @@ def outer(a, b):
 
 
 def transpose(m):
+    """Per-sample transpose of a Matrix."""
     return P["transpose"].bind(m)
 
 

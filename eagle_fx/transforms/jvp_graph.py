@@ -110,7 +110,7 @@ def _while(e, env, tan, eqns):
     consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
     const_f = [isinstance(a, Var) and a in tan for a in consts]
     carry_f = [isinstance(a, Var) and a in tan for a in init]
-    for _ in range(len(init) + 1):                     # carries with a tangent: a fixpoint over the body
+    while True:            # carries with a tangent: a fixpoint over the body (the flags only grow)
         out_f = jvp_graph(body, [False] + const_f + carry_f)[1]
         new = [c or o for c, o in zip(carry_f, out_f)]
         if new == carry_f:

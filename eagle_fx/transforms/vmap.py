@@ -173,7 +173,7 @@ class _Batcher:
         const_f = fl[head:head + nc]
         carry_f = list(fl[head + nc:])
         masked = trip_b
-        for _ in range(len(carry_f) + 2):
+        while True:            # batched carries: a fixpoint (the flags only grow)
             _, body_out = self.program(body, [False] + const_f + carry_f)
             guard_b = self.program(cond, const_f + carry_f)[1][0] if cond is not None else False
             new = [c or b for c, b in zip(carry_f, body_out)]
