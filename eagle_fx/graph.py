@@ -20,6 +20,7 @@ from . import eager, staging, views
 from .analysis import count_nodes, count_stages
 from .autograph import convert_builder
 from .backends import cuda as _cuda
+from .backends import select as _select
 from .backends.numpy import NumpyExecutable
 from .staging import GraphTrace, Plane
 from .backends.fusion import fuse
@@ -308,7 +309,7 @@ class Graph:
                                  "or buffer=); pass a writeable array")
         keep = {h.var for h in list(t.handles) + t.buffers if h.var is not None}
         arrays = [e.array for e in t.input_planes]
-        backend = _cuda.choose(arrays, "jax" if self._mesh is not None else self._backend)
+        backend = _select.choose(arrays, "jax" if self._mesh is not None else self._backend)
         if backend == "jax" and self._record and self._backend is None and self._mesh is None \
                 and all(isinstance(a, np.ndarray) for a in arrays):
             backend = "numpy"          # use_backend('jax') around a record=True graph: records are the NumPy backend's
@@ -321,7 +322,7 @@ class Graph:
                                         self._mesh)
         elif backend != "numpy":                             # CuPy arrays: one CUDA graph (backends/cuda.py)
             if self._record:
-                raise NotImplementedError(_cuda.RECORD_REFUSAL)
+                raise NotImplementedError(_select.RECORD_REFUSAL)
             self._exe = _cuda.CudaExecutable(self._program, arrays, keep, t.n or 1, runtime=backend,
                                              names=[e.name for e in t.input_planes])
         elif self._record:

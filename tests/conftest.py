@@ -50,7 +50,7 @@ def file_and_line(fn, fragment: str) -> tuple[str, str]:
 
 
 def _on_backend(request):
-    from eagle_fx.backends.cuda import use_backend
+    from eagle_fx.backends.select import use_backend
     if request.param == "jax":
         if request.node.get_closest_marker("numpy_only"):
             pytest.skip("about the NumPy backend's own mechanics")
