@@ -269,28 +269,34 @@ class EagerRuntime:
         return test
 
     def not_(self, x):
+        if _is_cell(x):          # `not cell` stays a device condition, as staged
+            return _cell(not _truth(x, self.info.name))
         return not _truth(x, self.info.name)
 
-    def and_(self, *thunks):
-        v = True
+    def _logic(self, thunks, is_and):
+        """`and`/`or` as staged: a Python value that decides the whole expression is the result; else
+        when a cell took part, the result is a cell (the condition stays a device one)."""
+        device, v = False, is_and
         for t in thunks:
             v = t()
-            if not _truth(v, self.info.name):
+            if _is_cell(v):
+                device = True
+                if _truth(v, self.info.name) != is_and:
+                    return _cell(not is_and)
+            elif bool(_truth(v, self.info.name)) != is_and:
                 return v
-        return v
+        return _cell(is_and) if device else v
+
+    def and_(self, *thunks):
+        return self._logic(thunks, True)
 
     def or_(self, *thunks):
-        v = False
-        for t in thunks:
-            v = t()
-            if _truth(v, self.info.name):
-                return v
-        return v
+        return self._logic(thunks, False)
 
     # -- constructs --------------------------------------------------------------------------
     def if_stmt(self, test, true_fn, false_fn, state, names, line):
         out = true_fn(*state) if _truth(test, self.where(line)) else false_fn(*state)
-        return _follow_buffers(state, out, names) if _is_cell(test) else out
+        return _follow_buffers(state, _device_flags(out, names), names) if _is_cell(test) else out
 
     def match_stmt(self, subject, values, fns, default, state, names, line):
         device = _is_cell(subject)
@@ -301,7 +307,7 @@ class EagerRuntime:
                 break
         else:
             out = default(*state) if default is not None else state
-        return _follow_buffers(state, out, names) if device else out
+        return _follow_buffers(state, _device_flags(out, names), names) if device else out
 
     def range_(self, *args):
         if any(_is_device(a) for a in args):
@@ -320,6 +326,7 @@ class EagerRuntime:
             if not _truth(c, self.where(line)):
                 break
             state = tuple(body_fn(v, *state))
+        device |= _broke_on_device(state, names)
         return _follow_buffers(start, state, names) if device else state
 
     def while_stmt(self, cond_fn, body_fn, state, names, line):
@@ -334,7 +341,23 @@ class EagerRuntime:
             if not _truth(c, self.where(line)):
                 break
             state = tuple(body_fn(*state))
+        device |= _broke_on_device(state, names)
         return _follow_buffers(start, state, names) if device else state
+
+
+def _cell(truth) -> np.ndarray:
+    return np.array([int(bool(truth))], np.uint32)
+
+
+def _device_flags(out, names):
+    """A loop's break flag set under a device if/match is a device flag (staged, the arms differ)."""
+    return tuple(_cell(v) if n.startswith("__brk_") and isinstance(v, (bool, np.bool_)) else v
+                 for v, n in zip(out, names))
+
+
+def _broke_on_device(state, names) -> bool:
+    """A loop whose break was decided by a cell is device flow (staged, its guard becomes a cell)."""
+    return any(n.startswith("__brk_") and _is_cell(v) for v, n in zip(state, names))
 
 
 def _follow_buffers(before, after, names):

@@ -278,6 +278,41 @@ def test_buffer_labels_follow_their_name_in_eager_runs_too():
         np.testing.assert_array_equal(M, M_eager)
 
 
+def test_a_loop_decided_by_a_cell_in_its_guard_or_break_is_device_flow_in_eager_runs_too():
+    """`if not c: break` / `if c: break` make the loop device flow whatever the cell holds, so a buffer's
+    name rebound in it leaves its value in the buffer (found by the slow fuzzer: eager kept the first value)."""
+    x = np.array([0.0, 1.0, 2.0])
+
+    @eagle.Graph.builder
+    def f(x, c, d, B):
+        g = eagle.Graph()
+        p = inc(x)
+        own = dbl(x, buffer=B)
+        for _ in range(2):
+            if not c: break
+            own = inc(p)
+            if d: break
+            p = dbl(p)
+        g.result = own
+        return g
+
+    for cv, dv in ((1, 1), (1, 0), (0, 1), (0, 0)):
+        p, want = x + 1.0, 2.0 * x
+        for _ in range(2):          # the loop as plain NumPy
+            if not cv:
+                break
+            want = p + 1.0
+            if dv:
+                break
+            p = 2.0 * p
+        for staged in (True, False):
+            B = np.full(3, -1.0)
+            with eagle.disable_staging(not staged):
+                g = f(x, cell(cv), cell(dv), B)
+            np.testing.assert_array_equal(g(), want)
+            np.testing.assert_array_equal(B, want, err_msg=f"c={cv} d={dv} staged={staged}")
+
+
 def test_transforms_stage_inside_disable_staging():
     from tour_kernels import wobble
 
