@@ -13,14 +13,10 @@ when it is staged, not at each call: after changing one, `eagle_fx.clear_caches(
 
 A reverse-mode graph keeps residuals for as many turns of a counted loop as the trip count it was
 staged with; a call whose trip count is larger stages again.
-
-The caches belong to a thread: a cached graph's arrays hold one call's values from bind to result,
-so two threads calling one transformed function at once each replay a graph of their own.
 """
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import OrderedDict, namedtuple
 
 import numpy as np
@@ -34,23 +30,9 @@ MAX_FUNCTIONS = 256        # transformed functions with a cache
 CacheInfo = namedtuple("CacheInfo", "hits misses currsize maxsize")
 
 _STATIC = (bool, int, float, complex, str, bytes, type(None), np.generic)
-_RECORDING = ThreadStack()      # this thread's Staging records of the entries being staged (innermost last)
-
-
-class _Caches(OrderedDict):
-    """One thread's caches: transformed function signature -> FunctionCache, least recent first."""
-
-    __eq__, __hash__ = object.__eq__, object.__hash__       # one per thread, kept in a WeakSet
-
-
-class _ThreadCaches(threading.local):
-    def __init__(self):
-        self.caches = _Caches()
-        _EVERY_THREAD.add(self.caches)
-
-
-_EVERY_THREAD: "weakref.WeakSet[_Caches]" = weakref.WeakSet()    # for clear_caches(), in every thread
-_LOCAL = _ThreadCaches()
+_CACHES: "OrderedDict[object, FunctionCache]" = OrderedDict()
+_LOCK = threading.Lock()   # guards the dicts of caches and of entries (not the runs)
+_RECORDING = ThreadStack()  # the Staging record of the entry being staged (innermost last)
 
 
 class Staging:
@@ -75,10 +57,21 @@ def uncacheable():
 
 
 class Entry:
-    __slots__ = ("graph", "owned", "caps")
+    """A staged graph, the arrays it owns, and a lock: binding and running it is one step, so two
+    threads calling with one layout take turns. `staged` returns it locked; `with entry:` releases."""
+
+    __slots__ = ("graph", "owned", "caps", "lock")
 
     def __init__(self, graph, owned, caps):
         self.graph, self.owned, self.caps = graph, owned, caps
+        self.lock = threading.RLock()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
+        return False
 
     def bind(self, leaves):
         """Copy the call's arrays into the graph's own; False when a trip count outgrew the graph."""
@@ -102,21 +95,34 @@ class FunctionCache:
         return CacheInfo(self.hits, self.misses, len(self.entries), self.maxsize)
 
     def lookup(self, key, leaves):
-        e = self.entries.get(key)
+        """The entry for `key` with these arrays bound, locked; None (and no lock) for a miss."""
+        with _LOCK:
+            e = self.entries.get(key)
+            if e is not None:
+                self.entries.move_to_end(key)
         if e is None:
             return None
-        self.entries.move_to_end(key)
-        if not e.bind(leaves):
-            del self.entries[key]
+        e.lock.acquire()
+        try:
+            bound = e.bind(leaves)
+        except BaseException:
+            e.lock.release()
+            raise
+        if not bound:
+            e.lock.release()
+            with _LOCK:
+                if self.entries.get(key) is e:
+                    del self.entries[key]
             return None
         self.hits += 1
         return e
 
     def store(self, key, entry):
-        self.misses += 1
-        self.entries[key] = entry
-        while len(self.entries) > self.maxsize:
-            self.entries.popitem(last=False)
+        with _LOCK:
+            self.misses += 1
+            self.entries[key] = entry
+            while len(self.entries) > self.maxsize:
+                self.entries.popitem(last=False)
 
 
 def layout_key(args):
@@ -149,30 +155,36 @@ def _is_ndarray(x):
 
 
 def cache_for(sig, create=True):
-    caches = _LOCAL.caches
-    c = caches.get(sig)
-    if c is None and create:
-        c = caches[sig] = FunctionCache()
-        while len(caches) > MAX_FUNCTIONS:
-            caches.popitem(last=False)
-    elif c is not None:
-        caches.move_to_end(sig)
-    return c
+    with _LOCK:
+        c = _CACHES.get(sig)
+        if c is None and create:
+            c = _CACHES[sig] = FunctionCache()
+            while len(_CACHES) > MAX_FUNCTIONS:
+                _CACHES.popitem(last=False)
+        elif c is not None:
+            _CACHES.move_to_end(sig)
+        return c
+
+
+def _locked(e):
+    e.lock.acquire()
+    return e
 
 
 def staged(sig, args, stage):
-    """The Entry whose graph runs `stage` for these arguments: a cached one with the arrays bound,
-    or a new one, staged on copies of the arguments that it keeps."""
+    """The Entry whose graph runs `stage` for these arguments, locked (`with staged(...) as e:`):
+    a cached one with the arrays bound, or a new one, staged on copies of the arguments that it
+    keeps."""
     key, leaves, tree = layout_key(args)
     if key is None:
-        return Entry(stage(*args), None, ()), args
+        return _locked(Entry(stage(*args), None, ()))
     try:
         c = cache_for(sig)
     except TypeError:                     # an unhashable option (a list in in_axes): no cache
         c = None
     e = c.lookup(key, leaves) if c is not None else None
     if e is not None:
-        return e, None
+        return e
     owned = [np.array(x) if type(x) is np.ndarray else None for x in leaves]
     own = [o if o is not None else x for o, x in zip(owned, leaves)]
     own_args = tuple(own) if tree is None else tree_unflatten(tree, own)
@@ -182,19 +194,19 @@ def staged(sig, args, stage):
         g = stage(*own_args)
     finally:
         _RECORDING.pop()
-    e = Entry(g, owned, rec.caps)
+    e = _locked(Entry(g, owned, rec.caps))
     if c is not None and rec.cacheable:
         c.store(key, e)
-    return e, own_args
+    return e
 
 
 def clear_caches():
     """Forget every staged graph of every transformed function (after changing a global a function
-    reads by closure, for instance). Every thread's."""
-    for caches in list(_EVERY_THREAD):
-        caches.clear()
+    reads by closure, for instance)."""
+    with _LOCK:
+        _CACHES.clear()
 
 
 def clear(sig):
-    for caches in list(_EVERY_THREAD):
-        caches.pop(sig, None)
+    with _LOCK:
+        _CACHES.pop(sig, None)

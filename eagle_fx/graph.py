@@ -14,9 +14,9 @@ import numpy as np
 
 from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
-from hawk_fx.tree import tree_flatten, tree_unflatten
+from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
 
-from . import staging
+from . import staging, views
 from .analysis import count_nodes, count_stages
 from .autograph import convert_builder
 from .backends import cuda as _cuda
@@ -52,16 +52,26 @@ def _rebuild(t, leaves, k):
     for c in t.children:
         v, k = _rebuild(c, leaves, k)
         kids.append(v)
-    if t.kind == "tuple":
-        return tuple(kids), k
-    if t.kind == "list":
-        return kids, k
-    return dict(zip(t.meta, kids)), k
+    return make_node(t, kids), k
 
 
 class _BuildContext:
     def __init__(self, builder, arg_names):
         self.builder, self.arg_names, self.graph = builder, arg_names, None
+        self.planes: dict = {}       # id(array) -> the staged plane the builder sees for that argument
+
+    def wrap(self, value):
+        """Arguments (and arrays in tuples, lists and dicts of them) as staged planes."""
+        if staging.is_array(value):
+            p = self.planes.get(id(value))
+            if p is None:
+                p = self.planes[id(value)] = staging.argument_plane(value, self.arg_names.get(id(value)))
+            return p
+        if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+            return type(value)(self.wrap(v) for v in value)
+        if type(value) is dict:
+            return {k: self.wrap(v) for k, v in value.items()}
+        return value
 
 
 _building = ThreadStack()     # this thread's builder calls (_BuildContext), innermost last
@@ -119,11 +129,31 @@ class Fork:
 
 
 class Graph:
-    """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue."""
+    """A graph of kernel calls. Build it with a builder; run it with g(), launch, enqueue.
 
-    def __init__(self, record: bool = False, backend=None):
+    A builder makes one with `eagle.Graph()`, calls kernels (they become nodes), declares
+    `g.result` and returns it; calling the builder on arrays builds the graph once, and calling
+    the graph replays it:
+
+        @eagle_fx.Graph.builder
+        def chain(x):
+            g = eagle_fx.Graph()
+            g.result = square(scale(x, 2.0, 1.0))
+            return g
+
+        g = chain(np.arange(4.0))      # build
+        g()                            # replay: the result arrays (the graph's own; copy to keep)
+
+    `record=True` keeps what `eagle_fx.diff.reverse` needs; `backend=` names a backend ("numpy", "cuda")
+    instead of choosing by the arrays' type.
+    """
+
+    def __init__(self, record: bool = False, backend=None, mesh=None):
         self._record = bool(record)
-        self._backend = backend      # None: by the arrays (NumPy -> numpy, CuPy -> cuda); see backends.cuda.choose
+        self._backend = backend      # None: by the arrays (NumPy -> numpy, CuPy -> cuda, jax.Array -> jax)
+        self._mesh = mesh            # backend 'jax': a jax.sharding.Mesh the sample axis is split over
+        if mesh is not None and backend not in ("jax", None):
+            raise ValueError(f"eagle.Graph: mesh= is for backend='jax' (got backend={backend!r})")
         self._trace = GraphTrace(self)
         self._result_tree = None
         self._has_result = False
@@ -132,30 +162,44 @@ class Graph:
         self._worker: threading.Thread | None = None
         self._worker_error = None
         self._input_names: dict[str, int] = {}
+        self._unread_args: dict = {}   # array arguments of the builder no node reads: bindable all the same
         self._generation = 0
         self._residuals = None
-        self._views: dict = {}       # id(result plane) -> the shape it is seen with (nested vmap)
+        self._views: dict = {}       # id(result plane) -> the shape it is seen with, or a function (transforms)
         if _building and _building[-1].graph is None:
             ctx = _building[-1]
             ctx.graph = self
             self._trace.arg_names = ctx.arg_names
+            for p in ctx.planes.values():
+                p.graph = self
+                self._trace.externs[id(p.key.array)] = p.key
+                self._trace.handles.add(p)
             GRAPH_STAGING.append(self._trace)
             self._builder = ctx.builder
         else:
             self._builder = None
 
-    builder = staticmethod(lambda fn: Builder(fn))
+    @staticmethod
+    def builder(fn):
+        """Decorate a builder (a function that makes, fills and returns a Graph) or a block (one
+        with a parameter annotated `eagle_fx.Graph`, which appends to the graph it is given)."""
+        return Builder(fn)
+
+    def _backend_of(self):
+        """(backend, mesh) for graphs a transform makes from this one."""
+        return ("jax" if getattr(self._exe, "backend_name", None) == "jax" else None), self._mesh
 
     @classmethod
-    def _from_program(cls, program, input_planes, tree, n_results, n):
-        """A built graph running a Program a transform made: the same verbs as any graph."""
+    def _from_program(cls, program, input_planes, tree, n_results, n, backend=None, mesh=None):
+        """A built graph running a Program a transform made: the same verbs as any graph (on the
+        backend of the graph it was made from: numpy, or jax)."""
         for e in input_planes:
-            if not isinstance(e.array, np.ndarray):
+            if not isinstance(e.array, np.ndarray) and backend != "jax":
                 raise NotImplementedError(f"eagle_fx transforms: graphs made by vmap, grad, jvp and vjp run on the "
                                           f"NumPy backend; argument {e.name or ''} is {type(e.array).__name__}: pass "
                                           "NumPy arrays (cupy.asnumpy) to the transformed function")
         g = cls.__new__(cls)
-        cls.__init__(g)
+        cls.__init__(g, backend=backend, mesh=mesh)
         t = g._trace
         t.input_planes = list(input_planes)
         t.n = n
@@ -167,7 +211,12 @@ class Graph:
         g._result_tree = tree_unflatten(tree, handles) if tree is not None else None
         g._has_result = tree is not None
         g._result_flat = (handles, tree)
-        g._exe = NumpyExecutable(program, [e.array for e in t.input_planes], {h.var for h in handles}, n or 1)
+        arrays = [e.array for e in t.input_planes]
+        if backend == "jax":
+            g._exe = _jax_executable(program, arrays, {h.var for h in handles}, n or 1,
+                                     [e.name for e in t.input_planes], mesh)
+        else:
+            g._exe = NumpyExecutable(program, arrays, {h.var for h in handles}, n or 1)
         g._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
         return g
 
@@ -186,7 +235,7 @@ class Graph:
         self._has_result = tree is not None
 
     def _leaf_array(self, x, out_var):
-        if isinstance(x, Plane):
+        if isinstance(x, Plane) and x.var is not None:
             return self._array_of_plane(x)
         arr = self._exe.array_of(out_var)         # a user's array in the result: the one bound now
         return x if arr is None else arr
@@ -252,8 +301,18 @@ class Graph:
                                  "or buffer=); pass a writeable array")
         keep = {h.var for h in list(t.handles) + t.buffers if h.var is not None}
         arrays = [e.array for e in t.input_planes]
-        backend = _cuda.choose(arrays, self._backend)         # CuPy arrays: one CUDA graph (backends/cuda.py)
-        if backend != "numpy":
+        backend = _cuda.choose(arrays, "jax" if self._mesh is not None else self._backend)
+        if backend == "jax" and self._record and self._backend is None and self._mesh is None \
+                and all(isinstance(a, np.ndarray) for a in arrays):
+            backend = "numpy"          # use_backend('jax') around a record=True graph: records are the NumPy backend's
+        if backend == "jax":                                 # one XLA executable (backends/jax.py)
+            if self._record:
+                raise NotImplementedError("eagle.Graph: record=True graphs (for eagle_fx.diff) run on the NumPy "
+                                          "backend; for gradients on the jax backend use eagle_fx.grad / vjp with "
+                                          "backend='jax', or eagle_fx.to_jax and jax.grad")
+            self._exe = _jax_executable(self._program, arrays, keep, t.n or 1, [e.name for e in t.input_planes],
+                                        self._mesh)
+        elif backend != "numpy":                             # CuPy arrays: one CUDA graph (backends/cuda.py)
             if self._record:
                 raise NotImplementedError(_cuda.RECORD_REFUSAL)
             self._exe = _cuda.CudaExecutable(self._program, arrays, keep, t.n or 1, runtime=backend,
@@ -316,12 +375,36 @@ class Graph:
             self.build()
         return self._program
 
+    def to_dot(self) -> str:
+        """The graph as Graphviz DOT text: kernels, forks and joins, waits, device if/match/while
+        as clusters, buffers and results (render it with `dot -Tsvg`)."""
+        from .dot import to_dot
+        return to_dot(self)
+
+    def _repr_svg_(self):
+        """Jupyter shows the graph's picture when Graphviz's `dot` is installed, its text otherwise.
+        A hand-made graph still being staged shows as text: drawing it would build it."""
+        if self._program is None:
+            return None
+        from .dot import to_svg
+        return to_svg(self)
+
     def _array_of_plane(self, h: Plane):
         if self._exe is None:
             return None
+        if h.var is None:                 # an argument, or a view of one: read from the arrays bound now
+            return views.array_of(h.key, self._root_array)
         arr = self._exe.array_of(h.var)
-        shape = self._views.get(id(h))
-        return arr if shape is None else arr.reshape(shape)
+        view = self._views.get(id(h))          # a shape, or a function of the array (a Jacobian's axes)
+        if view is None:
+            return arr
+        return view(arr) if callable(view) else arr.reshape(view)
+
+    def _root_array(self, key):
+        if isinstance(key, staging.Extern):
+            return key.array
+        v = self._trace.root.current.get(key)
+        return None if v is None else self._exe.array_of(v)
 
     # -- running -----------------------------------------------------------------------------
     def __call__(self, n: int = 1):
@@ -331,16 +414,38 @@ class Graph:
 
     def launch(self, n: int = 1) -> "Graph":
         """Replay n times and wait."""
-        n = _replay_count(n, "launch")
+        n = self._replay_count(n, "launch")
         self.synchronize()
         self.build()._exe.replay(n)
+        self._fill_pinned()
         self._generation += 1
         return self
+
+    def _replay_count(self, n, verb: str) -> int:
+        """A replay count: a whole number (launch(2.5) does not run twice) and >= 0 (g(-1) does not run)."""
+        if not isinstance(n, (int, np.integer)) or isinstance(n, (bool, np.bool_)):
+            raise TypeError(self._replay_refusal(n))
+        if n < 0:
+            raise ValueError(f"eagle.Graph.{verb}: the replay count is a whole number >= 0, got {n}")
+        return int(n)
+
+    def _replay_refusal(self, n):
+        """g(x): a Graph replays the arrays bound to it; say how to run it on others."""
+        names = ", ".join(f"{k}=..." for k in self._input_names) or "name=..."
+        b = self._builder.__name__ if self._builder is not None else "the builder"
+        return (f"eagle.Graph: g(n) and g.launch(n) replay the graph n times on its own arrays; got "
+                f"{type(n).__name__}. To run it on new arrays, bind them (g.bind({names}); g()) or call {b}(...) "
+                "again (a transformed function, e.g. eagle_fx.grad(f)(x), caches its graph per layout)")
+
+    def _fill_pinned(self):
+        """Copy each block result handed out as an array (see Builder._call_block) from its plane."""
+        for arr, plane in self._trace.pinned.values():
+            np.copyto(arr, np.asarray(self._array_of_plane(plane)))
 
     def enqueue(self, n: int = 1) -> "Graph":
         """Replay n times on a worker thread and return at once; `synchronize()` waits. Until then
         the arrays the graph only reads are read-only (a write would tear the replay's results)."""
-        n = _replay_count(n, "enqueue")
+        n = self._replay_count(n, "enqueue")
         if self._record:
             raise RuntimeError("eagle.Graph.enqueue: a record=True graph runs with launch(), which waits for the "
                                "run its Record describes")
@@ -349,13 +454,15 @@ class Graph:
         if hasattr(exe, "enqueue"):          # a CUDA graph: launched asynchronously on the stream
             exe.enqueue(n)
             return self
-        locked = [a for a in self._read_inputs() if a.flags.writeable]
+        # the NumPy backend reads its inputs chunk by chunk while it runs
+        locked = [a for a in self._read_inputs() if a.flags.writeable] if isinstance(exe, NumpyExecutable) else []
         for a in locked:
             a.flags.writeable = False
 
         def work():
             try:
                 exe.replay(n)
+                self._fill_pinned()
             except BaseException as e:   # surfaced by synchronize()
                 self._worker_error = e
             finally:
@@ -389,26 +496,50 @@ class Graph:
         self.synchronize()
         self.build()
         for name, arr in arrays.items():
-            if name not in self._input_names:
-                known = ", ".join(self._input_names) or "none"
+            if name not in self._input_names and name not in self._unread_args:
+                known = ", ".join([*self._input_names, *self._unread_args]) or "none"
                 raise KeyError(f"eagle.Graph.bind: {name!r} is not an array argument of the builder (it has: {known})")
-            i = self._input_names[name]
-            old = self._trace.input_planes[i].array
+            if name in self._unread_args:
+                old = self._unread_args[name]
+            else:
+                old = self._trace.input_planes[self._input_names[name]].array
+            if not staging.is_array(arr):
+                raise ValueError(f"eagle.Graph.bind: {name!r} takes an array of shape {old.shape} and dtype {old.dtype}, "
+                                 f"got {type(arr).__name__}: pass np.asarray({name}, dtype=np.{old.dtype.name})")
             if not staging.is_array(arr) or isinstance(arr, np.ndarray) != isinstance(old, np.ndarray) \
-                    or arr.shape != old.shape or arr.dtype != old.dtype:
+                    or tuple(arr.shape) != tuple(old.shape) or arr.dtype != old.dtype:
                 got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
                 raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
                                  "call the builder again")
+            if name in self._unread_args:
+                continue
+            i = self._input_names[name]
             entry, v = self._trace.input_planes[i], self._program.inputs[i]
-            if not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
+            if isinstance(arr, np.ndarray) and not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
                 raise ValueError(f"eagle.Graph.bind: {name!r} is a read-only array, and the graph writes this argument "
                                  "in place (a Mutable or buffer=); pass a writeable array")
         for name, arr in arrays.items():
+            if name in self._unread_args:       # no node reads it: nothing to swap but the record of it
+                self._unread_args[name] = arr
+                continue
             i = self._input_names[name]
             self._trace.input_planes[i].array = arr
             self._exe.rebind(i, arr)
         self._generation += 1 if self._generation else 0
         return self
+
+    def argument(self, name: str):
+        """The array bound to builder argument `name` now. With jax.Arrays (immutable), a graph that
+        writes the argument (a Mutable, buffer=) rebinds it to the written value at each replay:
+        this returns that value, and the next replay reads it."""
+        self.synchronize()
+        self.build()
+        if name not in self._input_names:
+            known = ", ".join(self._input_names) or "none"
+            raise KeyError(f"eagle.Graph.argument: {name!r} is not an array argument of the builder (it has: {known})")
+        i = self._input_names[name]
+        arrays = getattr(self._exe, "arrays", None)       # the jax backend carries its arguments
+        return arrays[i] if arrays is not None else self._trace.input_planes[i].array
 
     def __repr__(self):
         if self._exe is None and self._program is None:
@@ -418,11 +549,9 @@ class Graph:
                 f"{getattr(self._exe, 'backend_name', 'cpu')}>")
 
 
-def _replay_count(n, verb: str) -> int:
-    """A replay count: a whole number >= 0 (launch(2.5) does not run twice, g(-1) does not run)."""
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"eagle.Graph.{verb}: the replay count is a whole number >= 0, got {n!r}")
-    return int(n)
+def _jax_executable(program, arrays, keep, n, names, mesh):
+    from .backends.jax import JaxExecutable
+    return JaxExecutable(program, arrays, keep, n, names, mesh)
 
 
 class Builder:
@@ -447,15 +576,23 @@ class Builder:
     def __call__(self, *args, **kwargs):
         if self.graph_param is not None:
             return self._call_block(args, kwargs)
-        bound = self.signature.bind(*args, **kwargs)
+        bound = self._bind(args, kwargs)
         bound.apply_defaults()
         names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
         ctx = _BuildContext(self, names)
         _building.append(ctx)
         staging._source_stack.append(self.source)
         depth = len(GRAPH_STAGING)
+        args = ctx.wrap(tuple(bound.args))
+        kwargs = ctx.wrap(dict(bound.kwargs))
         try:
             ret = self.converted(*args, **kwargs)
+        except TypeError as e:
+            if ctx.graph is not None or not ctx.planes:
+                raise
+            raise TypeError(f"{self.__name__}: its arguments are used before its graph exists ({e}); a builder "
+                            "creates its graph first: g = eagle.Graph(), stages kernel calls into it, declares "
+                            "g.result = ... and ends with `return g`") from None
         finally:
             staging._source_stack.pop()
             _building.pop()
@@ -464,18 +601,51 @@ class Builder:
             raise TypeError(f"{self.__name__}: a builder returns its graph: `return g`; declare the arrays with "
                             "`g.result = ...`" + ("" if ctx.graph is not None else
                                                   " (and create it first: g = eagle.Graph())"))
-        return ret.build()
+        ret.build()
+        ret._unread_args = {k: v for k, v in bound.arguments.items()
+                            if staging.is_array(v) and k not in ret._input_names}
+        return ret
+
+    def _bind(self, args, kwargs):
+        """The call's arguments bound to the builder's parameters; a mismatch names them."""
+        try:
+            return self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            params = ", ".join(self.signature.parameters)
+            unknown = [k for k in kwargs if k not in self.signature.parameters]
+            hint = f"; {', '.join(map(repr, unknown))} is not one of them" if unknown else ""
+            raise TypeError(f"{self.__name__}: {e}; the {'block' if self.graph_param else 'builder'} takes "
+                            f"({params}){hint}") from None
 
     def _call_block(self, args, kwargs):
-        bound = self.signature.bind(*args, **kwargs)
+        bound = self._bind(args, kwargs)
         handle = bound.arguments[self.graph_param]
         graph = handle if isinstance(handle, Graph) else getattr(handle, "graph", None)
         if not isinstance(graph, Graph):
             raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "
                             f"append to, got {type(handle).__name__}")
+        outermost = not staging._source_stack
         staging._source_stack.append(self.source)
         try:
             with graph._staging():
-                return self.converted(*args, **kwargs)
+                ret = self.converted(*args, **kwargs)
         finally:
             staging._source_stack.pop()
+        return _pin_results(graph, ret) if outermost else ret
+
+
+def _pin_results(graph, tree):
+    """A block called from plain code (on a hand-made graph) hands its planes out as NumPy arrays,
+    filled after every launch; staging the array later in the same graph reads the plane itself."""
+    t = graph._trace
+    if graph._backend not in (None, "numpy") or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
+        return tree            # a CUDA graph: its planes stay handles that read the device arrays
+    leaves, treedef = tree_flatten(tree, is_leaf=lambda x: isinstance(x, Plane))
+    out = []
+    for x in leaves:
+        if isinstance(x, Plane) and x.graph is graph:
+            arr = np.zeros(x.aval.shape, x.aval.dtype)
+            t.pinned[id(arr)] = (arr, x)
+            x = arr
+        out.append(x)
+    return tree_unflatten(treedef, out)

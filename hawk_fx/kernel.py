@@ -16,6 +16,7 @@ import numpy as np
 
 from . import prims
 from .core import SAMPLE, UNIFORM, AVal, Program, Tracer, literal_aval
+from .emit.jax import eager_call, is_jax_array
 from .emit.numpy import NumpyKernel, overlapping_inputs
 from .perthread import ThreadStack
 from .roles import Role
@@ -110,7 +111,15 @@ class BodySpec:
         self.n_results = len(prog.outputs) - len(self.commits)
         self.result_kinds = [a.aval.kind for a in prog.outputs[:self.n_results]]
         self.layout = tuple((v.aval.kind, v.aval.dtype, v.aval.shape, v.aval.weak) for v in prog.inputs)
-        self.compiled = NumpyKernel(prog, [a.aval.kind == SAMPLE for a in prog.outputs])
+        self._compiled = None
+
+    @property
+    def compiled(self):
+        """The NumPy code of the body, generated when first run: fusing a chain makes a spec per
+        pair, and only the whole chain's runs."""
+        if self._compiled is None:
+            self._compiled = NumpyKernel(self.prog, [a.aval.kind == SAMPLE for a in self.prog.outputs])
+        return self._compiled
 
     result_shape = Specialization.result_shape
     result_dtype = Specialization.result_dtype
@@ -228,13 +237,13 @@ def _resolve_roles(fn) -> list[tuple[str, Role]]:
 
 
 def _is_gpu_array(a) -> bool:
-    return type(a).__module__.split(".")[0] in ("cupy", "jax", "jaxlib")
+    return type(a).__module__.split(".")[0] == "cupy"
 
 
 def _is_cuda_array(a) -> bool:
     """A CuPy array (or any __cuda_array_interface__ array): the call runs the emitted CUDA kernel."""
     return ((type(a).__module__.split(".")[0] == "cupy" or hasattr(type(a), "__cuda_array_interface__"))
-            and hasattr(a, "shape") and hasattr(a, "dtype"))
+            and hasattr(a, "shape") and hasattr(a, "dtype") and not is_jax_array(a))
 
 
 def _shape_proxy(a) -> np.ndarray:
@@ -244,6 +253,9 @@ def _shape_proxy(a) -> np.ndarray:
 
 
 class Kernel:
+    """A traced per-sample function (made by `@hawk_fx.kernel`): call it on arrays to run it over
+    every sample, or inside a builder to add it to a graph. `ir` is its traced body."""
+
     def __init__(self, fn):
         self.fn = fn
         self.name = fn.__name__
@@ -319,7 +331,12 @@ class Kernel:
             if not role.accepts_dtype(dt):
                 raise TypeError(f"{where} is a Python {type(v).__name__} {v!r}; it needs {role.describe_dtype()}")
             return (UNIFORM, dt, (), True)
-        if _is_cuda_array(v):            # laid out by shape and dtype; __call__ runs it on the GPU
+        if is_jax_array(v) and not v.shape and not role.mutable and not role.shape:
+            dt = np.dtype(v.dtype)          # a 0-d jax.Array (a traced scalar): one value for all samples
+            if dt.kind not in "biuf" or not role.accepts_dtype(dt):
+                raise TypeError(f"{where} has dtype {dt}; it needs {role.describe_dtype()}")
+            return (UNIFORM, dt, (), False)
+        if _is_cuda_array(v) or is_jax_array(v):    # laid out by shape and dtype; __call__ runs it there
             v = _shape_proxy(v)
         if not isinstance(v, np.ndarray):
             if _is_gpu_array(v):
@@ -330,6 +347,11 @@ class Kernel:
                 if v.dtype.kind not in "biuf" or not role.accepts_dtype(v.dtype):
                     raise TypeError(f"{where} has dtype {v.dtype}; it needs {role.describe_dtype()}")
                 return (UNIFORM, v.dtype, (), False)
+            if isinstance(v, Tracer) and not v.trace.active:
+                v.trace.leaked(v, f"{where} is a traced value")
+            check = getattr(v, "_check_use", None)          # a staged plane of a graph: refused when leaked
+            if check is not None:
+                check(where)
             raise TypeError(f"{where} is {type(v).__name__} {v!r:.60}; pass a NumPy array"
                             + ("" if role.mutable or role.shape else " or a Python number"))
         if v.dtype.kind not in "biuf" or not role.accepts_dtype(v.dtype):
@@ -338,8 +360,10 @@ class Kernel:
             raise ValueError(f"{where} is a read-only array; a Mutable is written in place")
         if role.uniform:
             if v.shape != (1,):
+                fix = (" (a 0-d array: pass a.reshape(1), a view read at every call, or float(a), fixed when "
+                       "the graph is built)") if v.ndim == 0 else ""
                 raise ValueError(f"{where} has shape {v.shape}; a Param is a Python number or a one-cell array "
-                                 "of shape (1,), read at every call")
+                                 f"of shape (1,), read at every call{fix}")
             return (UNIFORM, v.dtype, (), False)
         want = role.shape
         if v.ndim != len(want) + 1 or v.shape[:-1] != want:
@@ -370,6 +394,8 @@ class Kernel:
         values = self.bind_arguments(args, kwargs)
         layout, n = self.layout_of(values)
         spec = self.specialize(layout)
+        if any(is_jax_array(v) for v in values):     # jax.Arrays (or tracers): jax.numpy, jitted
+            return tree_unflatten(spec.tree, eager_call(spec, values, n))
         if any(_is_cuda_array(v) for v in values):   # CuPy arrays: the emitted CUDA kernel, on the GPU
             from eagle_fx.backends.cuda import call_kernel
             return tree_unflatten(spec.tree, call_kernel(spec, values, n))
@@ -412,7 +438,17 @@ class Kernel:
 
 
 def kernel(fn) -> Kernel:
-    """Decorate a one-sample function whose parameters are annotated with roles."""
+    """Decorate a one-sample function whose parameters are annotated with roles.
+
+    The body is traced once per argument layout (dtypes, shapes) into a Program, then runs over
+    whole arrays, the sample axis last. Inside a builder, a call adds a node to the graph.
+
+        @hawk_fx.kernel
+        def scale(x: Scalar, a: Param, b: Param) -> Scalar:
+            return a * x + b
+
+        scale(np.arange(4.0), 2.0, 1.0)      # array([1., 3., 5., 7.])
+    """
     if isinstance(fn, Kernel):
         return fn
     return Kernel(fn)

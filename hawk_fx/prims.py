@@ -38,6 +38,38 @@ def _rsqrt(x, out=None):
     return np.divide(1, r, out=r if out is not None else None)
 
 
+def _written(r, out):
+    if out is None:
+        return r
+    np.copyto(out, r)
+    return out
+
+
+def _logistic(x, out=None):
+    """1 / (1 + exp(-x)) without overflow: exp of -|x| only."""
+    x = np.asarray(x)
+    if x.dtype.kind not in "fc":                # integers: in float64, as np.exp computes them
+        x = x.astype(np.float64)
+    e = np.exp(-np.abs(x))
+    return _written(np.where(x >= 0, 1.0, e) / (1.0 + e), out)
+
+
+def _xlogy(x, y, out=None):
+    """x * log(y), 0 where x is 0 (scipy.special.xlogy)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _written(np.where(np.asarray(x) == 0, 0, x * np.log(y)), out)
+
+
+def _xlog1py(x, y, out=None):
+    """x * log1p(y), 0 where x is 0 (scipy.special.xlog1py)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _written(np.where(np.asarray(x) == 0, 0, x * np.log1p(y)), out)
+
+
+def _identity(x, out=None):
+    return np.array(x) if out is None else _written(x, out)
+
+
 # name -> (arity, NumPy function). The NumPy function defines values and dtypes.
 ELEMENTWISE_TABLE = {
     "neg": (1, np.negative), "abs": (1, np.absolute), "sign": (1, np.sign), "floor": (1, np.floor),
@@ -56,6 +88,9 @@ ELEMENTWISE_TABLE = {
     "ge": (2, np.greater_equal), "eq": (2, np.equal), "ne": (2, np.not_equal),
     "and": (2, np.logical_and), "or": (2, np.logical_or),
     "select": (3, np.where),
+    # the stable functions of optimisation (hawk_fx.math.sigmoid, softplus, ...) and stop_gradient
+    "logistic": (1, _logistic), "logaddexp": (2, np.logaddexp), "xlogy": (2, _xlogy), "xlog1py": (2, _xlog1py),
+    "stop_gradient": (1, _identity),
 }
 
 ELEMENTWISE: dict[Primitive, tuple[int, object]] = {}

@@ -9,6 +9,9 @@ import numpy as np
 
 
 class Role:
+    """What a kernel parameter is for one sample: its per-sample shape, dtype, and whether the
+    kernel writes it (`Mutable`) or it is one value for all samples (`Param`)."""
+
     __slots__ = ("name", "shape", "dtype", "mutable", "uniform")
 
     def __init__(self, name, shape=(), dtype=None, mutable=False, uniform=False):
@@ -58,6 +61,8 @@ class _RoleFactory:
 
 
 class _MutableFactory:
+    """`Mutable[role]`: the role of a parameter the kernel writes in place."""
+
     def __getitem__(self, role):
         if not isinstance(role, Role) or role.uniform or role.mutable:
             raise TypeError(f"hawk.Mutable[...] takes a per-sample role (Scalar, UInt32, Vector[k], ...), got {role!r}")
@@ -68,10 +73,18 @@ class _MutableFactory:
 
 
 Scalar = Role("Scalar")
+"""One number per sample: a plane of shape (n,), of any real dtype."""
 Param = Role("Param", uniform=True)
+"""One number for all samples: a Python number, or a one-cell array (1,) read at every call."""
 UInt32 = Role("UInt32", dtype=np.uint32)
+"""One uint32 per sample, (n,); as `Mutable[UInt32]` on a one-cell array, a graph's guard cell."""
 Int32 = Role("Int32", dtype=np.int32)
+"""One int32 per sample: a plane of shape (n,) of an integer dtype."""
 Terminated = Role("Terminated", dtype=np.bool_)
+"""One bool per sample, (n,): a per-sample "done" mark."""
 Vector = _RoleFactory("Vector", 1)
+"""`Vector[k]`: k components per sample, a plane of shape (k, n) (the sample axis last)."""
 Matrix = _RoleFactory("Matrix", 2)
+"""`Matrix[r, c]`: an r x c matrix per sample, a plane of shape (r, c, n)."""
 Mutable = _MutableFactory()
+"""`Mutable[role]`: a parameter the kernel writes; assigning to it writes the caller's array in place."""

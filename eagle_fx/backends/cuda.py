@@ -99,6 +99,7 @@ import numpy as np
 
 from hawk_fx.core import Literal, Program, Var
 from hawk_fx.emit import cuda as hcuda
+from hawk_fx.emit.jax import is_jax_array
 
 from .. import ir
 from ..analysis import direct_outputs
@@ -227,10 +228,29 @@ extern "C" __global__ void eagle_switch_index(unsigned int* index, const unsigne
     unsigned int k = count;                        // no case matches: the default, last
     for (unsigned int i = 0; i < count; ++i) { if (cases[i] == v) { k = i; break; } }
     *index = k; }
+// slice / update / concat (ir.STRUCTURE): element i of a C-order walk over `shape` is copied from
+// src + soff + sum(idx * sstride) to dst + doff + sum(idx * dstride); geom = shape[ndim],
+// sstride[ndim], dstride[ndim], soff, doff, all in bytes
+extern "C" __global__ void eagle_strided_copy(unsigned char* dst, const unsigned char* src, const long long* geom,
+                                              unsigned int ndim, unsigned long long count, unsigned int itemsize) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned long long r = i;
+        long long s = geom[3 * ndim], d = geom[3 * ndim + 1];
+        for (int k = (int)ndim - 1; k >= 0; --k) {
+            const unsigned long long e = r % (unsigned long long)geom[k];
+            r /= (unsigned long long)geom[k];
+            s += (long long)e * geom[ndim + k];
+            d += (long long)e * geom[2 * ndim + k];
+        }
+        if (itemsize == 8u) *(unsigned long long*)(dst + d) = *(const unsigned long long*)(src + s);
+        else if (itemsize == 4u) *(unsigned int*)(dst + d) = *(const unsigned int*)(src + s);
+        else for (unsigned int b = 0; b < itemsize; ++b) dst[d + b] = src[s + b];
+    } }
 """ + "".join(_record_kernels(d) for d in range(MAX_RECORD_DEPTH + 1))
 
 _LOWERING_ENTRIES = ("eagle_loop_start", "eagle_loop_step", "eagle_cell_not", "eagle_cell_and", "eagle_cell_or",
-                     "eagle_switch_index") + tuple(f"eagle_record_{w}_d{d}" for d in range(MAX_RECORD_DEPTH + 1)
+                     "eagle_switch_index", "eagle_strided_copy") + tuple(f"eagle_record_{w}_d{d}" for d in range(MAX_RECORD_DEPTH + 1)
                                                    for w in ("copy", "turns"))
 LOWERING = KernelModule("eagle_lowering", _LOWERING_SOURCE, _LOWERING_ENTRIES, "lowering", label="lowering")
 
@@ -255,7 +275,8 @@ def body_module(spec) -> KernelModule:
 class PlanNode:
     """One node of the lowered graph. kind: 'kernel' | 'memset' | 'memcpy' | 'host' | 'join' |
     'if' | 'if_else' | 'switch' | 'while'. role of a kernel: 'body' (a hawk entry), 'init' (a
-    workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic), 'select' (switch index),
+    workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic), 'select' (switch index), 'copy'
+    (eagle_strided_copy: slice, update, concat),
     'record'. For a conditional node `cond` is the condition it reads, `bodies` its body trees."""
 
     __slots__ = ("kind", "role", "label", "handle", "after", "module", "entry", "grid", "block", "args", "cond",
@@ -473,6 +494,22 @@ def _has_records(prog: Program) -> bool:
     return any(_has_records(p) for p in prog.subprograms())
 
 
+def _region(aval, index):
+    """(shape, byte strides, byte offset) of `index` (ints and ranges, None: all) of a C-order array."""
+    strides = _c_strides(aval.shape, aval.dtype.itemsize) if aval.shape else []
+    if index is None:
+        return tuple(aval.shape) or (1,), list(strides) or [aval.dtype.itemsize], 0
+    shape, out, off = [], [], 0
+    for r, st in zip(index, strides):
+        if isinstance(r, range):
+            shape.append(len(r))
+            out.append(st * r.step)
+            off += r.start * st
+        else:
+            off += r * st
+    return tuple(shape), out, off
+
+
 def _c_strides(shape, itemsize):
     strides, acc = [], itemsize
     for d in reversed(shape):
@@ -682,6 +719,8 @@ class _Lowering:
             self._gen_switch(chain, e, outs)
         elif p is ir.while_p:
             self._gen_while(chain, e, outs)
+        elif p in ir.STRUCTURE:
+            self._gen_structure(chain, e, outs)
         else:
             raise NotImplementedError(f"eagle_fx CUDA lowering: no rule for primitive '{p}'")
         seq.close(chain.tail(), reads, writes)
@@ -727,6 +766,38 @@ class _Lowering:
                 continue
             grid, block = (1, 1) if en.launch == "single" else (self._grid(n), BLOCK)
             chain.kernel(mod, en.name, grid, block, args, "body", name)
+
+    def _gen_structure(self, chain, e, outs):
+        """slice/update/concat: strided copies (eagle_strided_copy); reshape: a memcpy (both C order)."""
+        p, out = e.prim, self.slots[outs[0]]
+        if p is ir.reshape_p:
+            chain.memcpy(out, self.buf(e.inputs[0]), label="reshape")
+            return
+        if p is ir.slice_p:
+            self._strided(chain, out, e.inputs[0], _region(e.inputs[0].aval, e.params["index"]),
+                          _region(e.outputs[0].aval, None), "slice")
+        elif p is ir.update_p:
+            base, value = e.inputs
+            if self.buf(base) is not out:          # a functional update: the base is copied first
+                chain.memcpy(out, self.buf(base), label="update")
+            self._strided(chain, out, value, _region(value.aval, None),
+                          _region(base.aval, e.params["index"]), "update")
+        else:
+            axis, start, shape = e.params["axis"], 0, e.outputs[0].aval.shape
+            for a in e.inputs:
+                k = a.aval.shape[axis]
+                index = tuple(range(start, start + k) if i == axis else range(d) for i, d in enumerate(shape))
+                self._strided(chain, out, a, _region(a.aval, None), _region(e.outputs[0].aval, index), "concat")
+                start += k
+
+    def _strided(self, chain, dst, src_atom, src_region, dst_region, label):
+        (shape, sstride, soff), (dshape, dstride, doff) = src_region, dst_region
+        assert shape == dshape, (shape, dshape)
+        count = int(np.prod(shape))
+        geom = self.const(list(shape) + list(sstride) + list(dstride) + [soff, doff], np.int64)
+        args = [dst, self.buf(src_atom), geom, np.uint32(len(shape)), np.uint64(count),
+                np.uint32(src_atom.aval.dtype.itemsize)]
+        chain.kernel(LOWERING, "eagle_strided_copy", self._grid(count), BLOCK, args, "copy", label)
 
     def _gen_opaque(self, chain, e):
         label = e.info.name or getattr(e.params["fn"], "__name__", "fn")
@@ -1483,9 +1554,10 @@ _forced = threading.local()
 
 
 def _device_like(a) -> bool:
-    """A GPU array: a CuPy array (by its module), or anything with __cuda_array_interface__."""
+    """A GPU array: a CuPy array (by its module), or anything with __cuda_array_interface__ that is
+    not a jax.Array (those go to the jax backend)."""
     return (type(a).__module__.split(".")[0] == "cupy" or hasattr(type(a), "__cuda_array_interface__")) \
-        and hasattr(a, "shape") and hasattr(a, "dtype")
+        and hasattr(a, "shape") and hasattr(a, "dtype") and not is_jax_array(a)
 
 
 class use_backend:
@@ -1519,7 +1591,15 @@ def choose(arrays, requested=None):
         requested = stack[-1] if stack else None
     on_gpu = [a for a in arrays if _device_like(a)]
     if requested is None:
-        requested = "cuda" if on_gpu else "numpy"
+        requested = "jax" if any(is_jax_array(a) for a in arrays) else "cuda" if on_gpu else "numpy"
+    if requested == "jax":
+        if on_gpu:
+            raise ValueError(f"eagle_fx: the jax backend was asked for, but the graph reads a "
+                             f"{type(on_gpu[0]).__module__}.{type(on_gpu[0]).__name__}; pass NumPy arrays or jax.Arrays")
+        return "jax"
+    if any(is_jax_array(a) for a in arrays):
+        raise ValueError(f"eagle_fx: backend {requested!r} was asked for, but the graph reads a jax.Array; pass "
+                         "NumPy arrays (np.asarray) or drop backend= (jax.Arrays run on the jax backend)")
     if requested == "numpy":
         if on_gpu:
             a = on_gpu[0]
@@ -1532,7 +1612,7 @@ def choose(arrays, requested=None):
     if requested == "fake-cuda":
         requested = _fake_runtime()
     if not hasattr(requested, "builder"):
-        raise ValueError(f"eagle_fx: unknown backend {requested!r}; 'numpy', 'cuda' or 'fake-cuda'")
+        raise ValueError(f"eagle_fx: unknown backend {requested!r}; 'numpy', 'jax', 'cuda' or 'fake-cuda'")
     if on_gpu and requested.name == "fake-cuda":
         raise ValueError("eagle_fx: the fake-cuda backend runs on NumPy arrays; the graph reads a device array")
     return requested
