@@ -66,16 +66,16 @@ class KernelTrace(ProgramTrace):
         line = user_line(self.source.filename)
         return NO_INFO if line is None else EqnInfo(where=where_with_text(self.source, line))
 
-    def process(self, prim, args, params):
-        if prim is prims.P["pow"]:
-            _check_int_power(*args)
-        return super().process(prim, args, params)
-
     def made(self, tracer) -> str:
         var = tracer.var
         if var in self.inputs:
             return f"hawk.kernel {self.kernel_name} (its parameter {var.hint!r})"
         return f"hawk.kernel {self.where_made(tracer)}"
+
+    def process(self, prim, args, params):
+        if prim is prims.P["pow"]:
+            _check_int_power(*args)
+        return super().process(prim, args, params)
 
     def where_made(self, value) -> str:
         """Where the body computed `value` (a tracer), else just the kernel's name."""

@@ -97,17 +97,12 @@ def test_one_cell_planes_broadcast_whichever_call_comes_first(cell_first):
     np.testing.assert_array_equal(g(c, x)(), want)
 
 
-@pytest.mark.parametrize("call, error, fragment", [
-    (lambda g: g(-1), ValueError, "eagle.Graph.launch: the replay count is a whole number >= 0, got -1"),
-    (lambda g: g.enqueue(-2), ValueError, "eagle.Graph.enqueue: the replay count is a whole number >= 0"),
-    (lambda g: g.launch(2.5), TypeError, "replay the graph n times"),
-    (lambda g: g.enqueue(2.5), TypeError, "replay the graph n times"),
-    (lambda g: g(True), TypeError, "replay the graph n times"),
-    (lambda g: g.launch("2"), TypeError, "replay the graph n times")])
-def test_nonsense_replay_counts_are_refused(call, error, fragment):
+@pytest.mark.parametrize("call", [lambda g: g(-1), lambda g: g.launch(2.5), lambda g: g.enqueue(2.5),
+                                  lambda g: g(True), lambda g: g.launch("2")])
+def test_nonsense_replay_counts_are_refused(call):
     y = np.zeros(4)
     g = bumped(np.ones(4), y)
-    refused(error, lambda: call(g), fragment, untouched=[y])
+    refused(ValueError, lambda: call(g), "eagle.Graph.", "replay count is a whole number >= 0", untouched=[y])
     g(np.int64(2))
     np.testing.assert_array_equal(y, np.full(4, 2.0))
     g(0)
