@@ -21,12 +21,13 @@ import numpy as np
 
 from hawk_fx.core import Var
 from hawk_fx.emit.jax import is_jax_array, require_jax
+from hawk_fx.perthread import ThreadStack
 
 from .jax_lower import LoweringError, lower
 
 __all__ = ["JaxExecutable", "LoweringError", "check_arrays", "plane_sharding"]
 
-LAZY: list = []     # non-empty: executables built now compile at their first replay (to_jax stages only)
+LAZY = ThreadStack()     # non-empty: executables this thread builds now compile at their first replay (to_jax)
 
 
 def _arg(names, k):
