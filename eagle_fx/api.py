@@ -35,6 +35,7 @@ from . import cache
 from .transforms.program import TransformError, dce
 
 _STAGING = ThreadStack()     # non-empty: a transform is staging a plain function; transforms return Graphs
+TRACED = ThreadStack()       # non-empty: eagle_fx.to_jax is staging on stand-ins for traced arrays (no values)
 _BATCH_FULL = ThreadDict()   # id(instance array) -> its batched array, while vmap stages an instance
 MADE = weakref.WeakSet()     # the input planes transforms add (seeds, tangents, batched arguments)
 
@@ -119,7 +120,14 @@ def run(g):
 
 def stage(f, args, api):
     """The Graph `f` stages for these arguments: a builder builds it, a transformed function makes
-    it, a plain function must return one (it calls a transform inside: a lambda around jvp)."""
+    it, a plain function must return one (it calls a transform inside: a lambda around jvp).
+    Transforms stage even inside disable_staging(), as JAX's grad and vmap run under disable_jit."""
+    from .eager import disable_staging
+    with disable_staging(False):
+        return _stage(f, args, api)
+
+
+def _stage(f, args, api):
     from .graph import Builder, Graph
     if isinstance(f, Transformed):
         return f.graph(*args)
@@ -292,11 +300,17 @@ class Staged:
 
     def graph(self, prog, extra_planes, tree, n_results):
         from .graph import Graph
-        return Graph._from_program(prog, self.planes + list(extra_planes), tree, n_results, self.n)
+        backend, mesh = self.g._backend_of()
+        return Graph._from_program(prog, self.planes + list(extra_planes), tree, n_results, self.n, backend, mesh)
 
     def capacity(self, trip, e):
         """The most turns a counted loop of trip count `trip` (a Program input) runs: its value now,
         the largest over the instances under vmap."""
+        if trip in self.prog.inputs and TRACED:
+            raise TransformError(f"{self.api}: reverse mode through the counted loop at {e.info.where} saves each of "
+                                 "its turns, and its trip count is an argument traced by JAX (eagle_fx.to_jax: its "
+                                 "value is unknown while staging): cap the loop (`for _ in range(N): if not cell: "
+                                 "break`) so its turns are bounded")
         if trip in self.prog.inputs:
             arr = self.planes[self.prog.inputs.index(trip)].array
             full = _BATCH_FULL.get(id(arr))
@@ -323,7 +337,7 @@ def select_result(g, k):
     part = tree.children[k]
     outs = leaves[start:start + part.num_leaves]
     return Graph._from_program(dce(g.program.replace(outputs=outs)), g._trace.input_planes, part, len(outs),
-                               g._trace.n)
+                               g._trace.n, *g._backend_of())
 
 
 def arg_names(f, n):

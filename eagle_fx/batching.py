@@ -140,7 +140,7 @@ def _batch(f, args, axes, out_axes, api, name):
             outs[j] = v
     bprog = bprog.replace(eqns=eqns, outputs=outs)
     from .graph import Graph
-    return Graph._from_program(bprog, planes, tree, nres, g._trace.n)
+    return Graph._from_program(bprog, planes, tree, nres, g._trace.n, *g._backend_of())
 
 
 def _out_axes(out_axes, tree, nres, api, name):
