@@ -22,6 +22,7 @@ transformed functions and jvp return their Graphs, for the outer transform to ta
 """
 from __future__ import annotations
 
+import inspect
 import weakref
 
 import numpy as np
@@ -147,25 +148,29 @@ def _stage(f, args, api):
                         "or a function returning one transform's result (lambda x, t: eagle_fx.jvp(f, (x,), (t,)))")
     if g._record:
         raise TransformError(f"{api}: a record=True graph cannot be transformed; transform the plain builder")
-    if cache.recording():
-        _check_cacheable(f, args, g)
+    if not isinstance(f, Builder):
+        _check_plain(f, args, g, api)
     return g
 
 
-def _check_cacheable(f, args, g):
-    """A graph the staging cache may replay for new arguments reads only: the arguments (or views
-    of them, which see the arrays it copies in), arrays the function reaches by closure (jit's
-    rule), and planes transforms add. An array made while staging (`a * 2` on an argument in the
-    builder's Python) would keep the first call's values: such a graph is staged at every call."""
+def _check_plain(f, args, g, api):
+    """A builder stages what NumPy does to its arguments; a plain function handed to a transform
+    (`lambda x, t: eagle_fx.jvp(f, (x * 2,), (t,))`) computes on the arrays themselves, and an
+    array it makes is a constant to the graph, read as it was when staged. The graph may read the
+    arguments (or views of them), arrays reached by closure, and planes transforms add; a graph
+    that reads other arrays is not kept by the staging cache (staged at every call), and
+    `g._made` lists them (derivatives refuse to differentiate through them)."""
     leaves = [x for a in args for x in tree_flatten(a, is_leaf=is_array)[0] if isinstance(x, np.ndarray)]
-    known = None
+    known, made = None, []
     for e in g._trace.input_planes:
         if e in MADE or any(e.array is x or np.shares_memory(e.array, x) for x in leaves):
             continue
         known = _closure_arrays(f) if known is None else known
         if id(e.array) not in known:
-            cache.uncacheable()
-            return
+            made.append(e)
+    if made:
+        cache.uncacheable()
+    g._made = made
 
 
 def _closure_arrays(f, depth=2):
@@ -233,7 +238,7 @@ class Staged:
     which builder argument each Program input is (`arg_of`: (argument, leaf) or None)."""
 
     def __init__(self, f, args, api):
-        self.api, self.fname, self.args = api, name_of(f), args
+        self.api, self.f, self.fname, self.args = api, f, name_of(f), args
         self.g = g = stage(f, args, api)
         if any(e.params.get("batch") for e in g.program.eqns):
             raise TransformError(f"{api}: {self.fname} is batched (made by vmap or a Jacobian); differentiate "
@@ -264,13 +269,30 @@ class Staged:
                     self.view_of[hit] = e
         self.n = g._trace.n
 
+    def refuse_made(self, wrt):
+        """A plain function that does not pass a differentiated argument to the graph but hands it
+        arrays it made while staging has, most likely, computed on that argument in Python (x * 2):
+        its derivative would be 0. Refuse rather than answer it."""
+        made = [e for e in getattr(self.g, "_made", ()) if e.array.dtype.kind == "f"]
+        if not made:
+            return
+        read = set(self.arg_of) | set(self.view_of)
+        for a in wrt:
+            if a not in read:
+                names = arg_names(self.f, len(self.args))
+                raise TransformError(f"{self.api}: {self.fname} does not hand argument {names[a[0]]} to the graph, "
+                                     f"but hands it an array of shape {made[0].array.shape} it made while staging "
+                                     "(NumPy on an argument in a plain function, e.g. x * 2): the derivative through "
+                                     "it would be 0. Do that arithmetic inside a builder (it stages NumPy on its "
+                                     "arguments) or in a kernel")
+
     def refuse_views(self, wrt):
         """Derivatives follow the arrays passed to kernels; a view of a differentiated argument made
         in the builder's Python would get no derivative: refuse it rather than answer 0."""
         for a in wrt:
             e = self.view_of.get(a)
             if e is not None:
-                names = arg_names(self.g._builder or self.fname, len(self.args))
+                names = arg_names(self.f, len(self.args))
                 raise TransformError(f"{self.api}: {self.fname} passes a kernel a view of argument {names[a[0]]} "
                                      f"(an array of shape {e.array.shape} sharing its memory, made in Python while "
                                      "staging); derivatives follow the arrays given to kernels: pass the whole "
@@ -319,7 +341,13 @@ def select_result(g, k):
 
 
 def arg_names(f, n):
+    """The names of f's first n parameters (positions where f has no signature to read)."""
     sig_ = getattr(f, "signature", None)
+    if sig_ is None and callable(f) and not isinstance(f, Transformed):
+        try:
+            sig_ = inspect.signature(f)
+        except (TypeError, ValueError):
+            sig_ = None
     names = list(sig_.parameters)[:n] if sig_ is not None else []
     return names + [str(k) for k in range(len(names), n)]
 

@@ -109,8 +109,9 @@ def _jvp_graph(f, primals, tangents, names, api):
 
     def tangent_of(a):
         return None if a is None or t_leaves[a[0]] is None else t_leaves[a[0]][a[1]]
-    s.refuse_views([(k, j) for k, ls in enumerate(t_leaves) if ls is not None
-                    for j, t in enumerate(ls) if t is not None])
+    with_tangent = [(k, j) for k, ls in enumerate(t_leaves) if ls is not None for j, t in enumerate(ls) if t is not None]
+    s.refuse_views(with_tangent)
+    s.refuse_made(with_tangent)
     flags = [tangent_of(a) is not None for a in s.arg_of]
     force = [is_float(v.aval) for v in s.results]
     jp, out_flags = jvp_graph(s.prog, flags, force)
@@ -126,7 +127,6 @@ def _jvp_graph(f, primals, tangents, names, api):
             outs.append(z)
     jp = jp.replace(eqns=eqns)
     t_planes = [Extern(tangent_of(a), f"t_{names[a[0]]}") for a, fl in zip(s.arg_of, flags) if fl]
-    MADE.update(t_planes)
     return graph_of(s, jp, (tree_unflatten(s.tree, outs[:k]), tree_unflatten(s.tree, outs[k:])), t_planes)
 
 
@@ -137,6 +137,7 @@ def vjp_program(s: Staged, wrt, api):
     """The vjp Program of the staged graph: (inputs, a cotangent per float result) -> (results, a
     cotangent per (argument, leaf) in `wrt`, zeros for one the graph does not read)."""
     s.refuse_views(wrt)
+    s.refuse_made(wrt)
     want = set(wrt)
     flags = [a is not None and a in want for a in s.arg_of]
     vp = vjp_graph(s.prog, flags, s.capacity, api)

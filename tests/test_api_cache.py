@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import eagle_fx as ef
+from eagle_fx.transforms.program import TransformError
 import hawk_fx as hawk
 from hawk_fx import Param, Scalar
 from tour_kernels import add, cell, loss, total, wobble
@@ -217,6 +218,28 @@ def test_arrays_made_while_staging_are_not_replayed_stale():
     # the view a[:1] is staged: the gradient reaches a's first cell and none other
     np.testing.assert_allclose(ef.grad(shifted, argnums=1)(x, np.array([1.5, 9.0])),
                                [2 * 1.5 * np.sum(w ** 4), 0.0], rtol=1e-12)
+
+
+def test_a_plain_function_computing_on_its_arguments():
+    @ef.Graph.builder
+    def doubled(x):
+        g = ef.Graph()
+        g.result = total(wobble(x * 2.0))
+        return g
+
+    def numpy_doubled_grad(x):
+        y = 2.0 * x
+        return 2 * np.sin(y) * y * (np.sin(y) + y * np.cos(y)) * 2.0
+    x1, x2 = np.linspace(-1.0, 1.0, 7), np.linspace(0.2, 0.9, 7)
+    # a plain function computes on the arrays themselves: y * 2.0 is a constant to the graph
+    with pytest.raises(TransformError, match=r"<lambda> does not hand argument y to the graph, but hands it an array "
+                                             r"of shape \(7,\) it made while staging"):
+        ef.grad(lambda y: doubled(y * 2.0))(x1)
+    jv = ef.vmap(lambda x, t: ef.jvp(doubled, (x,), (t * 1.0,)))     # a tangent made while staging: not cached
+    for xs in (np.stack([x1, x2]), np.stack([x2, x1])):
+        _, dy = jv(xs, np.ones((2, 7)))
+        np.testing.assert_allclose(dy.ravel(), [numpy_doubled_grad(x).sum() for x in xs], rtol=1e-12)
+    assert jv.cache_info().currsize == 0
 
 
 def test_an_array_reached_by_closure_is_cached_and_read_in_place():
