@@ -336,12 +336,13 @@ class GraphTrace:
                                 "pass arrays, staged planes or Python numbers")
         layout, n = kernel.layout_of(proxies)
         if any(kind == "sample" for kind, *_ in layout):
-            if self.n is None:
+            if self.n is None or (self.n == 1 and n != 1):     # one-cell planes broadcast, whichever call is first
                 self.n = n
             elif n != self.n and n != 1 and n not in self.view_ns:
                 raise ValueError(f"{api}: called on planes of {n} samples in a graph of {self.n}; "
                                  "every plane of one graph has the same sample count")
         spec = kernel.specialize(layout)
+        spec.check_count(n)
         info = self.info()
         out_vars = [Var(ir.plane_aval(spec.result_shape(j, n), spec.result_dtype(j))) for j in range(spec.n_results)]
         handles = [self.new_plane(v.aval, info, v) for v in out_vars]
@@ -726,13 +727,9 @@ class Runtime:
                 if k not in operands:
                     operands.append(k)
         labelled = {j: state[i] for j, (i, _, _) in enumerate(name_outs) if _buffer_named(trace, state[i], names[i])}
-        via_key = {}        # buffers a construct nested in an arm already moved along with their name
+        via_key = {}        # buffers an arm also writes (a construct nested in it moved the name's buffer)
         for j, h0 in list(labelled.items()):
             if h0.key in written:
-                if any(h0.key in s.written and a[j] is not s.read(h0.key) for s, a in zip(scopes, arm_outs)):
-                    raise TypeError(f"eagle.Graph.builder {self.where(line)}: the buffer {h0.label!r} is rebound in an "
-                                    "arm of this device conditional and also written in place through another name; "
-                                    "use one of the two")
                 w = len(name_outs) + written.index(h0.key)
                 for a in arm_outs:          # the buffer leaves each arm holding the name's value there
                     a[w] = a[j]
@@ -931,9 +928,10 @@ class Runtime:
         n_names = len(carried)
         labelled = {j: state[i] for j, i in enumerate(carried) if _buffer_named(trace, state[i], names[i])}
         for j, h0 in labelled.items():
-            if h0.key in inplace:
+            if h0.key in inplace or h0.key in consts:
                 raise TypeError(f"eagle.Graph.builder {self.where(line)}: the buffer {h0.label!r} is rebound in this "
-                                "device loop and also written in place through another name; use one of the two")
+                                "device loop and also read or written through another name inside it (the buffer "
+                                f"holds each turn's value); use {h0.label!r} itself in the loop")
         inplace_pairs = tuple((j, base + j) for j in labelled) \
             + tuple((n_names + j, base + n_names + j) for j in range(len(inplace)))
         info = trace.info()

@@ -16,6 +16,8 @@ from hawk_fx.core import LeakedTracerError
 
 from conftest import line_of
 
+pytestmark = pytest.mark.usefixtures("backend")     # every test on numpy and on jax
+
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
 jnp = jax.numpy

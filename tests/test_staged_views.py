@@ -14,6 +14,8 @@ import hawk_fx as hawk
 import hawk_fx.math as hm
 from hawk_fx import Mutable, Param, Scalar, UInt32, Vector
 
+pytestmark = pytest.mark.usefixtures("backend")     # every test on numpy and on jax
+
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
 jnp = jax.numpy
@@ -445,6 +447,7 @@ def test_a_slice_keeps_the_value_it_was_taken_from(rng):
     np.testing.assert_allclose(got, np.r_[4.0 * y0[:2] ** 3, 0.0, 0.0])     # at y on entry, not 3x
 
 
+@pytest.mark.numpy_only
 def test_a_slice_of_an_unwritten_argument_is_a_view_that_follows_bind(rng):
     x = rng.normal(size=6)
     g = strided(x)

@@ -12,7 +12,7 @@ jax.custom_vjp and jax.vmap (to_jax). Each primitive has one rule in `graph_rule
                             which sees its declared arrays hold the graph's values
     parallel branches       plain dataflow (they are already sequenced in the Program)
     derivative primitives   zeros, add_any, stack_push/read (.at[].set / indexing), cell_inc/rev
-    slice / update          indexing / .at[].set; reshape, concat: jnp.reshape, jnp.concatenate
+    slice / update / reshape / concat   indexing, .at[index].set, jnp.reshape, jnp.concatenate
 
 `inplace` pairs mean nothing here: every output is a new value. Which outputs are the caller's
 written arrays is the executable's concern (backends/jax.py).
@@ -325,11 +325,18 @@ def _stack_read(lw, e, ins):
     return [fit(out, e.outputs[0].aval)]
 
 
-# -- array structure (ir.STRUCTURE): indexing, .at[].set, reshape, concatenate ---------------------
+# -- array structure (views, x[idx] = value, reshape, concatenate): copies, as everywhere here ---------
 
-graph_rules[ir.slice_p] = lambda lw, e, ins: [_jnp().asarray(ins[0])[ir.numpy_index(e.params["index"])]]
-graph_rules[ir.update_p] = lambda lw, e, ins: [
-    _jnp().asarray(ins[0]).at[ir.numpy_index(e.params["index"])].set(_jnp().asarray(ins[1], dtype=ins[0].dtype))]
+graph_rules[ir.slice_p] = lambda lw, e, ins: [fit(_jnp().asarray(ins[0])[ir.numpy_index(e.params["index"])],
+                                                  e.outputs[0].aval)]
 graph_rules[ir.reshape_p] = lambda lw, e, ins: [_jnp().reshape(_jnp().asarray(ins[0]), e.params["shape"])]
-graph_rules[ir.concat_p] = lambda lw, e, ins: [_jnp().concatenate([_jnp().asarray(x) for x in ins],
-                                                                  axis=e.params["axis"])]
+graph_rules[ir.concat_p] = lambda lw, e, ins: [fit(_jnp().concatenate([_jnp().asarray(x) for x in ins],
+                                                                      axis=e.params["axis"]), e.outputs[0].aval)]
+
+
+@graph_rules.register(ir.update_p)
+def _update(lw, e, ins):
+    jnp = _jnp()
+    base, value = jnp.asarray(ins[0]), ins[1]
+    value = jnp.asarray(value).astype(base.dtype)       # NumPy's assignment casts to the base's dtype
+    return [base.at[ir.numpy_index(e.params["index"])].set(value)]
