@@ -73,7 +73,7 @@ def _ufunc_builder(uf):
 
 
 @pytest.mark.parametrize("uf", list(UFUNCS) + list(COMPOSED), ids=[u.__name__ for u in list(UFUNCS) + list(COMPOSED)])
-def test_every_staged_ufunc_matches_numpy_after_each_replay(uf, rng):
+def test_every_staged_ufunc_matches_numpy_after_each_replay(uf, rng, backend):
     x, y = _domain(uf, rng, 6), _domain(uf, rng, 6)
     g = _ufunc_builder(uf)(x, y)
     with np.errstate(all="ignore"):
@@ -143,7 +143,7 @@ IDS = [c[0].__name__ for c in CASES]
 
 
 @pytest.mark.parametrize("builder,jf,shape", CASES, ids=IDS)
-def test_values_follow_the_argument(builder, jf, shape, rng):
+def test_values_follow_the_argument(builder, jf, shape, rng, backend):
     x = rng.normal(size=shape)
     g = builder(x)
     np.testing.assert_allclose(g()[0], float(jf(jnp.asarray(x))), rtol=1e-12)
@@ -194,7 +194,7 @@ def constants(x):
     return g
 
 
-def test_arrays_made_in_the_builder_keep_their_meaning(rng):
+def test_arrays_made_in_the_builder_keep_their_meaning(rng, backend):
     x = rng.normal(size=4)
     g = constants(x)
     out, z = g()
@@ -383,7 +383,7 @@ def functions(x, c):
     return g
 
 
-def test_where_clip_round_astype_copy_follow_the_arguments(rng):
+def test_where_clip_round_astype_copy_follow_the_arguments(rng, backend):
     x, c = rng.normal(size=5), np.array([0.25])
     g = functions(x, c)
     for _ in range(2):

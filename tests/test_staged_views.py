@@ -165,7 +165,7 @@ def _value(jf, x):
 
 
 @pytest.mark.parametrize("builder,jf,shape", CASES, ids=IDS)
-def test_replay_follows_the_argument(builder, jf, shape, rng):
+def test_replay_follows_the_argument(builder, jf, shape, rng, backend):
     x = rng.normal(size=shape)
     g = builder(x)
     np.testing.assert_allclose(g()[0], _value(jf, x), rtol=1e-12)
@@ -247,7 +247,7 @@ def write_rows(x, p):
     return g
 
 
-def test_a_write_through_a_view_lands_in_the_callers_array(rng):
+def test_a_write_through_a_view_lands_in_the_callers_array(rng, backend):
     x, p = rng.normal(size=4), np.zeros((2, 4))
     g = write_rows(x, p)
     out = g()
@@ -267,7 +267,7 @@ def write_then_read(x, y):
     return g
 
 
-def test_a_view_write_is_seen_by_later_reads(rng):
+def test_a_view_write_is_seen_by_later_reads(rng, backend):
     x, y = rng.normal(size=4), np.arange(4.0)
     g = write_then_read(x, y)
     want_y = np.array([0.0, 3 * x[0], 3 * x[1], 3.0])
@@ -317,7 +317,7 @@ def returns_view(x):
     return g
 
 
-def test_a_result_view_reads_the_bound_array(rng):
+def test_a_result_view_reads_the_bound_array(rng, backend):
     x = rng.normal(size=4)
     g = returns_view(x)
     a, b = g()
@@ -350,7 +350,7 @@ def loop_writes_a_view(x, p, n):
     return g
 
 
-def test_a_device_loop_writes_through_a_view(rng):
+def test_a_device_loop_writes_through_a_view(rng, backend):
     x, p = rng.normal(size=5), rng.normal(size=(2, 5))
     want = p.copy()
     for _ in range(3):
@@ -477,7 +477,7 @@ def into_a_view(x, y):
     return g
 
 
-def test_buffer_can_be_a_view(rng):
+def test_buffer_can_be_a_view(rng, backend):
     x, y = rng.normal(size=4), rng.normal(size=4)
     y0 = y.copy()
     out = into_a_view(x, y)()
@@ -591,7 +591,7 @@ def stacks(x, p):
     return g
 
 
-def test_vstack_and_hstack_follow_numpy(rng):
+def test_vstack_and_hstack_follow_numpy(rng, backend):
     x, p = rng.normal(size=4), rng.normal(size=(2, 4))
     g = stacks(x, p)
     for _ in range(2):
