@@ -259,7 +259,7 @@ covered: dict[str, int] = {}
 
 
 def check_program(data, differentiable):
-    prog = Program(data.draw, differentiable, vmappable=differentiable and data.draw(st.booleans()))
+    prog = Program(data.draw, differentiable, vmappable=data.draw(st.booleans()))
     name = f"prog{next(_ids)}"
     src = prog.source(name)
     builder = load(src, name)
@@ -269,11 +269,39 @@ def check_program(data, differentiable):
     try:
         if not differentiable:
             run_both(builder, args, script(data.draw), data.draw, src)
+            if prog.vmappable:
+                check_vmap_forward(builder, args, data.draw, src)
         else:
             check_derivatives(builder, args, prog.vmappable, src)
     except Exception as e:
         e.add_note(f"the generated program:\n{src}")
         raise
+
+
+def check_vmap_forward(builder, args, draw, src):
+    """vmap over every argument but the buffer array, against one eager run per instance: the
+    results and the arguments the program writes (y and the cells), row by row."""
+    B = 3
+    batched = [np.stack([a] + [draw(st.sampled_from([a * 0.5, a[::-1].copy(), a + 0.25])) for _ in range(B - 1)])
+               if a.dtype.kind == "f" else np.array([[draw(st.integers(0, 3))] for _ in range(B)], np.uint32)
+               for a in args[:5]]
+    b0 = args[5]
+    eager_rows = []
+    for i in range(B):
+        row = [a[i].copy() for a in batched] + [b0.copy()]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", eagle.UncappedLoopWarning)
+            with eagle.disable_staging():
+                out = leaves(builder(*row)())
+        eager_rows.append((out, row))
+    staged = [a.copy() for a in batched]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", eagle.UncappedLoopWarning)
+        # vmap of a builder is a builder: its graph writes the batched arguments in place
+        got = leaves(eagle.vmap(builder, in_axes=(0, 0, 0, 0, 0, None))(*staged, b0.copy())())
+    for i, (want, row) in enumerate(eager_rows):
+        same([r[i] for r in got], want, f"vmap instance {i} of\n{src}")
+        same([a[i] for a in staged], row[:5], f"arguments of vmap instance {i} of\n{src}")
 
 
 def eager_value(builder, args):
