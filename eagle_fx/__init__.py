@@ -18,8 +18,10 @@ from .derivatives import grad, jvp, value_and_grad, vjp
 from .jacobians import hessian, jacfwd, jacrev
 from .graph import Branch, Fork, Graph, opaque
 from .staging import UncappedLoopWarning
+from .to_jax import to_jax
 
 __version__ = "0.1.0"
 
-__all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "value_and_grad", "hessian", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning",
-           "clear_caches", "disable_staging"]
+__all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "value_and_grad",
+           "hessian", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning", "clear_caches", "to_jax",
+           "disable_staging"]

@@ -22,6 +22,8 @@ transformed functions and jvp return their Graphs, for the outer transform to ta
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from hawk_fx.core import Var
@@ -32,7 +34,9 @@ from . import cache
 from .transforms.program import TransformError, dce
 
 _STAGING = ThreadStack()     # non-empty: a transform is staging a plain function; transforms return Graphs
+TRACED = ThreadStack()       # non-empty: eagle_fx.to_jax is staging on stand-ins for traced arrays (no values)
 _BATCH_FULL = ThreadDict()   # id(instance array) -> its batched array, while vmap stages an instance
+MADE = weakref.WeakSet()     # the input planes transforms add (seeds, tangents, batched arguments)
 
 
 class Transformed:
@@ -143,7 +147,58 @@ def _stage(f, args, api):
                         "or a function returning one transform's result (lambda x, t: eagle_fx.jvp(f, (x,), (t,)))")
     if g._record:
         raise TransformError(f"{api}: a record=True graph cannot be transformed; transform the plain builder")
+    if cache.recording():
+        _check_cacheable(f, args, g)
     return g
+
+
+def _check_cacheable(f, args, g):
+    """A graph the staging cache may replay for new arguments reads only: the arguments (or views
+    of them, which see the arrays it copies in), arrays the function reaches by closure (jit's
+    rule), and planes transforms add. An array made while staging (`a * 2` on an argument in the
+    builder's Python) would keep the first call's values: such a graph is staged at every call."""
+    leaves = [x for a in args for x in tree_flatten(a, is_leaf=is_array)[0] if isinstance(x, np.ndarray)]
+    known = None
+    for e in g._trace.input_planes:
+        if e in MADE or any(e.array is x or np.shares_memory(e.array, x) for x in leaves):
+            continue
+        known = _closure_arrays(f) if known is None else known
+        if id(e.array) not in known:
+            cache.uncacheable()
+            return
+
+
+def _closure_arrays(f, depth=2):
+    """ids of the arrays a function reaches by name: its globals, closure and defaults, and those
+    of the functions and builders found there, `depth` levels down."""
+    found, seen = set(), set()
+
+    def visit(v, d):
+        if isinstance(v, np.ndarray):
+            found.add(id(v))
+        elif isinstance(v, (list, tuple)):
+            for x in v[:64]:
+                visit(x, d)
+        elif isinstance(v, dict):
+            for x in list(v.values())[:64]:
+                visit(x, d)
+        elif d > 0 and callable(v) and id(v) not in seen:
+            seen.add(id(v))
+            fn = getattr(v, "fn", None) or getattr(v, "__wrapped__", None) or v
+            code = getattr(fn, "__code__", None)
+            glb = getattr(fn, "__globals__", {})
+            for name in (code.co_names if code is not None else ()):
+                if name in glb:
+                    visit(glb[name], d - 1)
+            for cell in getattr(fn, "__closure__", None) or ():
+                try:
+                    visit(cell.cell_contents, d - 1)
+                except ValueError:          # an empty cell
+                    pass
+            for x in getattr(fn, "__defaults__", None) or ():
+                visit(x, d - 1)
+    visit(f, depth + 1)
+    return found
 
 
 def make_program(f):
@@ -199,15 +254,41 @@ class Staged:
                 if isinstance(x, np.ndarray):
                     where.setdefault(id(x), (k, j))
         self.arg_of = [where.get(id(e.array)) for e in self.planes]
+        # planes that are views of an argument (a[:1] in the builder): not followed by derivatives
+        self.view_of = {}
+        for e, a in zip(self.planes, self.arg_of):
+            if a is None and e.array.dtype.kind == "f":
+                hit = next((kj for kj, x in ((kj, self.leaves[kj[0]][kj[1]]) for kj in where.values())
+                            if x.dtype.kind == "f" and np.shares_memory(e.array, x)), None)
+                if hit is not None:
+                    self.view_of[hit] = e
         self.n = g._trace.n
+
+    def refuse_views(self, wrt):
+        """Derivatives follow the arrays passed to kernels; a view of a differentiated argument made
+        in the builder's Python would get no derivative: refuse it rather than answer 0."""
+        for a in wrt:
+            e = self.view_of.get(a)
+            if e is not None:
+                names = arg_names(self.g._builder or self.fname, len(self.args))
+                raise TransformError(f"{self.api}: {self.fname} passes a kernel a view of argument {names[a[0]]} "
+                                     f"(an array of shape {e.array.shape} sharing its memory, made in Python while "
+                                     "staging); derivatives follow the arrays given to kernels: pass the whole "
+                                     "array and index it inside the kernel, or pass the part as its own argument")
 
     def graph(self, prog, extra_planes, tree, n_results):
         from .graph import Graph
-        return Graph._from_program(prog, self.planes + list(extra_planes), tree, n_results, self.n)
+        backend, mesh = self.g._backend_of()
+        return Graph._from_program(prog, self.planes + list(extra_planes), tree, n_results, self.n, backend, mesh)
 
     def capacity(self, trip, e):
         """The most turns a counted loop of trip count `trip` (a Program input) runs: its value now,
         the largest over the instances under vmap."""
+        if trip in self.prog.inputs and TRACED:
+            raise TransformError(f"{self.api}: reverse mode through the counted loop at {e.info.where} saves each of "
+                                 "its turns, and its trip count is an argument traced by JAX (eagle_fx.to_jax: its "
+                                 "value is unknown while staging): cap the loop (`for _ in range(N): if not cell: "
+                                 "break`) so its turns are bounded")
         if trip in self.prog.inputs:
             arr = self.planes[self.prog.inputs.index(trip)].array
             full = _BATCH_FULL.get(id(arr))
@@ -234,7 +315,7 @@ def select_result(g, k):
     part = tree.children[k]
     outs = leaves[start:start + part.num_leaves]
     return Graph._from_program(dce(g.program.replace(outputs=outs)), g._trace.input_planes, part, len(outs),
-                               g._trace.n)
+                               g._trace.n, *g._backend_of())
 
 
 def arg_names(f, n):

@@ -20,6 +20,7 @@ from . import eager, staging, views
 from .analysis import count_nodes, count_stages
 from .autograph import convert_builder
 from .backends import cuda as _cuda
+from .backends import select as _select
 from .backends.numpy import NumpyExecutable
 from .staging import GraphTrace, Plane
 from .backends.fusion import fuse
@@ -148,16 +149,19 @@ class Graph:
     instead of choosing by the arrays' type.
     """
 
-    def __new__(cls, record: bool = False, backend=None):
+    def __new__(cls, record: bool = False, backend=None, mesh=None):
         if cls is Graph and eager._runs:       # the graph of a builder running with staging disabled
             g = eager.new_graph(record, backend)
             if g is not None:
                 return g
         return super().__new__(cls)
 
-    def __init__(self, record: bool = False, backend=None):
+    def __init__(self, record: bool = False, backend=None, mesh=None):
         self._record = bool(record)
-        self._backend = backend      # None: by the arrays (NumPy -> numpy, CuPy -> cuda); see backends.cuda.choose
+        self._backend = backend      # None: by the arrays (NumPy -> numpy, CuPy -> cuda, jax.Array -> jax)
+        self._mesh = mesh            # backend 'jax': a jax.sharding.Mesh the sample axis is split over
+        if mesh is not None and backend not in ("jax", None):
+            raise ValueError(f"eagle.Graph: mesh= is for backend='jax' (got backend={backend!r})")
         self._trace = GraphTrace(self)
         self._result_tree = None
         self._has_result = False
@@ -189,16 +193,21 @@ class Graph:
         with a parameter annotated `eagle_fx.Graph`, which appends to the graph it is given)."""
         return Builder(fn)
 
+    def _backend_of(self):
+        """(backend, mesh) for graphs a transform makes from this one."""
+        return ("jax" if getattr(self._exe, "backend_name", None) == "jax" else None), self._mesh
+
     @classmethod
-    def _from_program(cls, program, input_planes, tree, n_results, n):
-        """A built graph running a Program a transform made: the same verbs as any graph."""
+    def _from_program(cls, program, input_planes, tree, n_results, n, backend=None, mesh=None):
+        """A built graph running a Program a transform made: the same verbs as any graph (on the
+        backend of the graph it was made from: numpy, or jax)."""
         for e in input_planes:
-            if not isinstance(e.array, np.ndarray):
+            if not isinstance(e.array, np.ndarray) and backend != "jax":
                 raise NotImplementedError(f"eagle_fx transforms: graphs made by vmap, grad, jvp and vjp run on the "
                                           f"NumPy backend; argument {e.name or ''} is {type(e.array).__name__}: pass "
                                           "NumPy arrays (cupy.asnumpy) to the transformed function")
         g = cls.__new__(cls)
-        cls.__init__(g)
+        cls.__init__(g, backend=backend, mesh=mesh)
         t = g._trace
         t.input_planes = list(input_planes)
         t.n = n
@@ -210,7 +219,12 @@ class Graph:
         g._result_tree = tree_unflatten(tree, handles) if tree is not None else None
         g._has_result = tree is not None
         g._result_flat = (handles, tree)
-        g._exe = NumpyExecutable(program, [e.array for e in t.input_planes], {h.var for h in handles}, n or 1)
+        arrays = [e.array for e in t.input_planes]
+        if backend == "jax":
+            g._exe = _jax_executable(program, arrays, {h.var for h in handles}, n or 1,
+                                     [e.name for e in t.input_planes], mesh)
+        else:
+            g._exe = NumpyExecutable(program, arrays, {h.var for h in handles}, n or 1)
         g._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
         return g
 
@@ -287,12 +301,28 @@ class Graph:
                 raise TypeError(f"eagle.Graph: g.result holds {type(x).__name__}; a result is a tree of arrays "
                                 "computed in the graph")
         self._program = t.program(outs)
+        for e, v in zip(t.input_planes, self._program.inputs):      # refused now, not at the first replay
+            if isinstance(e.array, np.ndarray) and not e.array.flags.writeable and t.root.current.get(e, v) is not v:
+                who = f"eagle.Graph.builder {self._builder.__name__}" if self._builder else "eagle.Graph"
+                what = f"argument {e.name!r}" if e.name else "an array the builder reaches by closure"
+                raise ValueError(f"{who}: {what} is a read-only array, and the graph writes it in place (a Mutable "
+                                 "or buffer=); pass a writeable array")
         keep = {h.var for h in list(t.handles) + t.buffers if h.var is not None}
         arrays = [e.array for e in t.input_planes]
-        backend = _cuda.choose(arrays, self._backend)         # CuPy arrays: one CUDA graph (backends/cuda.py)
-        if backend != "numpy":
+        backend = _select.choose(arrays, "jax" if self._mesh is not None else self._backend)
+        if backend == "jax" and self._record and self._backend is None and self._mesh is None \
+                and all(isinstance(a, np.ndarray) for a in arrays):
+            backend = "numpy"          # use_backend('jax') around a record=True graph: records are the NumPy backend's
+        if backend == "jax":                                 # one XLA executable (backends/jax.py)
             if self._record:
-                raise NotImplementedError(_cuda.RECORD_REFUSAL)
+                raise NotImplementedError("eagle.Graph: record=True graphs (for eagle_fx.diff) run on the NumPy "
+                                          "backend; for gradients on the jax backend use eagle_fx.grad / vjp with "
+                                          "backend='jax', or eagle_fx.to_jax and jax.grad")
+            self._exe = _jax_executable(self._program, arrays, keep, t.n or 1, [e.name for e in t.input_planes],
+                                        self._mesh)
+        elif backend != "numpy":                             # CuPy arrays: one CUDA graph (backends/cuda.py)
+            if self._record:
+                raise NotImplementedError(_select.RECORD_REFUSAL)
             self._exe = _cuda.CudaExecutable(self._program, arrays, keep, t.n or 1, runtime=backend,
                                              names=[e.name for e in t.input_planes])
         elif self._record:
@@ -392,13 +422,21 @@ class Graph:
 
     def launch(self, n: int = 1) -> "Graph":
         """Replay n times and wait."""
-        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
-            raise TypeError(self._replay_refusal(n))
+        n = self._replay_count(n, "launch")
         self.synchronize()
-        self.build()._exe.replay(int(n))
+        self.build()._exe.replay(n)
         self._fill_pinned()
         self._generation += 1
         return self
+
+    def _replay_count(self, n, verb: str) -> int:
+        """A replay count: a whole number >= 0 (launch(2.5) does not run twice, g(-1) does not run);
+        an array is the user meaning to run on new arrays: say how."""
+        if getattr(n, "ndim", 0) > 0:
+            raise TypeError(self._replay_refusal(n))
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"eagle.Graph.{verb}: the replay count is a whole number >= 0, got {n!r}")
+        return int(n)
 
     def _replay_refusal(self, n):
         """g(x): a Graph replays the arrays bound to it; say how to run it on others."""
@@ -414,25 +452,39 @@ class Graph:
             np.copyto(arr, np.asarray(self._array_of_plane(plane)))
 
     def enqueue(self, n: int = 1) -> "Graph":
-        """Replay n times on a worker thread and return at once; `synchronize()` waits."""
+        """Replay n times on a worker thread and return at once; `synchronize()` waits. Until then
+        the arrays the graph only reads are read-only (a write would tear the replay's results)."""
+        n = self._replay_count(n, "enqueue")
         if self._record:
             raise RuntimeError("eagle.Graph.enqueue: a record=True graph runs with launch(), which waits for the "
                                "run its Record describes")
         self.synchronize()
         exe = self.build()._exe
         if hasattr(exe, "enqueue"):          # a CUDA graph: launched asynchronously on the stream
-            exe.enqueue(int(n))
+            exe.enqueue(n)
             return self
+        locked = [a for a in self._read_inputs() if a.flags.writeable]
+        for a in locked:
+            a.flags.writeable = False
 
         def work():
             try:
-                exe.replay(int(n))
+                exe.replay(n)
                 self._fill_pinned()
             except BaseException as e:   # surfaced by synchronize()
                 self._worker_error = e
+            finally:
+                for a in locked:
+                    a.flags.writeable = True
         self._worker = threading.Thread(target=work, daemon=True)
         self._worker.start()
         return self
+
+    def _read_inputs(self):
+        """The NumPy arrays of the builder's inputs that the graph reads and never writes."""
+        t, prog = self._trace, self._program
+        return [e.array for e, v in zip(t.input_planes, prog.inputs)
+                if isinstance(e.array, np.ndarray) and t.root.current.get(e, v) is v]
 
     def synchronize(self) -> "Graph":
         """Wait for enqueued replays."""
@@ -463,7 +515,7 @@ class Graph:
                 raise ValueError(f"eagle.Graph.bind: {name!r} takes an array of shape {old.shape} and dtype {old.dtype}, "
                                  f"got {type(arr).__name__}: pass np.asarray({name}, dtype=np.{old.dtype.name})")
             if not staging.is_array(arr) or isinstance(arr, np.ndarray) != isinstance(old, np.ndarray) \
-                    or arr.shape != old.shape or arr.dtype != old.dtype:
+                    or tuple(arr.shape) != tuple(old.shape) or arr.dtype != old.dtype:
                 got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
                 raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
                                  "call the builder again")
@@ -471,7 +523,7 @@ class Graph:
                 continue
             i = self._input_names[name]
             entry, v = self._trace.input_planes[i], self._program.inputs[i]
-            if not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
+            if isinstance(arr, np.ndarray) and not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
                 raise ValueError(f"eagle.Graph.bind: {name!r} is a read-only array, and the graph writes this argument "
                                  "in place (a Mutable or buffer=); pass a writeable array")
         for name, arr in arrays.items():
@@ -484,12 +536,30 @@ class Graph:
         self._generation += 1 if self._generation else 0
         return self
 
+    def argument(self, name: str):
+        """The array bound to builder argument `name` now. With jax.Arrays (immutable), a graph that
+        writes the argument (a Mutable, buffer=) rebinds it to the written value at each replay:
+        this returns that value, and the next replay reads it."""
+        self.synchronize()
+        self.build()
+        if name not in self._input_names:
+            known = ", ".join(self._input_names) or "none"
+            raise KeyError(f"eagle.Graph.argument: {name!r} is not an array argument of the builder (it has: {known})")
+        i = self._input_names[name]
+        arrays = getattr(self._exe, "arrays", None)       # the jax backend carries its arguments
+        return arrays[i] if arrays is not None else self._trace.input_planes[i].array
+
     def __repr__(self):
         if self._exe is None and self._program is None:
             return f"<eagle_fx.Graph (staging) {self._trace.seq} nodes, cpu>"
         prog = self.program
         return (f"<eagle_fx.Graph {count_nodes(prog)} nodes, {count_stages(prog)} stages, "
                 f"{getattr(self._exe, 'backend_name', 'cpu')}>")
+
+
+def _jax_executable(program, arrays, keep, n, names, mesh):
+    from .backends.jax import JaxExecutable
+    return JaxExecutable(program, arrays, keep, n, names, mesh)
 
 
 class Builder:

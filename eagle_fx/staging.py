@@ -68,7 +68,10 @@ class Plane(staged_numpy.NdarrayProtocol):
     # reading the value after the graph is built
     def _check_use(self, use="eagle: the value read as an array (np.asarray, print, a NumPy or hawk.math function)"):
         """A plane a builder staged is that builder's: once it has finished, a use elsewhere is a leak."""
-        if self.graph._builder is not None and _finished(self.graph):
+        if self.graph is None:
+            raise TypeError(f"eagle.Graph.builder {_here()}: a builder argument is used before its graph exists; "
+                            "create it first: g = eagle.Graph()")
+        if self.graph._builder is not None and _finished(self.graph) and self.graph not in _HOST_NODES:
             _refuse_foreign(self, use)
 
     def _array(self):
@@ -110,14 +113,10 @@ class Plane(staged_numpy.NdarrayProtocol):
         """The trace to stage `what` into, or None when the graph is built (the plane reads as its
         array); refuses a plane whose graph does not exist yet or one leaked into another builder."""
         if self.graph is None:
-            raise RuntimeError(f"eagle.Graph.builder {_here()}: {what} on a builder argument before the graph "
-                               "exists; create it first: g = eagle.Graph()")
+            raise TypeError(f"eagle.Graph.builder {_here()}: {what} on a builder argument before the graph "
+                            "exists; create it first: g = eagle.Graph()")
         if self.graph._exe is not None:
-            other = active_trace()
-            if other is not None and other.graph is not self.graph:
-                raise ValueError(f"eagle.Graph.builder {_here()}: {what} of a plane of a graph that is already built "
-                                 f"({self.label or self.aval}); it leaked out of its builder: pass arrays between "
-                                 "graphs (the built graph's result arrays), not its staged planes")
+            self._check_use(f"eagle: {what}")       # a builder's plane after its builder finished: a leak
             return None
         return self.graph._trace
 
@@ -126,7 +125,7 @@ class Plane(staged_numpy.NdarrayProtocol):
         t = self.graph._trace
         if shape and shape[-1] != self.aval.shape[-1]:
             t.view_ns.update((shape[-1], self.aval.shape[-1]))
-        h = Plane(self.graph, ir.plane_aval(shape, self.aval.dtype), key=key, info=self.info)
+        h = Plane(self.graph, ir.plane_aval(shape, self.aval.dtype), key=key)     # its name is its own
         t.handles.add(h)
         return h
 
@@ -270,9 +269,13 @@ class GraphTrace:
             raise TypeError(f"{api}: {what} is a value traced inside a kernel body; graphs take arrays")
         if is_array(value):
             return self.extern(value)
-        if type(value).__module__.split(".")[0] in ("cupy", "jax", "jaxlib"):
+        if type(value).__module__.split(".")[0] in ("jax", "jaxlib"):
+            raise NotImplementedError(f"{api}: {what} is a traced {type(value).__name__} (inside jax.jit, jax.grad or "
+                                      "jax.vmap): a builder stages concrete arrays; to call a graph from JAX code, "
+                                      "wrap the builder: eagle_fx.to_jax(builder)")
+        if type(value).__module__.split(".")[0] == "cupy":
             raise NotImplementedError(f"{api}: {what} is a {type(value).__module__}.{type(value).__name__}: graphs run "
-                                      "on NumPy arrays, or on CuPy arrays as CUDA graphs; pass one of those")
+                                      "on NumPy arrays, CuPy arrays (CUDA graphs) or jax.Arrays; pass one of those")
         return None
 
     def new_plane(self, aval, info=None, var=None) -> Plane:
@@ -333,12 +336,13 @@ class GraphTrace:
                                 "pass arrays, staged planes or Python numbers")
         layout, n = kernel.layout_of(proxies)
         if any(kind == "sample" for kind, *_ in layout):
-            if self.n is None:
+            if self.n is None or (self.n == 1 and n != 1):     # one-cell planes broadcast, whichever call is first
                 self.n = n
             elif n != self.n and n != 1 and n not in self.view_ns:
                 raise ValueError(f"{api}: called on planes of {n} samples in a graph of {self.n}; "
                                  "every plane of one graph has the same sample count")
         spec = kernel.specialize(layout)
+        spec.check_count(n)
         info = self.info()
         out_vars = [Var(ir.plane_aval(spec.result_shape(j, n), spec.result_dtype(j))) for j in range(spec.n_results)]
         handles = [self.new_plane(v.aval, info, v) for v in out_vars]
@@ -404,7 +408,7 @@ class GraphTrace:
         info = self.info(name)
         for (j, _), (key, _) in zip(inplace, writes):
             scope.write(key, outs[j])
-        params = dict(fn=node.fn, reads=tuple(node.reads), writes=tuple(node.writes), inplace=tuple(inplace))
+        params = dict(fn=_in_host_node(self.graph, node.fn), reads=tuple(node.reads), writes=tuple(node.writes), inplace=tuple(inplace))
         scope.eqns.append(Eqn(ir.opaque_p, atoms, outs, params, info))
         self.add_access(info, reads, writes, getattr(node.fn, "__name__", "opaque"))
 
@@ -499,6 +503,22 @@ def _refuse_foreign(plane: Plane, use):
             "launch), or compute it in this builder")
     raise ValueError(f"{use} is the staged value{name} of {by}{at}, another graph being built; pass "
                      "arrays between graphs as NumPy arrays")
+
+
+_HOST_NODES = ThreadStack()       # graphs whose host node this thread runs now: their planes read as arrays
+
+
+def _in_host_node(graph, fn):
+    """fn, run so that the planes of `graph` it closes over (a builder's arguments, its buffers) read
+    as the arrays they stand for at that moment, as a host node means."""
+    def host():
+        _HOST_NODES.append(graph)
+        try:
+            return fn()
+        finally:
+            _HOST_NODES.pop()
+    host.__name__ = getattr(fn, "__name__", "opaque")
+    return host
 
 
 _source_stack = ThreadStack()     # this thread's builders being staged (SourceInfo), innermost last

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import prims
 from .core import SAMPLE, UNIFORM, AVal, Program, Tracer, literal_aval
+from .emit.jax import eager_call, is_jax_array
 from .emit.numpy import NumpyKernel, overlapping_inputs
 from .perthread import ThreadStack
 from .roles import Role
@@ -68,7 +69,19 @@ class Specialization:
         self.result_kinds = [a.aval.kind for a in self.prog.outputs[:self.n_results]]
         out_sample = self.result_kinds + [layout[k][0] for k in self.commits]
         self.compiled = NumpyKernel(self.prog, [k == SAMPLE for k in out_sample])
+        # hawk.max/min of no samples has no value (NumPy's empty maximum has no identity)
+        self.extremum = next((e for e in self.prog.eqns if e.prim in (prims.P["sample_max"], prims.P["sample_min"])),
+                             None)
         self.fast = _fast_entry(self)
+
+    def check_count(self, n: int) -> None:
+        """Refuse a call over 0 samples when the body takes hawk.max or hawk.min of them."""
+        if n == 0 and self.extremum is not None:
+            e = self.extremum
+            what = "hawk.max" if e.prim is prims.P["sample_max"] else "hawk.min"
+            at = f" at {e.info.where}" if e.info.where else ""
+            raise ValueError(f"hawk.kernel {self.kernel.name}: {what}{at} over 0 samples has no value (the planes of "
+                             "this call have no samples); call it on at least one sample")
 
     def result_shape(self, j, n):
         aval = self.prog.outputs[j].aval
@@ -154,9 +167,9 @@ def _fast_entry(spec: Specialization):
         for b in range(a):
             shapes.append(f"not may_share(a{spec.commits[a]}, a{spec.commits[b]})")
     for c in spec.commits:            # an input overlapping a Mutable: the full path copies it first
-        for k, entry in enumerate(layout):
+        for k, entry in enumerate(layout):   # (two arrays that own their memory cannot overlap: cheap)
             if k != c and not entry[3]:
-                shapes.append(f"(a{k} is a{c} or not may_share(a{k}, a{c}))")
+                shapes.append(f"(a{k} is a{c} or (a{k}.base is None and a{c}.base is None) or not may_share(a{k}, a{c}))")
     lines = [f"def fast({', '.join(args)}):",
              f"    if not ({' and '.join(types + dtypes) or 'True'}):",
              "        return MISS"]
@@ -167,7 +180,7 @@ def _fast_entry(spec: Specialization):
                   f"    if len(s) != {len(layout[first][2]) + 1}:",
                   "        return MISS",
                   "    n = s[-1]",
-                  "    if n == 1:",
+                  f"    if n {'<=' if spec.extremum is not None else '=='} 1:",
                   "        return MISS"]
     if shapes:
         lines += [f"    if not ({' and '.join(shapes)}):", "        return MISS"]
@@ -224,13 +237,13 @@ def _resolve_roles(fn) -> list[tuple[str, Role]]:
 
 
 def _is_gpu_array(a) -> bool:
-    return type(a).__module__.split(".")[0] in ("cupy", "jax", "jaxlib")
+    return type(a).__module__.split(".")[0] == "cupy"
 
 
 def _is_cuda_array(a) -> bool:
     """A CuPy array (or any __cuda_array_interface__ array): the call runs the emitted CUDA kernel."""
     return ((type(a).__module__.split(".")[0] == "cupy" or hasattr(type(a), "__cuda_array_interface__"))
-            and hasattr(a, "shape") and hasattr(a, "dtype"))
+            and hasattr(a, "shape") and hasattr(a, "dtype") and not is_jax_array(a))
 
 
 def _shape_proxy(a) -> np.ndarray:
@@ -318,7 +331,12 @@ class Kernel:
             if not role.accepts_dtype(dt):
                 raise TypeError(f"{where} is a Python {type(v).__name__} {v!r}; it needs {role.describe_dtype()}")
             return (UNIFORM, dt, (), True)
-        if _is_cuda_array(v):            # laid out by shape and dtype; __call__ runs it on the GPU
+        if is_jax_array(v) and not v.shape and not role.mutable and not role.shape:
+            dt = np.dtype(v.dtype)          # a 0-d jax.Array (a traced scalar): one value for all samples
+            if dt.kind not in "biuf" or not role.accepts_dtype(dt):
+                raise TypeError(f"{where} has dtype {dt}; it needs {role.describe_dtype()}")
+            return (UNIFORM, dt, (), False)
+        if _is_cuda_array(v) or is_jax_array(v):    # laid out by shape and dtype; __call__ runs it there
             v = _shape_proxy(v)
         if not isinstance(v, np.ndarray):
             if _is_gpu_array(v):
@@ -376,10 +394,13 @@ class Kernel:
         values = self.bind_arguments(args, kwargs)
         layout, n = self.layout_of(values)
         spec = self.specialize(layout)
+        if any(is_jax_array(v) for v in values):     # jax.Arrays (or tracers): jax.numpy, jitted
+            return tree_unflatten(spec.tree, eager_call(spec, values, n))
         if any(_is_cuda_array(v) for v in values):   # CuPy arrays: the emitted CUDA kernel, on the GPU
             from eagle_fx.backends.cuda import call_kernel
             return tree_unflatten(spec.tree, call_kernel(spec, values, n))
         self._fast = spec.fast
+        spec.check_count(n)
         if len(spec.commits) > 1:
             targets = [values[k] for k in spec.commits]
             for a in range(len(targets)):

@@ -6,6 +6,13 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# Property tests run a fixed set of examples by default, so a run is reproducible (CI included);
+# HYPOTHESIS_PROFILE=explore draws new examples on every run, to look for new failures.
+settings.register_profile("fixed", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 
 @pytest.fixture
@@ -40,3 +47,28 @@ def refused(exc_type, call, *fragments, untouched=()):
 def file_and_line(fn, fragment: str) -> tuple[str, str]:
     """The two fragments a trace error shows for a user line: the file name and `line N`."""
     return os.path.basename(inspect.getsourcefile(getattr(fn, "__wrapped__", fn))), f"line {line_of(fn, fragment)}"
+
+
+def _on_backend(request):
+    from eagle_fx.backends.select import use_backend
+    if request.param == "jax":
+        if request.node.get_closest_marker("numpy_only"):
+            pytest.skip("about the NumPy backend's own mechanics")
+        jax = pytest.importorskip("jax")
+        jax.config.update("jax_enable_x64", True)
+    with use_backend(request.param):
+        yield request.param
+
+
+@pytest.fixture(params=["numpy", "jax"])
+def backend(request):
+    """Run the test on each final interpreter that evaluates on this machine: graphs built inside
+    run on the NumPy backend, then on the jax backend (one XLA executable per graph). A test about
+    one backend's own mechanics is marked `numpy_only`."""
+    yield from _on_backend(request)
+
+
+@pytest.fixture(params=["numpy", pytest.param("jax", marks=pytest.mark.slow)])
+def backend_heavy(request):
+    """`backend` for modules that build many graphs: their jax run (a compile per graph) is slow."""
+    yield from _on_backend(request)

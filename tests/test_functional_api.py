@@ -6,6 +6,8 @@ import pytest
 import eagle_fx as ef
 from tour_kernels import cell, grow, loss, total, wobble
 
+pytestmark = pytest.mark.usefixtures("backend")     # every test on numpy and on jax
+
 
 def numpy_loss(x, flag, n):
     if flag:

@@ -16,6 +16,8 @@ from hawk_fx import Mutable, Param, Scalar, UInt32
 from hawk_fx import math as hm
 from tour_kernels import add, affine, below, cell, dbl, inc, over, square
 
+pytestmark = pytest.mark.usefixtures("backend")     # every test on numpy and on jax
+
 
 @hawk.kernel
 def odd(t: Scalar, flag: Mutable[UInt32]):

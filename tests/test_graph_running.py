@@ -10,6 +10,8 @@ import hawk_fx as hawk
 from hawk_fx import Mutable, Scalar
 from tour_kernels import accumulate, add, affine, below, cell, dbl, inc, square
 
+pytestmark = pytest.mark.usefixtures("backend")     # every test on numpy and on jax
+
 
 @hawk.kernel
 def bump(s: Scalar, y: Mutable[Scalar]):        # y grows by s at every replay
@@ -216,7 +218,8 @@ def test_enqueue_error_surfaces_at_synchronize():
 # ---------------------------------------------------------------------------------------------
 # repr and the printed Program
 
-def test_repr_counts_nodes_and_stages():
+def test_repr_counts_nodes_and_stages(backend):
+    where = "cpu" if backend == "numpy" else backend
     @eagle_fx.Graph.builder
     def chain3(x):
         g = eagle_fx.Graph()
@@ -246,10 +249,10 @@ def test_repr_counts_nodes_and_stages():
         return g
 
     x0 = np.zeros(3)
-    assert repr(chain3(x0)) == "<eagle_fx.Graph 3 nodes, 3 stages, cpu>"
-    assert repr(diamond(x0)) == "<eagle_fx.Graph 4 nodes, 3 stages, cpu>"
-    assert repr(with_cond(x0, cell(1))) == "<eagle_fx.Graph 4 nodes, 1 stages, cpu>"
-    assert re.fullmatch(r"<eagle_fx\.Graph \d+ nodes, \d+ stages, cpu>", repr(diamond(x0)))
+    assert repr(chain3(x0)) == f"<eagle_fx.Graph 3 nodes, 3 stages, {where}>"
+    assert repr(diamond(x0)) == f"<eagle_fx.Graph 4 nodes, 3 stages, {where}>"
+    assert repr(with_cond(x0, cell(1))) == f"<eagle_fx.Graph 4 nodes, 1 stages, {where}>"
+    assert re.fullmatch(r"<eagle_fx\.Graph \d+ nodes, \d+ stages, " + where + ">", repr(diamond(x0)))
 
 
 def test_printed_program_is_jaxpr_like_with_cond_while_switch():
@@ -427,7 +430,7 @@ def test_bind_strided_views():
     np.testing.assert_array_equal(ys[::2], -1.0)    # the other half of the base array is untouched
 
 
-def test_a_block_extends_a_hand_made_graph_after_a_host_node():
+def test_a_block_extends_a_hand_made_graph_after_a_host_node(backend):
     @eagle_fx.Graph.builder
     def twice(g: eagle_fx.Graph, v):
         return dbl(dbl(v))
@@ -442,7 +445,7 @@ def test_a_block_extends_a_hand_made_graph_after_a_host_node():
     src[:] = [10.0, 20.0, 30.0, 40.0]            # the host node reads src at every replay
     h.launch()
     np.testing.assert_array_equal(np.asarray(z), 4.0 * (src + 1.0))
-    assert repr(h) == "<eagle_fx.Graph 3 nodes, 3 stages, cpu>"
+    assert repr(h) == f"<eagle_fx.Graph 3 nodes, 3 stages, {'cpu' if backend == 'numpy' else backend}>"
 
 
 def test_a_block_returns_a_tree_and_takes_the_graph_by_keyword():
@@ -462,3 +465,25 @@ def test_a_block_returns_a_tree_and_takes_the_graph_by_keyword():
 
     with pytest.raises(TypeError, match="both: its parameter 'g' takes the graph"):
         both(x0, x0)
+
+
+def test_a_host_node_in_a_builder_reads_and_writes_the_arguments_it_closes_over():
+    """Builder arguments are staged planes; a host node closing over them sees, at each replay, the
+    arrays they stand for (the caller's), and its writes land there."""
+    log = []
+    x, y = np.arange(4.0), np.zeros(4)
+
+    @eagle_fx.Graph.builder
+    def hosted(x, y):
+        g = eagle_fx.Graph()
+        accumulate(x, y)                          # y = x + 1
+        g.add_node(eagle_fx.opaque(lambda: (log.append(y.copy()), np.multiply(y, 10.0, out=y)),
+                                   reads={"y": y}, writes={"y": y}), name="scale")
+        g.result = dbl(y)
+        return g
+    g = hosted(x, y)
+    np.testing.assert_allclose(g(), 20.0 * (np.arange(4.0) + 1.0))
+    np.testing.assert_allclose(log[0], np.arange(4.0) + 1.0)
+    np.testing.assert_allclose(y, 10.0 * (np.arange(4.0) + 1.0))
+    x[:] = 5.0
+    np.testing.assert_allclose(g(), 20.0 * 6.0)          # the next replay reads the caller's new x

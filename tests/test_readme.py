@@ -15,3 +15,4 @@ def test_readme_examples_run(tmp_path):
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "[128. 128. 128. 128.]" in run.stdout      # the capped loop doubles 1 until it reaches 128
+    assert "[65536.]" in run.stdout                   # the loss on jax.Arrays: 4 * 128 ** 2

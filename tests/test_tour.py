@@ -73,3 +73,20 @@ def test_tour_notebook_executes_and_matches():
             if out.get("output_type") == "stream" and out.get("name") == "stdout":
                 text += out["text"]
     assert normalise(text.splitlines()) == normalise(EXPECTED)
+
+
+TOUR_ON_JAX = """
+import runpy
+import jax
+jax.config.update("jax_enable_x64", True)
+from eagle_fx.backends.select import use_backend
+with use_backend("jax"):       # every graph of the tour on the jax backend (record=True ones stay on NumPy)
+    runpy.run_module("eagle_fx.tour", run_name="__main__")
+"""
+
+
+def test_the_tour_on_the_jax_backend():
+    pytest.importorskip("jax")
+    run = subprocess.run([sys.executable, "-c", TOUR_ON_JAX], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert normalise(run.stdout.splitlines()) == normalise(EXPECTED)

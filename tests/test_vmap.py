@@ -9,6 +9,8 @@ from hawk_fx import Mutable, Param, Scalar, Vector
 from hawk_fx import math as hm
 from tour_kernels import below, dbl, inc, over
 
+pytestmark = pytest.mark.usefixtures("backend")     # every test on numpy and on jax
+
 
 @hawk.kernel
 def centre(x: Scalar) -> Scalar:

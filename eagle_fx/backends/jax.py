@@ -1,0 +1,194 @@
+"""The JAX backend: a Program compiled once, at build, into one XLA executable.
+
+Two ways in, one lowering (jax_lower.py):
+
+* NumPy arrays with `eagle_fx.Graph(backend="jax")`: the NumPy backend's semantics. Every replay
+  reads the caller's arrays (cells included), runs the executable, and writes the new values of
+  Mutable arguments and `buffer=` arrays back into the caller's arrays; results are stable NumPy
+  arrays the replay overwrites; `bind` swaps an array without compiling again.
+* jax.Array arguments: arrays are immutable, so the graph carries them. A replay reads the arrays
+  bound now; a Mutable write rebinds that argument to the new value (the next replay, and
+  `g.argument(name)`, see it; the caller's jax.Array is unchanged); `g.result` holds the jax.Arrays of
+  the last replay, new arrays each replay. Sharded arguments keep their sharding.
+
+With a `mesh` (a jax.sharding.Mesh, one axis), NumPy planes are split over its devices along the
+sample axis (last); cells and Params are replicated; reductions and loop guards become
+collectives in XLA's partitioner.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hawk_fx.core import Var
+from hawk_fx.emit.jax import is_jax_array, require_jax
+
+from .jax_lower import LoweringError, lower
+
+__all__ = ["JaxExecutable", "LoweringError", "check_arrays", "plane_sharding"]
+
+LAZY: list = []     # non-empty: executables built now compile at their first replay (to_jax stages only)
+
+
+def _arg(names, k):
+    name = names[k] if names and k < len(names) else None
+    return f"argument {name!r}" if name else f"array {k} of the graph (one the builder reads by closure or a buffer=)"
+
+
+def check_arrays(arrays, names, mesh, api="eagle.Graph"):
+    """Refuse, before anything runs, what one executable cannot take: NumPy and jax arrays mixed,
+    jax arrays on different meshes, a mesh whose size does not divide the sample count."""
+    kinds = [is_jax_array(a) for a in arrays]
+    if any(kinds) and not all(kinds):
+        j, h = kinds.index(True), kinds.index(False)
+        raise TypeError(f"{api}: backend 'jax' takes NumPy arrays or jax.Arrays, not both: {_arg(names, j)} is a "
+                        f"jax.Array and {_arg(names, h)} is a {type(arrays[h]).__name__}; pass jnp.asarray(...) "
+                        "for every array (or NumPy arrays for every one)")
+    if all(kinds) and arrays:
+        meshes = []
+        for k, a in enumerate(arrays):
+            m = getattr(getattr(a, "sharding", None), "mesh", None)
+            if m is not None and all(m is not x and m != x for _, x in meshes):
+                meshes.append((k, m))
+        if len(meshes) > 1:
+            (k0, m0), (k1, m1) = meshes[:2]
+            raise ValueError(f"{api}: {_arg(names, k0)} and {_arg(names, k1)} are sharded over different meshes "
+                             f"({dict(m0.shape)} and {dict(m1.shape)}); a graph runs on one mesh: "
+                             "jax.device_put them with one NamedSharding")
+        if mesh is not None and meshes and meshes[0][1] != mesh:
+            raise ValueError(f"{api}: {_arg(names, meshes[0][0])} is sharded over another mesh than the graph's "
+                             "mesh=; drop mesh= (jax.Arrays keep their own sharding) or device_put it on that mesh")
+    return bool(arrays) and all(kinds)
+
+
+def plane_sharding(mesh, shape, n, names=None, k=0, api="eagle.Graph"):
+    """The sharding of one plane on `mesh`: split along the sample axis (last) when the plane has
+    the graph's n samples, replicated otherwise (cells, Params, small arrays)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+    axis = mesh.axis_names[0]
+    size = int(np.prod(list(mesh.shape.values())))
+    if len(shape) and shape[-1] == n and n > 1:
+        if n % size:
+            raise ValueError(f"{api}: {_arg(names, k)} has {n} samples, which {size} devices of the mesh do not "
+                             f"divide; pad the sample axis to a multiple of {size} or use a mesh whose size divides "
+                             f"{n}")
+        return NamedSharding(mesh, PartitionSpec(*([None] * (len(shape) - 1)), axis))
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def _written_inputs(prog):
+    """(output index, input index) for the final value of each written input, and every output Var
+    that is a version of a written input -> that input (it reads as the caller's array, as on the
+    NumPy backend, where every version lives in the caller's buffer)."""
+    root = {v: k for k, v in enumerate(prog.inputs)}
+    for e in prog.eqns:
+        for j, i in e.params.get("inplace", ()) or ():
+            a = e.inputs[i]
+            if isinstance(a, Var) and a in root:
+                root[e.outputs[j]] = root[a]
+    final, every = {}, {}
+    for j, a in enumerate(prog.outputs):
+        if isinstance(a, Var) and a in root and a not in prog.inputs:
+            final[root[a]] = j                  # the written finals come after the results
+            every[a] = root[a]
+    return sorted((j, i) for i, j in final.items()), every
+
+
+class JaxExecutable:
+    backend_name = "jax"
+
+    def __init__(self, prog, input_arrays, keep, n, names=None, mesh=None, compile_now=None):
+        jax = require_jax("eagle.Graph(backend='jax')")
+        self.prog, self.n, self.names, self.mesh = prog, n, list(names or []), mesh
+        self.on_jax = check_arrays(input_arrays, self.names, mesh)
+        self.arrays = list(input_arrays)
+        # what the executable returns: the Program's outputs, then kept values it does not return
+        # (buffer= planes) that are defined at the top level
+        top = {v for e in prog.eqns for v in e.outputs}
+        extra = [v for v in keep if v in top and v not in prog.outputs]
+        self.out_vars = list(prog.outputs) + extra
+        self.written, versions = _written_inputs(prog.replace(outputs=self.out_vars))
+        host = None if self.on_jax else list(self.arrays)
+        why = ("reads and writes host arrays, and this graph's arguments are jax.Arrays; build it on NumPy arrays "
+               "with eagle.Graph(backend='jax')" if self.on_jax else None)
+        fn, self.lowering = lower(prog.replace(outputs=self.out_vars), n, host, why)
+        shardings = None
+        if mesh is not None and not self.on_jax:
+            shardings = [plane_sharding(mesh, np.shape(a), n, self.names, k) for k, a in enumerate(self.arrays)]
+        self.shardings = shardings
+        self._jit = jax.jit(lambda *xs: fn(*xs), in_shardings=shardings)
+        self._compiled = None
+        self.values: dict = {}      # Var -> its value after the last replay (jax mode)
+        self.stable: dict = {}      # Var -> the NumPy array a replay copies it into (NumPy mode)
+        self.written_of = versions
+        if not self.on_jax:
+            for v in self.out_vars:
+                if isinstance(v, Var) and v not in self.written_of and v not in prog.inputs:
+                    self.stable.setdefault(v, np.zeros(v.aval.shape, v.aval.dtype))
+        if compile_now if compile_now is not None else not LAZY:
+            self.compile()
+
+    def compile(self):
+        """Trace and compile for the bound arrays' shapes (and shardings): once per build."""
+        import jax
+        if self._compiled is None:
+            structs = []
+            for k, a in enumerate(self.arrays):
+                sh = getattr(a, "sharding", None) if self.on_jax else (self.shardings[k] if self.shardings else None)
+                structs.append(jax.ShapeDtypeStruct(np.shape(a), np.dtype(a.dtype), sharding=sh))
+            self._compiled = self._jit.lower(*structs).compile()
+        return self._compiled
+
+    # -- running -------------------------------------------------------------------------------
+    def _check_trips(self):
+        for k, cap in self.lowering.trip_checks:
+            t = int(np.max(np.asarray(self.arrays[k])))
+            if t > cap:
+                raise RuntimeError(f"eagle: a differentiated counted loop asks for {t} turns ({_arg(self.names, k)}); "
+                                   f"its stack of saved turns holds {cap} (the trip count when the derivative was "
+                                   "built): build it again with the larger count")
+
+    def _inputs(self):
+        if self.on_jax or self.shardings is None:
+            return self.arrays
+        import jax
+        return [jax.device_put(a, s) for a, s in zip(self.arrays, self.shardings)]
+
+    def replay(self, times: int = 1):
+        import jax
+        run = self.compile()
+        for _ in range(times):
+            if self.lowering.trip_checks:
+                self._check_trips()
+            outs = run(*self._inputs())
+            if self.lowering.has_host:
+                jax.block_until_ready(outs)
+            if self.lowering.host_errors:
+                errors, self.lowering.host_errors[:] = list(self.lowering.host_errors), []
+                raise errors[0]
+            if self.on_jax:
+                for j, i in self.written:
+                    self.arrays[i] = outs[j]
+                self.values = dict(zip(self.out_vars, outs))
+                continue
+            for j, i in self.written:
+                np.copyto(self.arrays[i], np.asarray(outs[j]))
+            for v, x in zip(self.out_vars, outs):
+                dst = self.stable.get(v)
+                if dst is not None:
+                    np.copyto(dst, np.asarray(x))
+
+    def rebind(self, input_index: int, arr):
+        old = self.arrays[input_index]
+        if self.on_jax and getattr(arr, "sharding", None) != getattr(old, "sharding", None):
+            raise ValueError(f"eagle.Graph.bind: {_arg(self.names, input_index)} has another sharding than the array "
+                             "the graph was built with; jax.device_put it with the same sharding")
+        self.arrays[input_index] = arr
+
+    def array_of(self, var):
+        if var in self.written_of:
+            return self.arrays[self.written_of[var]]
+        if var in self.prog.inputs:
+            return self.arrays[self.prog.inputs.index(var)]
+        if self.on_jax:
+            return self.values.get(var)
+        return self.stable.get(var)
