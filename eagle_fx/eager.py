@@ -122,6 +122,7 @@ class EagerGraph:
         self._record = False
         self.result = None
         self._last = None
+        self.buffers: dict = {}
 
     # what the builder's body calls on its graph
     def parallel(self):
@@ -194,6 +195,7 @@ class EagerGraph:
             raise TypeError(f"{self._builder.__name__}: a builder returns its graph: `return g`; declare the arrays "
                             "with `g.result = ...`")
         self._last = self.result
+        self.buffers = dict(run.labels)     # label -> its buffer, holding the label's value after the run
 
 
 def call_builder(builder, args, kwargs):

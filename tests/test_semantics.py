@@ -374,3 +374,29 @@ def test_vmap_picks_arms_by_the_cells_as_they_were_before_an_arm_writes_them():
     np.testing.assert_allclose(got, want_p, rtol=1e-15)
     np.testing.assert_array_equal(C[:, 0], want_c)
     np.testing.assert_array_equal(F[:, 0], want_f)
+
+
+def test_a_label_rebound_in_an_elif_means_its_final_value_in_reverse():
+    # found by the differential fuzzer: the elif (an if nested in the else arm) left the label
+    # meaning the arm's value, which reverse refused as not a value of the run
+    from eagle_fx.diff import reverse
+
+    @eagle.Graph.builder
+    def f(x, c, d):
+        g = eagle.Graph(record=True)
+        keep = square(x, buffer=True)
+        if c:
+            keep = dbl(keep)
+        elif d:
+            keep = inc(keep)
+        g.result = inc(keep)
+        return g
+
+    x = np.array([0.5, -1.0, 2.0])
+    for cv, dv in ((1, 0), (0, 1), (0, 0)):
+        g = f(x, cell(cv), cell(dv))
+        g()
+        r = reverse(g.record, {"keep": np.ones(3)}, wrt=("x",))
+        np.testing.assert_allclose(r["x"], (4.0 if cv else 2.0) * x)         # d sum(keep after the if) / dx
+        r = reverse(g.record, {"result": np.ones(3)}, wrt=("keep",))
+        np.testing.assert_allclose(r["keep"], np.ones(3))
