@@ -220,12 +220,31 @@ def call_block(builder, args, kwargs):
 # the runtime the rewritten builder calls in this mode: Python control flow, cells read as values
 
 def _truth(v, where):
+    if isinstance(v, _DeviceBool):
+        return v.value
     if _is_cell(v):
         return bool(np.asarray(v)[0])
     if _is_device(v):
         raise TypeError(f"eagle.Graph.builder {where}: an array of shape {tuple(v.shape)} and dtype {v.dtype} is "
                         "used as a condition; device conditions are one-cell uint32 arrays")
     return bool(v)
+
+
+class _DeviceBool:
+    """`not cell`, `cell and x`: a Python truth value that came from a cell, so the construct it
+    decides is device flow (a buffer's name rebound there keeps its buffer, as staged)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = bool(value)
+
+    def __bool__(self):
+        return self.value
+
+
+def _device_test(v) -> bool:
+    return _is_cell(v) or isinstance(v, _DeviceBool)
 
 
 class _Turns:
@@ -271,28 +290,32 @@ class EagerRuntime:
         return test
 
     def not_(self, x):
-        return not _truth(x, self.info.name)
+        out = not _truth(x, self.info.name)
+        return _DeviceBool(out) if _device_test(x) else out
+
+    def _logic(self, thunks, is_and):
+        """As staged: a Python operand that decides the expression is its value; cells combine."""
+        cells, v = [], is_and
+        for t in thunks:
+            v = t()
+            if _device_test(v):
+                cells.append(_truth(v, self.info.name))
+            elif bool(_truth(v, self.info.name)) != is_and:
+                return v
+        if not cells:
+            return v
+        return _DeviceBool(all(cells) if is_and else any(cells))
 
     def and_(self, *thunks):
-        v = True
-        for t in thunks:
-            v = t()
-            if not _truth(v, self.info.name):
-                return v
-        return v
+        return self._logic(thunks, True)
 
     def or_(self, *thunks):
-        v = False
-        for t in thunks:
-            v = t()
-            if _truth(v, self.info.name):
-                return v
-        return v
+        return self._logic(thunks, False)
 
     # -- constructs --------------------------------------------------------------------------
     def if_stmt(self, test, true_fn, false_fn, state, names, line):
         out = true_fn(*state) if _truth(test, self.where(line)) else false_fn(*state)
-        return _follow_buffers(state, out, names) if _is_cell(test) else out
+        return _follow_buffers(state, out, names) if _device_test(test) else out
 
     def match_stmt(self, subject, values, fns, default, state, names, line):
         device = _is_cell(subject)
@@ -318,7 +341,7 @@ class EagerRuntime:
         start = state
         for v in iterable:
             c = cond_fn(*state)
-            device |= _is_cell(c)
+            device |= _device_test(c)
             if not _truth(c, self.where(line)):
                 break
             state = tuple(body_fn(v, *state))
@@ -328,7 +351,7 @@ class EagerRuntime:
         start, device = state, False
         while True:
             c = cond_fn(*state)
-            if _is_cell(c) and not device:
+            if _device_test(c) and not device:
                 device = True
                 warnings.warn_explicit(UncappedLoopWarning(
                     f"uncapped device loop at {self.where(line)}: a body that never clears its guard never returns; "
