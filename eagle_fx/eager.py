@@ -122,6 +122,7 @@ class EagerGraph:
         self._record = False
         self.result = None
         self._last = None
+        self.buffers: dict = {}
 
     # what the builder's body calls on its graph
     def parallel(self):
@@ -194,6 +195,7 @@ class EagerGraph:
             raise TypeError(f"{self._builder.__name__}: a builder returns its graph: `return g`; declare the arrays "
                             "with `g.result = ...`")
         self._last = self.result
+        self.buffers = dict(run.labels)     # label -> its buffer, holding the label's value after the run
 
 
 def call_builder(builder, args, kwargs):
@@ -218,12 +220,31 @@ def call_block(builder, args, kwargs):
 # the runtime the rewritten builder calls in this mode: Python control flow, cells read as values
 
 def _truth(v, where):
+    if isinstance(v, _DeviceBool):
+        return v.value
     if _is_cell(v):
         return bool(np.asarray(v)[0])
     if _is_device(v):
         raise TypeError(f"eagle.Graph.builder {where}: an array of shape {tuple(v.shape)} and dtype {v.dtype} is "
                         "used as a condition; device conditions are one-cell uint32 arrays")
     return bool(v)
+
+
+class _DeviceBool:
+    """`not cell`, `cell and x`: a Python truth value that came from a cell, so the construct it
+    decides is device flow (a buffer's name rebound there keeps its buffer, as staged)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = bool(value)
+
+    def __bool__(self):
+        return self.value
+
+
+def _device_test(v) -> bool:
+    return _is_cell(v) or isinstance(v, _DeviceBool)
 
 
 class _Turns:
@@ -269,23 +290,21 @@ class EagerRuntime:
         return test
 
     def not_(self, x):
-        if _is_cell(x):          # `not cell` stays a device condition, as staged
-            return _cell(not _truth(x, self.info.name))
-        return not _truth(x, self.info.name)
+        out = not _truth(x, self.info.name)
+        return _DeviceBool(out) if _device_test(x) else out
 
     def _logic(self, thunks, is_and):
-        """`and`/`or` as staged: a Python value that decides the whole expression is the result; else
-        when a cell took part, the result is a cell (the condition stays a device one)."""
-        device, v = False, is_and
+        """As staged: a Python operand that decides the expression is its value; cells combine."""
+        cells, v = [], is_and
         for t in thunks:
             v = t()
-            if _is_cell(v):
-                device = True
-                if _truth(v, self.info.name) != is_and:
-                    return _cell(not is_and)
+            if _device_test(v):
+                cells.append(_truth(v, self.info.name))
             elif bool(_truth(v, self.info.name)) != is_and:
                 return v
-        return _cell(is_and) if device else v
+        if not cells:
+            return v
+        return _DeviceBool(all(cells) if is_and else any(cells))
 
     def and_(self, *thunks):
         return self._logic(thunks, True)
@@ -296,7 +315,7 @@ class EagerRuntime:
     # -- constructs --------------------------------------------------------------------------
     def if_stmt(self, test, true_fn, false_fn, state, names, line):
         out = true_fn(*state) if _truth(test, self.where(line)) else false_fn(*state)
-        return _follow_buffers(state, _device_flags(out, names), names) if _is_cell(test) else out
+        return _follow_buffers(state, out, names) if _device_test(test) else out
 
     def match_stmt(self, subject, values, fns, default, state, names, line):
         device = _is_cell(subject)
@@ -307,7 +326,7 @@ class EagerRuntime:
                 break
         else:
             out = default(*state) if default is not None else state
-        return _follow_buffers(state, _device_flags(out, names), names) if device else out
+        return _follow_buffers(state, out, names) if device else out
 
     def range_(self, *args):
         if any(_is_device(a) for a in args):
@@ -322,18 +341,17 @@ class EagerRuntime:
         start = state
         for v in iterable:
             c = cond_fn(*state)
-            device |= _is_cell(c)
+            device |= _device_test(c)
             if not _truth(c, self.where(line)):
                 break
             state = tuple(body_fn(v, *state))
-        device |= _broke_on_device(state, names)
         return _follow_buffers(start, state, names) if device else state
 
     def while_stmt(self, cond_fn, body_fn, state, names, line):
         start, device = state, False
         while True:
             c = cond_fn(*state)
-            if _is_cell(c) and not device:
+            if _device_test(c) and not device:
                 device = True
                 warnings.warn_explicit(UncappedLoopWarning(
                     f"uncapped device loop at {self.where(line)}: a body that never clears its guard never returns; "
@@ -341,23 +359,7 @@ class EagerRuntime:
             if not _truth(c, self.where(line)):
                 break
             state = tuple(body_fn(*state))
-        device |= _broke_on_device(state, names)
         return _follow_buffers(start, state, names) if device else state
-
-
-def _cell(truth) -> np.ndarray:
-    return np.array([int(bool(truth))], np.uint32)
-
-
-def _device_flags(out, names):
-    """A loop's break flag set under a device if/match is a device flag (staged, the arms differ)."""
-    return tuple(_cell(v) if n.startswith("__brk_") and isinstance(v, (bool, np.bool_)) else v
-                 for v, n in zip(out, names))
-
-
-def _broke_on_device(state, names) -> bool:
-    """A loop whose break was decided by a cell is device flow (staged, its guard becomes a cell)."""
-    return any(n.startswith("__brk_") and _is_cell(v) for v, n in zip(state, names))
 
 
 def _follow_buffers(before, after, names):

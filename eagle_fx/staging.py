@@ -290,7 +290,8 @@ class GraphTrace:
         h.label, h.kept = old.label, True
         self.handles.add(h)
         self.scope.write(h.key, var)
-        self.buffers[:] = [h if b is old else b for b in self.buffers]
+        # the buffer's entry, even one a construct nested inside this one already moved on
+        self.buffers[:] = [h if b.key is old.key and b.label == old.label else b for b in self.buffers]
         return h
 
     # -- equations ---------------------------------------------------------------------------

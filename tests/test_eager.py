@@ -328,3 +328,26 @@ def test_transforms_stage_inside_disable_staging():
         batched = np.asarray(eagle.vmap(loss)(np.stack([x, 2.0 * x]))())
     np.testing.assert_allclose(got, 0.2 * (np.sin(x) * x) * (np.cos(x) * x + np.sin(x)), rtol=1e-12)
     np.testing.assert_allclose(batched.reshape(2), [0.1 * np.sum((np.sin(r) * r) ** 2) for r in (x, 2.0 * x)], rtol=1e-12)
+
+
+def test_a_capped_loop_is_device_flow_in_eager_runs_too():
+    # found by the differential fuzzer: `if not flag: break` made the guard a Python bool, so the
+    # eager run did not leave the rebound name's value in its buffer
+    M = np.zeros(4)
+
+    @eagle.Graph.builder
+    def f(x, flag, stop):
+        g = eagle.Graph()
+        own = inc(x, buffer=M)
+        for _ in range(3):
+            if not flag: break
+            own = dbl(own)
+            if stop and flag: break
+        g.result = own
+        return g
+
+    for stop in (0, 1):
+        with eagle.disable_staging():
+            e = f(x, cell(1), cell(stop))
+        np.testing.assert_array_equal(e(), (x + 1.0) * (2.0 if stop else 8.0))
+        np.testing.assert_array_equal(M, (x + 1.0) * (2.0 if stop else 8.0))

@@ -45,6 +45,7 @@ class Program:
         self.draw, self.diff, self.vmappable = draw, differentiable, vmappable
         self.used: set[str] = set()
         self.forks = 0
+        self.label = None           # the name labelled buffer=, if any
 
     def pick(self, seq):
         return seq[self.draw(st.integers(0, len(seq) - 1))]
@@ -168,6 +169,7 @@ class Program:
         if labelled != "none":
             self.used.add("buffer")
             k = self.draw(st.integers(0, 3))
+            self.label = PLANES[k]
             heads[k] = heads[k][:-1] + (", buffer=True)" if labelled == "true" else ", buffer=b0)")
         lines += [(1, h) for h in heads]
         lines += _indent(self.block(0))
@@ -261,7 +263,7 @@ covered: dict[str, int] = {}
 
 
 def check_program(data, differentiable):
-    prog = Program(data.draw, differentiable, vmappable=differentiable and data.draw(st.booleans()))
+    prog = Program(data.draw, differentiable, vmappable=data.draw(st.booleans()))
     name = f"prog{next(_ids)}"
     src = prog.source(name)
     builder = load(src, name)
@@ -271,11 +273,39 @@ def check_program(data, differentiable):
     try:
         if not differentiable:
             run_both(builder, args, script(data.draw), data.draw, src)
+            if prog.vmappable:
+                check_vmap_forward(builder, args, data.draw, src)
         else:
-            check_derivatives(builder, args, prog.vmappable, src)
+            check_derivatives(builder, args, prog.vmappable, src, prog.label)
     except Exception as e:
         e.add_note(f"the generated program:\n{src}")
         raise
+
+
+def check_vmap_forward(builder, args, draw, src):
+    """vmap over every argument but the buffer array, against one eager run per instance: the
+    results and the arguments the program writes (y and the cells), row by row."""
+    B = 3
+    batched = [np.stack([a] + [draw(st.sampled_from([a * 0.5, a[::-1].copy(), a + 0.25])) for _ in range(B - 1)])
+               if a.dtype.kind == "f" else np.array([[draw(st.integers(0, 3))] for _ in range(B)], np.uint32)
+               for a in args[:5]]
+    b0 = args[5]
+    eager_rows = []
+    for i in range(B):
+        row = [a[i].copy() for a in batched] + [b0.copy()]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", eagle.UncappedLoopWarning)
+            with eagle.disable_staging():
+                out = leaves(builder(*row)())
+        eager_rows.append((out, row))
+    staged = [a.copy() for a in batched]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", eagle.UncappedLoopWarning)
+        # vmap of a builder is a builder: its graph writes the batched arguments in place
+        got = leaves(eagle.vmap(builder, in_axes=(0, 0, 0, 0, 0, None))(*staged, b0.copy())())
+    for i, (want, row) in enumerate(eager_rows):
+        same([r[i] for r in got], want, f"vmap instance {i} of\n{src}")
+        same([a[i] for a in staged], row[:5], f"arguments of vmap instance {i} of\n{src}")
 
 
 def eager_value(builder, args):
@@ -284,7 +314,15 @@ def eager_value(builder, args):
         return np.asarray(builder(*a)()).reshape(-1)[0]
 
 
-def check_derivatives(builder, args, vmappable, src):
+def eager_buffer_sum(builder, args, label):
+    a = copy.deepcopy(args)
+    with eagle.disable_staging():
+        e = builder(*a)
+        e()
+    return float(np.sum(e.buffers[label]))
+
+
+def check_derivatives(builder, args, vmappable, src, label=None):
     x, rest = args[0], args[1:]
     f_eager = lambda x_: eager_value(builder, [x_] + list(rest))
     h = 1e-6
@@ -297,6 +335,13 @@ def check_derivatives(builder, args, vmappable, src):
     g()
     r = eagle.diff.reverse(g.record, {"result": np.ones_like(g.result)}, wrt=("x",))["x"]
     np.testing.assert_allclose(r, fd, rtol=1e-5, atol=1e-5 * scale, err_msg=f"record/reverse of\n{src}")
+    if label is not None:
+        # a label as a seed means the buffer's value after the run, wherever device flow rebound it
+        fd_l = np.array([(eager_buffer_sum(builder, [x + h * e] + list(rest), label)
+                          - eager_buffer_sum(builder, [x - h * e] + list(rest), label)) / (2 * h) for e in np.eye(N)])
+        r = eagle.diff.reverse(g.record, {label: np.ones(N)}, wrt=("x",))["x"]
+        np.testing.assert_allclose(r, fd_l, rtol=1e-5, atol=1e-5 * (1.0 + np.max(np.abs(fd_l))),
+                                   err_msg=f"reverse seeded at the label {label!r} of\n{src}")
     t = np.linspace(-1.0, 1.0, N)
     out, tan = eagle.jvp(lambda x_: builder(x_, *copy.deepcopy(rest)), (x.copy(),), (t,))
     np.testing.assert_allclose(np.asarray(out).reshape(-1)[0], f_eager(x), rtol=1e-12, err_msg=f"jvp value of\n{src}")

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import eagle_fx as eagle
-from tour_kernels import cell, dbl, inc
+from fuzz_kernels import half
+from tour_kernels import below, cell, dbl, inc
 
 
 def _chain_reference(x, turns):
@@ -329,3 +330,73 @@ def test_vmap_over_the_trip_count_of_a_loop_that_carries_nothing():
     C = np.array([[0], [1], [3]], np.uint32)
     got = np.asarray(eagle.vmap(lambda x, c: idle_loop(x, c))(X, C))
     np.testing.assert_array_equal(got, X + 1.0)
+
+
+@eagle.Graph.builder
+def arm_writes_its_selector(x, c, f):
+    g = eagle.Graph()
+    p = dbl(x)
+    match c:
+        case 1:
+            p = inc(p)
+        case _:
+            below(p, 100.0, c)      # this arm rewrites the cell that chose it
+            p = half(p)
+    if f:
+        p = inc(p)
+    else:
+        below(p, 100.0, f)
+        p = dbl(p)
+    g.result = p
+    return g
+
+
+def test_vmap_picks_arms_by_the_cells_as_they_were_before_an_arm_writes_them():
+    # found by the differential fuzzer: batched arms were chosen after one arm had written the cell
+    X = np.array([[0.5, 1.0, -1.0], [2.0, 0.0, 1.0], [-0.5, 3.0, 0.25]])
+    C = np.array([[1], [0], [2]], np.uint32)
+    F = np.array([[0], [1], [0]], np.uint32)
+    want_p, want_c, want_f = [], [], []
+    for x, c, f in zip(X, C[:, 0], F[:, 0]):
+        p = 2.0 * x
+        if c == 1:
+            p = p + 1.0
+        else:
+            c = np.sum(p < 100.0)
+            p = 0.5 * p + 1.0
+        if f:
+            p = p + 1.0
+        else:
+            f = np.sum(p < 100.0)
+            p = 2.0 * p
+        want_p.append(p), want_c.append(c), want_f.append(f)
+    got = eagle.vmap(arm_writes_its_selector)(X, C, F)()
+    np.testing.assert_allclose(got, want_p, rtol=1e-15)
+    np.testing.assert_array_equal(C[:, 0], want_c)
+    np.testing.assert_array_equal(F[:, 0], want_f)
+
+
+def test_a_label_rebound_in_an_elif_means_its_final_value_in_reverse():
+    # found by the differential fuzzer: the elif (an if nested in the else arm) left the label
+    # meaning the arm's value, which reverse refused as not a value of the run
+    from eagle_fx.diff import reverse
+
+    @eagle.Graph.builder
+    def f(x, c, d):
+        g = eagle.Graph(record=True)
+        keep = square(x, buffer=True)
+        if c:
+            keep = dbl(keep)
+        elif d:
+            keep = inc(keep)
+        g.result = inc(keep)
+        return g
+
+    x = np.array([0.5, -1.0, 2.0])
+    for cv, dv in ((1, 0), (0, 1), (0, 0)):
+        g = f(x, cell(cv), cell(dv))
+        g()
+        r = reverse(g.record, {"keep": np.ones(3)}, wrt=("x",))
+        np.testing.assert_allclose(r["x"], (4.0 if cv else 2.0) * x)         # d sum(keep after the if) / dx
+        r = reverse(g.record, {"result": np.ones(3)}, wrt=("keep",))
+        np.testing.assert_allclose(r["keep"], np.ones(3))

@@ -342,6 +342,10 @@ class NumpyExecutable(SlotPlanner):
         pred, operands = e.inputs[0], list(e.inputs[1:])
         written = [i - 1 for _, i in e.params["inplace"]]
         arms = e.params["branches"]
+        if isinstance(pred, Var):       # read the selector once: an arm may write that cell in place
+            p = self._sub_slot(pred.aval)
+            g.emit(d, f"np.copyto(b{p}, {self.b(pred)})")
+            pred = self._ref(p, pred.aval)
         arm_outs = []
         for arm in arms:
             t_slots = [self._sub_slot(v.aval) for v in e.outputs]
