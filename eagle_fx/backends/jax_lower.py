@@ -137,7 +137,8 @@ def _opaque(lw, e, ins):
         # and the executable raises it instead of writing anything back
         if not lw.host_errors:
             for arr, v in zip(arrays, values):
-                np.copyto(arr, np.asarray(v))
+                if arr.flags.writeable:           # a read-only array was never written by the graph
+                    np.copyto(arr, np.asarray(v))
             try:
                 fn()
             except BaseException as exc:
