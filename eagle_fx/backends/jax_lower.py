@@ -137,7 +137,7 @@ def _opaque(lw, e, ins):
         # and the executable raises it instead of writing anything back
         if not lw.host_errors:
             for arr, v in zip(arrays, values):
-                if arr.flags.writeable:           # a read-only array was never written by the graph
+                if arr.flags.writeable:     # read-only: an input the graph only reads (enqueue locks it), current
                     np.copyto(arr, np.asarray(v))
             try:
                 fn()
