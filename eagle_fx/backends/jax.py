@@ -118,7 +118,9 @@ class JaxExecutable:
         self.shardings = shardings
         self._jit = jax.jit(lambda *xs: fn(*xs), in_shardings=shardings)
         self._compiled = None
-        self.values: dict = {}      # Var -> its value after the last replay (jax mode)
+        self.values = None          # the outputs of the last replay (jax mode), in out_vars order
+        self.out_index = {v: j for j, v in reversed(list(enumerate(self.out_vars)))}
+        self.input_index = {v: k for k, v in enumerate(prog.inputs)}
         self.stable: dict = {}      # Var -> the NumPy array a replay copies it into (NumPy mode)
         self.written_of = versions
         if not self.on_jax:
@@ -155,21 +157,22 @@ class JaxExecutable:
         return [jax.device_put(a, s) for a, s in zip(self.arrays, self.shardings)]
 
     def replay(self, times: int = 1):
-        import jax
-        run = self.compile()
+        run = self._compiled or self.compile()
+        lw = self.lowering
         for _ in range(times):
-            if self.lowering.trip_checks:
+            if lw.trip_checks:
                 self._check_trips()
             outs = run(*self._inputs())
-            if self.lowering.has_host:
+            if lw.has_host:
+                import jax
                 jax.block_until_ready(outs)
-            if self.lowering.host_errors:
-                errors, self.lowering.host_errors[:] = list(self.lowering.host_errors), []
+            if lw.host_errors:
+                errors, lw.host_errors[:] = list(lw.host_errors), []
                 raise errors[0]
             if self.on_jax:
                 for j, i in self.written:
                     self.arrays[i] = outs[j]
-                self.values = dict(zip(self.out_vars, outs))
+                self.values = outs
                 continue
             for j, i in self.written:
                 np.copyto(self.arrays[i], np.asarray(outs[j]))
@@ -188,8 +191,10 @@ class JaxExecutable:
     def array_of(self, var):
         if var in self.written_of:
             return self.arrays[self.written_of[var]]
-        if var in self.prog.inputs:
-            return self.arrays[self.prog.inputs.index(var)]
+        k = self.input_index.get(var)
+        if k is not None:
+            return self.arrays[k]
         if self.on_jax:
-            return self.values.get(var)
+            j = self.out_index.get(var)
+            return None if j is None or self.values is None else self.values[j]
         return self.stable.get(var)
