@@ -24,7 +24,7 @@ from jax import lax  # noqa: E402
 
 import eagle_fx as eagle  # noqa: E402
 import hawk_fx as hawk  # noqa: E402
-from eagle_fx.backends.cuda import use_backend  # noqa: E402
+from eagle_fx.backends.select import use_backend  # noqa: E402
 from hawk_fx import Scalar  # noqa: E402
 from workloads import k1, k2, w_chain, w_fork, w_loop  # noqa: E402
 

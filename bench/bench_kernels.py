@@ -1,6 +1,7 @@
 """Kernel call cost against the same expression hand-written in NumPy, in one process.
 
-Two bodies: ten arithmetic ops, and four transcendental ops. Each is timed at n = 8 (call
+Three bodies: ten arithmetic ops, four transcendental ops, and an in-place update of a Mutable
+(whose call also checks that no input overlaps the Mutable). Each is timed at n = 8 (call
 overhead dominates) and n = 1e6 (memory traffic dominates) as the median of many repeats.
 Targets: kernel / numpy <= 2 at n = 8 and <= 1.0 at n = 1e6. Large calls spread their chunks
 over hawk_fx.emit.numpy.THREADS threads; the n = 1e6 rows are repeated with one thread.
@@ -18,7 +19,7 @@ import numpy as np
 import hawk_fx as hawk
 import hawk_fx.emit.numpy as emit_numpy
 import hawk_fx.math as hm
-from hawk_fx import Param, Scalar
+from hawk_fx import Mutable, Param, Scalar
 
 
 @hawk.kernel
@@ -47,6 +48,15 @@ def transc_np(x, y):
     return np.exp(np.sin(x)) + np.log1p(np.sqrt(y))
 
 
+@hawk.kernel
+def smooth(s: Scalar, y: Mutable[Scalar]):
+    y = 0.5 * s + 0.5 * y
+
+
+def smooth_np(s, y):
+    y[...] = 0.5 * s + 0.5 * y
+
+
 def paired_medians(kernel_call, numpy_call, number, repeat):
     """Median seconds per call of each, their repeats interleaved so both see the same machine."""
     tk, tn = [], []
@@ -70,6 +80,8 @@ def main(quick=False):
             number, repeat = max(1, number // 10), 7
         cases = [("arith (10 ops)", lambda: arith(x, y, 1.5, 0.25), lambda: arith_np(x, y, 1.5, 0.25)),
                  ("transc (4 ops)", lambda: transc(x, y), lambda: transc_np(x, y))]
+        yk, yn = y.copy(), y.copy()
+        cases.append(("mutable (3 ops)", lambda: (smooth(x, yk), yk)[1], lambda: (smooth_np(x, yn), yn)[1]))
         for name, k, ref in cases:
             np.testing.assert_allclose(k(), ref(), rtol=1e-12)     # same values, and warmed up
             tk, tn = paired_medians(k, ref, number, repeat)

@@ -11,6 +11,7 @@
 """
 from . import diff
 from .cache import clear_caches
+from .eager import disable_staging
 from .api import make_graph, make_program
 from .batching import vmap
 from .derivatives import grad, jvp, value_and_grad, vjp
@@ -22,4 +23,5 @@ from .to_jax import to_jax
 __version__ = "0.1.0"
 
 __all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "value_and_grad",
-           "hessian", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning", "clear_caches", "to_jax"]
+           "hessian", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning", "clear_caches", "to_jax",
+           "disable_staging"]

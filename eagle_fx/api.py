@@ -22,6 +22,8 @@ transformed functions and jvp return their Graphs, for the outer transform to ta
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from hawk_fx.core import Var
@@ -34,6 +36,7 @@ from .transforms.program import TransformError, dce
 _STAGING = ThreadStack()     # non-empty: a transform is staging a plain function; transforms return Graphs
 TRACED = ThreadStack()       # non-empty: eagle_fx.to_jax is staging on stand-ins for traced arrays (no values)
 _BATCH_FULL = ThreadDict()   # id(instance array) -> its batched array, while vmap stages an instance
+MADE = weakref.WeakSet()     # the input planes transforms add (seeds, tangents, batched arguments)
 
 
 class Transformed:
@@ -116,7 +119,14 @@ def run(g):
 
 def stage(f, args, api):
     """The Graph `f` stages for these arguments: a builder builds it, a transformed function makes
-    it, a plain function must return one (it calls a transform inside: a lambda around jvp)."""
+    it, a plain function must return one (it calls a transform inside: a lambda around jvp).
+    Transforms stage even inside disable_staging(), as JAX's grad and vmap run under disable_jit."""
+    from .eager import disable_staging
+    with disable_staging(False):
+        return _stage(f, args, api)
+
+
+def _stage(f, args, api):
     from .graph import Builder, Graph
     if isinstance(f, Transformed):
         return f.graph(*args)
@@ -137,7 +147,58 @@ def stage(f, args, api):
                         "or a function returning one transform's result (lambda x, t: eagle_fx.jvp(f, (x,), (t,)))")
     if g._record:
         raise TransformError(f"{api}: a record=True graph cannot be transformed; transform the plain builder")
+    if cache.recording():
+        _check_cacheable(f, args, g)
     return g
+
+
+def _check_cacheable(f, args, g):
+    """A graph the staging cache may replay for new arguments reads only: the arguments (or views
+    of them, which see the arrays it copies in), arrays the function reaches by closure (jit's
+    rule), and planes transforms add. An array made while staging (`a * 2` on an argument in the
+    builder's Python) would keep the first call's values: such a graph is staged at every call."""
+    leaves = [x for a in args for x in tree_flatten(a, is_leaf=is_array)[0] if isinstance(x, np.ndarray)]
+    known = None
+    for e in g._trace.input_planes:
+        if e in MADE or any(e.array is x or np.shares_memory(e.array, x) for x in leaves):
+            continue
+        known = _closure_arrays(f) if known is None else known
+        if id(e.array) not in known:
+            cache.uncacheable()
+            return
+
+
+def _closure_arrays(f, depth=2):
+    """ids of the arrays a function reaches by name: its globals, closure and defaults, and those
+    of the functions and builders found there, `depth` levels down."""
+    found, seen = set(), set()
+
+    def visit(v, d):
+        if isinstance(v, np.ndarray):
+            found.add(id(v))
+        elif isinstance(v, (list, tuple)):
+            for x in v[:64]:
+                visit(x, d)
+        elif isinstance(v, dict):
+            for x in list(v.values())[:64]:
+                visit(x, d)
+        elif d > 0 and callable(v) and id(v) not in seen:
+            seen.add(id(v))
+            fn = getattr(v, "fn", None) or getattr(v, "__wrapped__", None) or v
+            code = getattr(fn, "__code__", None)
+            glb = getattr(fn, "__globals__", {})
+            for name in (code.co_names if code is not None else ()):
+                if name in glb:
+                    visit(glb[name], d - 1)
+            for cell in getattr(fn, "__closure__", None) or ():
+                try:
+                    visit(cell.cell_contents, d - 1)
+                except ValueError:          # an empty cell
+                    pass
+            for x in getattr(fn, "__defaults__", None) or ():
+                visit(x, d - 1)
+    visit(f, depth + 1)
+    return found
 
 
 def make_program(f):
@@ -193,7 +254,27 @@ class Staged:
                 if isinstance(x, np.ndarray):
                     where.setdefault(id(x), (k, j))
         self.arg_of = [where.get(id(e.array)) for e in self.planes]
+        # planes that are views of an argument (a[:1] in the builder): not followed by derivatives
+        self.view_of = {}
+        for e, a in zip(self.planes, self.arg_of):
+            if a is None and e.array.dtype.kind == "f":
+                hit = next((kj for kj, x in ((kj, self.leaves[kj[0]][kj[1]]) for kj in where.values())
+                            if x.dtype.kind == "f" and np.shares_memory(e.array, x)), None)
+                if hit is not None:
+                    self.view_of[hit] = e
         self.n = g._trace.n
+
+    def refuse_views(self, wrt):
+        """Derivatives follow the arrays passed to kernels; a view of a differentiated argument made
+        in the builder's Python would get no derivative: refuse it rather than answer 0."""
+        for a in wrt:
+            e = self.view_of.get(a)
+            if e is not None:
+                names = arg_names(self.g._builder or self.fname, len(self.args))
+                raise TransformError(f"{self.api}: {self.fname} passes a kernel a view of argument {names[a[0]]} "
+                                     f"(an array of shape {e.array.shape} sharing its memory, made in Python while "
+                                     "staging); derivatives follow the arrays given to kernels: pass the whole "
+                                     "array and index it inside the kernel, or pass the part as its own argument")
 
     def graph(self, prog, extra_planes, tree, n_results):
         from .graph import Graph

@@ -262,8 +262,9 @@ class _Pass(ast.NodeTransformer):
         return node
 
 
-def convert_builder(fn):
-    """The rewritten builder or block, and where it lives (for messages)."""
+def convert_builder(fn, runtime_type=None):
+    """The rewritten builder or block, and where it lives (for messages). Its control flow calls a
+    staging.Runtime, or `runtime_type` (the eager runtime of disable_staging)."""
     from . import staging
     fdef, info = parse_function(fn, "eagle.Graph.builder")
     for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs:
@@ -271,5 +272,5 @@ def convert_builder(fn):
     fdef.returns = None
     p = _Pass(info)
     fdef.body = p._block(fdef.body)
-    runtime = staging.Runtime(info)
+    runtime = (runtime_type or staging.Runtime)(info)
     return recompile(fn, fdef, {RT: runtime}), info

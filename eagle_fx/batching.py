@@ -9,7 +9,7 @@ from hawk_fx.core import Eqn, Var
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from . import cache, ir
-from .api import _BATCH_FULL, Transformed, is_array, name_of, sig, stage
+from .api import _BATCH_FULL, MADE, Transformed, is_array, name_of, sig, stage
 from .staging import Extern
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
 
@@ -122,6 +122,8 @@ def _batch(f, args, axes, out_axes, api, name):
         big = full.get(id(e.array))
         flags.append(big is not None)
         planes.append(Extern(big if big is not None else e.array, e.name))
+        if e in MADE:
+            MADE.add(planes[-1])
     bprog, out_flags = batch_program(prog, flags, B)
     leaves, tree = g._result_vars() if g._has_result else ([], None)
     outs = list(bprog.outputs)

@@ -50,8 +50,14 @@ def note_capacity(array, value):
         _RECORDING[-1].caps.append((array, value))
 
 
+def recording():
+    """Whether an entry of the cache is being staged now (in this thread)."""
+    return bool(_RECORDING)
+
+
 def uncacheable():
-    """The graph being staged reads arrays derived from the arguments by copying."""
+    """The graph being staged reads arrays derived from the arguments by copying, or made while it
+    was staged: it is not kept, and the next call stages again."""
     if _RECORDING:
         _RECORDING[-1].cacheable = False
 

@@ -15,7 +15,7 @@ from hawk_fx.diff import match_tree
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from . import cache, ir
-from .api import (_STAGING, Staged, Transformed, arg_names, argnums_of, float_array, graph_of, is_array, name_of,
+from .api import (_STAGING, MADE, Staged, Transformed, arg_names, argnums_of, float_array, graph_of, is_array, name_of,
                   run, sig)
 from .staging import Extern
 from .transforms.jvp_graph import jvp_graph
@@ -109,6 +109,8 @@ def _jvp_graph(f, primals, tangents, names, api):
 
     def tangent_of(a):
         return None if a is None or t_leaves[a[0]] is None else t_leaves[a[0]][a[1]]
+    s.refuse_views([(k, j) for k, ls in enumerate(t_leaves) if ls is not None
+                    for j, t in enumerate(ls) if t is not None])
     flags = [tangent_of(a) is not None for a in s.arg_of]
     force = [is_float(v.aval) for v in s.results]
     jp, out_flags = jvp_graph(s.prog, flags, force)
@@ -124,6 +126,7 @@ def _jvp_graph(f, primals, tangents, names, api):
             outs.append(z)
     jp = jp.replace(eqns=eqns)
     t_planes = [Extern(tangent_of(a), f"t_{names[a[0]]}") for a, fl in zip(s.arg_of, flags) if fl]
+    MADE.update(t_planes)
     return graph_of(s, jp, (tree_unflatten(s.tree, outs[:k]), tree_unflatten(s.tree, outs[k:])), t_planes)
 
 
@@ -133,6 +136,7 @@ def _jvp_graph(f, primals, tangents, names, api):
 def vjp_program(s: Staged, wrt, api):
     """The vjp Program of the staged graph: (inputs, a cotangent per float result) -> (results, a
     cotangent per (argument, leaf) in `wrt`, zeros for one the graph does not read)."""
+    s.refuse_views(wrt)
     want = set(wrt)
     flags = [a is not None and a in want for a in s.arg_of]
     vp = vjp_graph(s.prog, flags, s.capacity, api)
@@ -157,6 +161,7 @@ def seed_planes(s, values=None):
         a = ct_aval(v.aval)
         val = values[j] if values is not None and j < len(values) else None
         out.append(Extern(val if val is not None else np.zeros(a.shape, a.dtype), "ct"))
+    MADE.update(out)
     return out
 
 
@@ -179,7 +184,8 @@ def _split_aux(s, has_aux, api):
 
 def vjp(f, *args, has_aux=False):
     """(result, pullback) or, has_aux, (result, pullback, aux): pullback(cotangent tree) -> a
-    cotangent tree per positional argument (None at leaves that are not floating arrays)."""
+    cotangent tree per positional argument (None at leaves that are not floating arrays; 0-d for
+    a Python float)."""
     api = "eagle_fx.vjp"
     if _STAGING:
         raise TransformError(f"{api}: inside a transformed function, use eagle_fx.grad or eagle_fx.jacrev (they "
@@ -198,6 +204,7 @@ def vjp(f, *args, has_aux=False):
                                _grad_trees(s, prog, range(len(args)), wrt)), seeds)
         g._vjp = (s, seeds, n_out, out_tree)
         return g
+    args, promoted = promote(args, range(len(args)))     # Python floats are differentiable, as in JAX
     with cache.staged(sig("vjp", f, has_aux), args, make) as e:
         g = e.graph
         s, seeds, n_out, out_tree = g._vjp
@@ -221,7 +228,8 @@ def vjp(f, *args, has_aux=False):
                 np.copyto(p.array, c)
             if saved is not None:
                 e.bind(saved)
-            return run(g)[2]
+            cts = run(g)[2]
+        return tuple(_demote(c, k, promoted) for k, c in enumerate(cts)) if promoted else cts
     return (y, pullback, aux) if has_aux else (y, pullback)
 
 

@@ -16,10 +16,11 @@ from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
 from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
 
-from . import staging, views
+from . import eager, staging, views
 from .analysis import count_nodes, count_stages
 from .autograph import convert_builder
 from .backends import cuda as _cuda
+from .backends import select as _select
 from .backends.numpy import NumpyExecutable
 from .staging import GraphTrace, Plane
 
@@ -145,6 +146,13 @@ class Graph:
     `record=True` keeps what `eagle_fx.diff.reverse` needs; `backend=` names a backend ("numpy", "cuda")
     instead of choosing by the arrays' type.
     """
+
+    def __new__(cls, record: bool = False, backend=None, mesh=None):
+        if cls is Graph and eager._runs:       # the graph of a builder running with staging disabled
+            g = eager.new_graph(record, backend)
+            if g is not None:
+                return g
+        return super().__new__(cls)
 
     def __init__(self, record: bool = False, backend=None, mesh=None):
         self._record = bool(record)
@@ -290,9 +298,15 @@ class Graph:
                 raise TypeError(f"eagle.Graph: g.result holds {type(x).__name__}; a result is a tree of arrays "
                                 "computed in the graph")
         self._program = t.program(outs)
+        for e, v in zip(t.input_planes, self._program.inputs):      # refused now, not at the first replay
+            if isinstance(e.array, np.ndarray) and not e.array.flags.writeable and t.root.current.get(e, v) is not v:
+                who = f"eagle.Graph.builder {self._builder.__name__}" if self._builder else "eagle.Graph"
+                what = f"argument {e.name!r}" if e.name else "an array the builder reaches by closure"
+                raise ValueError(f"{who}: {what} is a read-only array, and the graph writes it in place (a Mutable "
+                                 "or buffer=); pass a writeable array")
         keep = {h.var for h in list(t.handles) + t.buffers if h.var is not None}
         arrays = [e.array for e in t.input_planes]
-        backend = _cuda.choose(arrays, "jax" if self._mesh is not None else self._backend)
+        backend = _select.choose(arrays, "jax" if self._mesh is not None else self._backend)
         if backend == "jax" and self._record and self._backend is None and self._mesh is None \
                 and all(isinstance(a, np.ndarray) for a in arrays):
             backend = "numpy"          # use_backend('jax') around a record=True graph: records are the NumPy backend's
@@ -305,7 +319,7 @@ class Graph:
                                         self._mesh)
         elif backend != "numpy":                             # CuPy arrays: one CUDA graph (backends/cuda.py)
             if self._record:
-                raise NotImplementedError(_cuda.RECORD_REFUSAL)
+                raise NotImplementedError(_select.RECORD_REFUSAL)
             self._exe = _cuda.CudaExecutable(self._program, arrays, keep, t.n or 1, runtime=backend,
                                              names=[e.name for e in t.input_planes])
         elif self._record:                                   # the forward half of its vjp (recording.py)
@@ -392,13 +406,21 @@ class Graph:
 
     def launch(self, n: int = 1) -> "Graph":
         """Replay n times and wait."""
-        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
-            raise TypeError(self._replay_refusal(n))
+        n = self._replay_count(n, "launch")
         self.synchronize()
-        self.build()._exe.replay(int(n))
+        self.build()._exe.replay(n)
         self._fill_pinned()
         self._generation += 1
         return self
+
+    def _replay_count(self, n, verb: str) -> int:
+        """A replay count: a whole number >= 0 (launch(2.5) does not run twice, g(-1) does not run);
+        an array is the user meaning to run on new arrays: say how."""
+        if getattr(n, "ndim", 0) > 0:
+            raise TypeError(self._replay_refusal(n))
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"eagle.Graph.{verb}: the replay count is a whole number >= 0, got {n!r}")
+        return int(n)
 
     def _replay_refusal(self, n):
         """g(x): a Graph replays the arrays bound to it; say how to run it on others."""
@@ -414,25 +436,39 @@ class Graph:
             np.copyto(arr, np.asarray(self._array_of_plane(plane)))
 
     def enqueue(self, n: int = 1) -> "Graph":
-        """Replay n times on a worker thread and return at once; `synchronize()` waits."""
+        """Replay n times on a worker thread and return at once; `synchronize()` waits. Until then
+        the arrays the graph only reads are read-only (a write would tear the replay's results)."""
+        n = self._replay_count(n, "enqueue")
         if self._record:
             raise RuntimeError("eagle.Graph.enqueue: a record=True graph runs with launch(), which waits for the "
                                "run its Record describes")
         self.synchronize()
         exe = self.build()._exe
         if hasattr(exe, "enqueue"):          # a CUDA graph: launched asynchronously on the stream
-            exe.enqueue(int(n))
+            exe.enqueue(n)
             return self
+        locked = [a for a in self._read_inputs() if a.flags.writeable]
+        for a in locked:
+            a.flags.writeable = False
 
         def work():
             try:
-                exe.replay(int(n))
+                exe.replay(n)
                 self._fill_pinned()
             except BaseException as e:   # surfaced by synchronize()
                 self._worker_error = e
+            finally:
+                for a in locked:
+                    a.flags.writeable = True
         self._worker = threading.Thread(target=work, daemon=True)
         self._worker.start()
         return self
+
+    def _read_inputs(self):
+        """The NumPy arrays of the builder's inputs that the graph reads and never writes."""
+        t, prog = self._trace, self._program
+        return [e.array for e, v in zip(t.input_planes, prog.inputs)
+                if isinstance(e.array, np.ndarray) and t.root.current.get(e, v) is v]
 
     def synchronize(self) -> "Graph":
         """Wait for enqueued replays."""
@@ -525,6 +561,14 @@ class Builder:
         self.graph_param = next((n for n in self.signature.parameters
                                  if hints.get(n) is Graph or hints.get(n) == "eagle.Graph"), None)
         self.converted, self.source = convert_builder(fn)
+        self._eager_fn = None
+
+    @property
+    def eager_fn(self):
+        """The function rewritten for eager runs (disable_staging): its control flow runs in Python."""
+        if self._eager_fn is None:
+            self._eager_fn = convert_builder(self.fn, eager.EagerRuntime)[0]
+        return self._eager_fn
 
     def __repr__(self):
         return f"<eagle.Graph.{'block' if self.graph_param else 'builder'} {self.__name__}>"
@@ -532,6 +576,8 @@ class Builder:
     def __call__(self, *args, **kwargs):
         if self.graph_param is not None:
             return self._call_block(args, kwargs)
+        if eager.staging_disabled():
+            return eager.call_builder(self, args, kwargs)
         bound = self._bind(args, kwargs)
         bound.apply_defaults()
         names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
@@ -576,6 +622,8 @@ class Builder:
     def _call_block(self, args, kwargs):
         bound = self._bind(args, kwargs)
         handle = bound.arguments[self.graph_param]
+        if eager.is_eager_handle(handle):
+            return eager.call_block(self, args, kwargs)
         graph = handle if isinstance(handle, Graph) else getattr(handle, "graph", None)
         if not isinstance(graph, Graph):
             raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "

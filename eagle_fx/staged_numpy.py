@@ -23,14 +23,19 @@ UFUNCS = {
     np.trunc: "trunc", np.sqrt: "sqrt", np.cbrt: "cbrt", np.exp: "exp", np.exp2: "exp2", np.expm1: "expm1",
     np.log: "log", np.log2: "log2", np.log10: "log10", np.log1p: "log1p", np.sin: "sin", np.cos: "cos",
     np.tan: "tan", np.arcsin: "asin", np.arccos: "acos", np.arctan: "atan", np.sinh: "sinh", np.cosh: "cosh",
-    np.tanh: "tanh", np.fabs: "abs", np.arcsinh: "asinh", np.arccosh: "acosh", np.arctanh: "atanh", np.isfinite: "isfinite",
-    np.isnan: "isnan", np.isinf: "isinf", np.logical_not: "logical_not", np.negative: "negative",
+    np.tanh: "tanh", np.fabs: "abs", np.arcsinh: "asinh", np.arccosh: "acosh", np.arctanh: "atanh",
+    np.isfinite: "isfinite", np.isnan: "isnan", np.isinf: "isinf", np.logical_not: "logical_not", np.negative: "negative",
     np.arctan2: "atan2", np.power: "pow", np.hypot: "hypot", np.fmod: "fmod", np.minimum: "minimum",
     np.maximum: "maximum", np.logical_and: "logical_and", np.logical_or: "logical_or", np.add: "add",
     np.subtract: "subtract", np.multiply: "multiply", np.divide: "divide", np.less: "less",
     np.less_equal: "less_equal", np.greater: "greater", np.greater_equal: "greater_equal", np.equal: "equal",
     np.not_equal: "not_equal",
 }
+
+# NumPy ufuncs hawk_fx.math has no single function for, written with those it has
+COMPOSED = {np.square: ("square", "a * a"), np.reciprocal: ("reciprocal", "1.0 / a"),
+            np.floor_divide: ("floor_divide", "hm.floor(a / b)"),
+            np.remainder: ("remainder", "a - b * hm.floor(a / b)")}   # Python's %: the sign of b
 
 _kernels: dict = {}
 
@@ -49,14 +54,16 @@ def role_of(value):
     return None
 
 
-def elementwise_kernel(fname: str, roles: tuple):
-    """The kernel `def fname(a: role, ...): return hawk_fx.math.fname(a, ...)`, made once."""
+def elementwise_kernel(fname: str, roles: tuple, body: str | None = None):
+    """The kernel `def fname(a: role, ...): return hawk_fx.math.fname(a, ...)` (or `return body`),
+    made once per name and roles."""
     key = (fname, roles)
     k = _kernels.get(key)
     if k is None:
         names = "abcdefgh"[:len(roles)]
         params = ", ".join(f"{n}: {r}" for n, r in zip(names, roles))
-        src = f"def {fname}({params}):\n    return hm.{fname}({', '.join(names)})\n"
+        body = body or f"hm.{fname}({', '.join(names)})"
+        src = f"def {fname}({params}):\n    return {body}\n"
         filename = f"<eagle_fx numpy {fname}{len(_kernels)}>"
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)   # for the kernel's source pass
         ns = {"hm": hm, "Scalar": hawk_fx.Scalar, "Vector": hawk_fx.Vector, "Matrix": hawk_fx.Matrix,
@@ -75,7 +82,7 @@ CASTS = {np.dtype(np.float64): "float64", np.dtype(np.float32): "float32", np.dt
 API = "eagle.Graph.builder"
 
 
-def _kernel_for(fname, operands, where, what):
+def _kernel_for(fname, operands, where, what, body=None):
     roles = []
     for a in operands:
         r = role_of(a)
@@ -83,7 +90,7 @@ def _kernel_for(fname, operands, where, what):
             raise ValueError(f"{API} {where}: {what} on an array of shape {a.shape}; staged math takes planes of "
                              "1 to 3 axes (Scalar, Vector[k], Matrix[m, k] planes): write a kernel")
         roles.append(r)
-    return elementwise_kernel(fname, tuple(roles))
+    return elementwise_kernel(fname, tuple(roles), body)
 
 
 def _operand(a):
@@ -109,12 +116,14 @@ def stage_ufunc(uf, method, inputs, kwargs, where):
         raise _refuse(where, f"{name}({', '.join(k + '=' for k in kwargs)}...)",
                       "call it without out=/where=/dtype=; to write into an array, assign (y[...] = np.sin(x)) or pass "
                       "it to a kernel as its Mutable")
-    fname = UFUNCS.get(uf)
+    fname, body = UFUNCS.get(uf), None
+    if fname is None and uf in COMPOSED:
+        fname, body = COMPOSED[uf]
     if fname is None:
         raise _refuse(where, name, f"hawk_fx.math has no {uf.__name__}: {WRITE_KERNEL}")
     inputs = [_operand(a) for a in inputs]
     _check_broadcast(inputs, where, name)
-    return _kernel_for(fname, inputs, where, name)(*inputs)
+    return _kernel_for(fname, inputs, where, name, body)(*inputs)
 
 
 def _check_broadcast(operands, where, name):
@@ -147,6 +156,12 @@ def stage_function(func, args, kwargs, where):
         return SHAPE_ONLY[func](args[0])
     if func in (np.stack, np.concatenate):
         return _join(func, args, kwargs, where)
+    if func in (np.vstack, np.hstack) and len(args) == 1 and not kwargs:
+        arrays = list(args[0])
+        if func is np.vstack:                   # 1-d planes become rows; the rest join on axis 0
+            return _join(np.concatenate, ([a.reshape((1,) + tuple(a.shape)) if len(a.shape) == 1 else a
+                                           for a in arrays],), {}, where)
+        return _join(np.concatenate, (arrays,), {"axis": 0 if len(arrays[0].shape) == 1 else 1}, where)
     if func is np.reshape and isinstance(args[0], Plane):
         shape = args[1] if len(args) > 1 else kwargs.get("newshape", kwargs.get("shape"))
         return args[0].reshape(shape)

@@ -68,8 +68,10 @@ class Plane(staged_numpy.NdarrayProtocol):
     # reading the value after the graph is built
     def _check_use(self, use="eagle: the value read as an array (np.asarray, print, a NumPy or hawk.math function)"):
         """A plane a builder staged is that builder's: once it has finished, a use elsewhere is a leak."""
-        if self.graph is not None and self.graph._builder is not None and _finished(self.graph) \
-                and self.graph not in _HOST_NODES:
+        if self.graph is None:
+            raise TypeError(f"eagle.Graph.builder {_here()}: a builder argument is used before its graph exists; "
+                            "create it first: g = eagle.Graph()")
+        if self.graph._builder is not None and _finished(self.graph) and self.graph not in _HOST_NODES:
             _refuse_foreign(self, use)
 
     def _array(self):
@@ -111,14 +113,10 @@ class Plane(staged_numpy.NdarrayProtocol):
         """The trace to stage `what` into, or None when the graph is built (the plane reads as its
         array); refuses a plane whose graph does not exist yet or one leaked into another builder."""
         if self.graph is None:
-            raise RuntimeError(f"eagle.Graph.builder {_here()}: {what} on a builder argument before the graph "
-                               "exists; create it first: g = eagle.Graph()")
+            raise TypeError(f"eagle.Graph.builder {_here()}: {what} on a builder argument before the graph "
+                            "exists; create it first: g = eagle.Graph()")
         if self.graph._exe is not None:
-            other = active_trace()
-            if other is not None and other.graph is not self.graph:
-                raise ValueError(f"eagle.Graph.builder {_here()}: {what} of a plane of a graph that is already built "
-                                 f"({self.label or self.aval}); it leaked out of its builder: pass arrays between "
-                                 "graphs (the built graph's result arrays), not its staged planes")
+            self._check_use(f"eagle: {what}")       # a builder's plane after its builder finished: a leak
             return None
         return self.graph._trace
 
@@ -127,7 +125,7 @@ class Plane(staged_numpy.NdarrayProtocol):
         t = self.graph._trace
         if shape and shape[-1] != self.aval.shape[-1]:
             t.view_ns.update((shape[-1], self.aval.shape[-1]))
-        h = Plane(self.graph, ir.plane_aval(shape, self.aval.dtype), key=key, info=self.info)
+        h = Plane(self.graph, ir.plane_aval(shape, self.aval.dtype), key=key)     # its name is its own
         t.handles.add(h)
         return h
 
@@ -338,12 +336,13 @@ class GraphTrace:
                                 "pass arrays, staged planes or Python numbers")
         layout, n = kernel.layout_of(proxies)
         if any(kind == "sample" for kind, *_ in layout):
-            if self.n is None:
+            if self.n is None or (self.n == 1 and n != 1):     # one-cell planes broadcast, whichever call is first
                 self.n = n
             elif n != self.n and n != 1 and n not in self.view_ns:
                 raise ValueError(f"{api}: called on planes of {n} samples in a graph of {self.n}; "
                                  "every plane of one graph has the same sample count")
         spec = kernel.specialize(layout)
+        spec.check_count(n)
         info = self.info()
         out_vars = [Var(ir.plane_aval(spec.result_shape(j, n), spec.result_dtype(j))) for j in range(spec.n_results)]
         handles = [self.new_plane(v.aval, info, v) for v in out_vars]
@@ -728,13 +727,9 @@ class Runtime:
                 if k not in operands:
                     operands.append(k)
         labelled = {j: state[i] for j, (i, _, _) in enumerate(name_outs) if _buffer_named(trace, state[i], names[i])}
-        via_key = {}        # buffers a construct nested in an arm already moved along with their name
+        via_key = {}        # buffers an arm also writes (a construct nested in it moved the name's buffer)
         for j, h0 in list(labelled.items()):
             if h0.key in written:
-                if any(h0.key in s.written and a[j] is not s.read(h0.key) for s, a in zip(scopes, arm_outs)):
-                    raise TypeError(f"eagle.Graph.builder {self.where(line)}: the buffer {h0.label!r} is rebound in an "
-                                    "arm of this device conditional and also written in place through another name; "
-                                    "use one of the two")
                 w = len(name_outs) + written.index(h0.key)
                 for a in arm_outs:          # the buffer leaves each arm holding the name's value there
                     a[w] = a[j]
@@ -933,9 +928,10 @@ class Runtime:
         n_names = len(carried)
         labelled = {j: state[i] for j, i in enumerate(carried) if _buffer_named(trace, state[i], names[i])}
         for j, h0 in labelled.items():
-            if h0.key in inplace:
+            if h0.key in inplace or h0.key in consts:
                 raise TypeError(f"eagle.Graph.builder {self.where(line)}: the buffer {h0.label!r} is rebound in this "
-                                "device loop and also written in place through another name; use one of the two")
+                                "device loop and also read or written through another name inside it (the buffer "
+                                f"holds each turn's value); use {h0.label!r} itself in the loop")
         inplace_pairs = tuple((j, base + j) for j in labelled) \
             + tuple((n_names + j, base + n_names + j) for j in range(len(inplace)))
         info = trace.info()

@@ -38,7 +38,7 @@ class _Signature:
 
     def __init__(self, f, args, names):
         from .api import Staged, stage
-        from .backends.cuda import use_backend
+        from .backends.select import use_backend
         self.f, self.names = f, names
         self.positions = [k for k, a in enumerate(args) if _is_arraylike(a)]
         self.placeholders = [_placeholder(a) if _is_arraylike(a) else a for a in args]
@@ -98,7 +98,7 @@ class _Signature:
         """(fn, planes): fn(*inputs, *cotangents of the float results) -> a cotangent per float argument."""
         if self._backward is None:
             from .derivatives import vjp_program
-            from .backends.cuda import use_backend
+            from .backends.select import use_backend
             from .transforms.program import dce
             with use_backend("jax"), _lazy():
                 s = self._stage_for_vjp()

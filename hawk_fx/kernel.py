@@ -69,7 +69,19 @@ class Specialization:
         self.result_kinds = [a.aval.kind for a in self.prog.outputs[:self.n_results]]
         out_sample = self.result_kinds + [layout[k][0] for k in self.commits]
         self.compiled = NumpyKernel(self.prog, [k == SAMPLE for k in out_sample])
+        # hawk.max/min of no samples has no value (NumPy's empty maximum has no identity)
+        self.extremum = next((e for e in self.prog.eqns if e.prim in (prims.P["sample_max"], prims.P["sample_min"])),
+                             None)
         self.fast = _fast_entry(self)
+
+    def check_count(self, n: int) -> None:
+        """Refuse a call over 0 samples when the body takes hawk.max or hawk.min of them."""
+        if n == 0 and self.extremum is not None:
+            e = self.extremum
+            what = "hawk.max" if e.prim is prims.P["sample_max"] else "hawk.min"
+            at = f" at {e.info.where}" if e.info.where else ""
+            raise ValueError(f"hawk.kernel {self.kernel.name}: {what}{at} over 0 samples has no value (the planes of "
+                             "this call have no samples); call it on at least one sample")
 
     def result_shape(self, j, n):
         aval = self.prog.outputs[j].aval
@@ -155,9 +167,9 @@ def _fast_entry(spec: Specialization):
         for b in range(a):
             shapes.append(f"not may_share(a{spec.commits[a]}, a{spec.commits[b]})")
     for c in spec.commits:            # an input overlapping a Mutable: the full path copies it first
-        for k, entry in enumerate(layout):
+        for k, entry in enumerate(layout):   # (two arrays that own their memory cannot overlap: cheap)
             if k != c and not entry[3]:
-                shapes.append(f"(a{k} is a{c} or not may_share(a{k}, a{c}))")
+                shapes.append(f"(a{k} is a{c} or (a{k}.base is None and a{c}.base is None) or not may_share(a{k}, a{c}))")
     lines = [f"def fast({', '.join(args)}):",
              f"    if not ({' and '.join(types + dtypes) or 'True'}):",
              "        return MISS"]
@@ -168,7 +180,7 @@ def _fast_entry(spec: Specialization):
                   f"    if len(s) != {len(layout[first][2]) + 1}:",
                   "        return MISS",
                   "    n = s[-1]",
-                  "    if n == 1:",
+                  f"    if n {'<=' if spec.extremum is not None else '=='} 1:",
                   "        return MISS"]
     if shapes:
         lines += [f"    if not ({' and '.join(shapes)}):", "        return MISS"]
@@ -388,6 +400,7 @@ class Kernel:
             from eagle_fx.backends.cuda import call_kernel
             return tree_unflatten(spec.tree, call_kernel(spec, values, n))
         self._fast = spec.fast
+        spec.check_count(n)
         if len(spec.commits) > 1:
             targets = [values[k] for k in spec.commits]
             for a in range(len(targets)):

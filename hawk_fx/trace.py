@@ -72,6 +72,11 @@ class KernelTrace(ProgramTrace):
             return f"hawk.kernel {self.kernel_name} (its parameter {var.hint!r})"
         return f"hawk.kernel {self.where_made(tracer)}"
 
+    def process(self, prim, args, params):
+        if prim is prims.P["pow"]:
+            _check_int_power(*args)
+        return super().process(prim, args, params)
+
     def where_made(self, value) -> str:
         """Where the body computed `value` (a tracer), else just the kernel's name."""
         var = getattr(value, "var", None)
@@ -79,6 +84,17 @@ class KernelTrace(ProgramTrace):
             if var in e.outputs and e.info.where:
                 return e.info.where
         return self.kernel_name
+
+
+def _check_int_power(base, exponent):
+    """NumPy refuses integers to negative integer powers when the body runs; say so at trace time,
+    where the user's line is known (a Python-int Param `p ** -1`)."""
+    b_kind = (base.aval.dtype if isinstance(base, Tracer) else np.asarray(base).dtype).kind
+    if (b_kind in "iu" and isinstance(exponent, (int, np.integer)) and not isinstance(exponent, bool)
+            and exponent < 0):
+        raise ValueError(f"hawk.math.pow: an integer raised to the negative integer power {exponent}; NumPy refuses "
+                         f"integers to negative integer powers. Make one operand a float: `** {float(exponent)}`, "
+                         "or pass a float Param")
 
 
 class KTracer(Tracer):

@@ -6,6 +6,13 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# Property tests run a fixed set of examples by default, so a run is reproducible (CI included);
+# HYPOTHESIS_PROFILE=explore draws new examples on every run, to look for new failures.
+settings.register_profile("fixed", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 
 @pytest.fixture
@@ -43,7 +50,7 @@ def file_and_line(fn, fragment: str) -> tuple[str, str]:
 
 
 def _on_backend(request):
-    from eagle_fx.backends.cuda import use_backend
+    from eagle_fx.backends.select import use_backend
     if request.param == "jax":
         if request.node.get_closest_marker("numpy_only"):
             pytest.skip("about the NumPy backend's own mechanics")

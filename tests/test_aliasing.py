@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 import eagle_fx
 import hawk_fx as hawk
 from eagle_fx.backends import cuda
-from eagle_fx.backends.fake_cuda import FakeRuntime
+from eagle_fx.testing.fake_cuda import FakeRuntime
 from hawk_fx import Mutable, Param, Scalar
 from hawk_fx.emit.numpy import CHUNK
 

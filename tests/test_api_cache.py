@@ -7,7 +7,7 @@ import pytest
 import eagle_fx as ef
 import hawk_fx as hawk
 from hawk_fx import Param, Scalar
-from tour_kernels import cell, loss, total, wobble
+from tour_kernels import add, cell, loss, total, wobble
 
 
 def numpy_loss(x, flag, n):
@@ -182,3 +182,51 @@ def test_threads_calling_one_transformed_function_take_turns():
         t.join()
     assert not errors, errors[0]
     assert f.cache_info().misses == 1
+
+
+SHIFT = np.linspace(0.0, 0.6, 7)
+
+
+def test_arrays_made_while_staging_are_not_replayed_stale():
+    @hawk.kernel
+    def sc2(x: Scalar, a: Param) -> Scalar:
+        return a * x * x
+
+    @ef.Graph.builder
+    def doubled(x, a):
+        g = ef.Graph()
+        g.result = total(sc2(x, a * 2.0))              # NumPy arithmetic on an argument, at staging
+        return g
+
+    @ef.Graph.builder
+    def shifted(x, a):
+        g = ef.Graph()
+        g.result = total(sc2(wobble(x), a[:1]))        # a view of an argument: rebound with it
+        return g
+
+    x = np.linspace(-1.0, 1.0, 7)
+    f = ef.grad(doubled)
+    for a in (1.0, 3.0):
+        np.testing.assert_allclose(f(x, np.array([a])), 4 * (2 * a) ** 2 * x ** 3, rtol=1e-12)
+    assert f.cache_info()[:3] == (1, 1, 1)              # a * 2.0 is staged: the cached graph reads the new a
+    h = ef.grad(shifted)
+    w, dw = np.sin(x) * x, np.sin(x) + x * np.cos(x)
+    for a in (1.0, 3.0):
+        np.testing.assert_allclose(h(x, np.array([a, 9.0])), 4 * a * a * w ** 3 * dw, rtol=1e-12)
+    assert h.cache_info()[:3] == (1, 1, 1)
+    # the view a[:1] is staged: the gradient reaches a's first cell and none other
+    np.testing.assert_allclose(ef.grad(shifted, argnums=1)(x, np.array([1.5, 9.0])),
+                               [2 * 1.5 * np.sum(w ** 4), 0.0], rtol=1e-12)
+
+
+def test_an_array_reached_by_closure_is_cached_and_read_in_place():
+    @ef.Graph.builder
+    def plus_shift(x):
+        g = ef.Graph()
+        g.result = total(add(x, SHIFT))
+        return g
+    x = np.linspace(-1.0, 1.0, 7)
+    f = ef.grad(plus_shift)
+    np.testing.assert_allclose(f(x), 2 * (x + SHIFT))
+    np.testing.assert_allclose(f(x[::-1].copy()), 2 * (x[::-1] + SHIFT))
+    assert f.cache_info()[:3] == (1, 1, 1)

@@ -16,7 +16,7 @@ import pytest
 import eagle_fx as eagle
 import hawk_fx as hawk
 from eagle_fx.backends import cuda
-from eagle_fx.backends.fake_cuda import FakeBuilder, FakeCudaError
+from eagle_fx.testing.fake_cuda import FakeBuilder, FakeCudaError
 from eagle_fx.backends.numpy import NumpyExecutable
 from eagle_fx.graph import opaque
 from hawk_fx import Mutable, Param, Scalar, UInt32

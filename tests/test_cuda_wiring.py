@@ -1,6 +1,6 @@
 """The CUDA backend wired into eagle_fx.Graph and hawk kernels, without a GPU.
 
-The "fake-cuda" backend (eagle_fx.backends.fake_cuda.FakeRuntime) stands in for the device: the
+The "fake-cuda" backend (eagle_fx.testing.fake_cuda.FakeRuntime) stands in for the device: the
 same CudaExecutable lowers the Program into one graph, instantiates it (a snapshot), launches it
 asynchronously on a stream (deferred until synchronize) and binds by per-node updates; the fake
 interprets the graph with the kernels' NumPy code. Every Graph verb must give the NumPy backend's
@@ -25,7 +25,7 @@ import eagle_fx as eagle  # noqa: E402
 import hawk_fx as hawk  # noqa: E402
 from cuda_cases import CASES, EAGER, NumpyDevice, run_case  # noqa: E402
 from eagle_fx.backends import cuda  # noqa: E402
-from eagle_fx.backends.fake_cuda import FakeBuilder, FakeCudaError, FakeRuntime  # noqa: E402
+from eagle_fx.testing.fake_cuda import FakeBuilder, FakeCudaError, FakeRuntime  # noqa: E402
 from hawk_fx import Mutable, Scalar  # noqa: E402
 
 tour = cuda_cases.tour
@@ -228,7 +228,7 @@ def test_a_non_contiguous_array_is_refused():
 # no GPU here: CuPy arrays are refused when asked to run, with what is missing
 
 def test_importing_eagle_fx_needs_no_gpu_package():
-    code = ("import sys, eagle_fx, eagle_fx.backends.cuda, eagle_fx.backends.fake_cuda; "
+    code = ("import sys, eagle_fx, eagle_fx.backends.cuda, eagle_fx.testing.fake_cuda; "
             "bad = [m for m in sys.modules if m.startswith(('cupy', 'cuda.core'))]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -107,3 +107,24 @@ def test_a_one_cell_plane_reduces_as_its_spread_plane(name, n, first_cell, value
     calls = [np.array([value]), np.full(n, value)]
     for c in (calls if first_cell else calls[::-1]):
         np.testing.assert_allclose(f(x, c), want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_graph_gradient_through_the_sum_of_a_one_cell_plane():
+    import eagle_fx
+
+    @hawk.kernel
+    def f(x: Scalar, c: Scalar) -> Scalar:
+        return hawk.sum(x * hawk.sum(c * c))
+
+    @eagle_fx.Graph.builder
+    def b(x, c):
+        g = eagle_fx.Graph()
+        g.result = f(x, c)
+        return g
+    x, c = np.linspace(0.5, 1.5, 5), np.array([0.7])
+
+    def numpy_f(cv):
+        return np.sum(x * np.sum(np.full(5, cv * cv)))
+    h = 1e-6
+    fd = (numpy_f(c[0] + h) - numpy_f(c[0] - h)) / (2 * h)
+    np.testing.assert_allclose(eagle_fx.grad(b, argnums=1)(x, c), [fd], rtol=1e-6)

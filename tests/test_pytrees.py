@@ -221,6 +221,11 @@ def test_python_float_and_0d_arguments_are_differentiable():
     v, (gx, ga) = ef.value_and_grad(poly, argnums=(0, 1))(x, 0.6, cell(1), cell(2))
     assert np.shape(ga) == () and gx.shape == (5,)
     np.testing.assert_allclose(ga, want, rtol=1e-10)
+    _, pullback = ef.vjp(poly, x, 0.6, cell(1), cell(2))
+    cx, ca, cf, cn = pullback(np.ones(1))
+    assert np.shape(ca) == () and cf is None and cn is None
+    np.testing.assert_allclose(ca, want, rtol=1e-10)
+    np.testing.assert_allclose(cx, np.asarray(jax.grad(jpoly)(x, 0.6, 1, 2)), rtol=1e-10)
     hx = ef.hessian(poly, argnums=1)(x, 0.6, cell(1), cell(2))
     np.testing.assert_allclose(hx, float(jax.hessian(jpoly, argnums=1)(x, 0.6, 1, 2)), rtol=1e-9)
     assert np.shape(hx) == ()

@@ -172,7 +172,7 @@ def test_a_plane_leaked_from_a_finished_builder_is_refused_with_where_it_was_mad
             use()
 
 
-from tour_kernels import square  # noqa: E402
+from tour_kernels import add, square  # noqa: E402
 
 
 def test_a_buffer_name_rebound_in_a_counted_loop_keeps_its_buffer():
@@ -266,3 +266,66 @@ def test_a_buffer_label_means_its_final_value_in_reverse():
     eps = 1e-6                                                      # and by finite differences of plain NumPy
     np.testing.assert_allclose(grads["x"], ((128 * (x + eps) ** 2 + 1) - (128 * (x - eps) ** 2 + 1)) / (2 * eps),
                                rtol=1e-6)
+
+
+def test_a_buffer_rebound_in_a_loop_and_read_there_through_another_name_is_refused():
+    M = np.zeros(3)
+
+    @eagle.Graph.builder
+    def f(x, n):
+        g = eagle.Graph()
+        own = inc(x, buffer=M)
+        alias = own
+        for _ in range(n):
+            own = add(own, alias)
+        g.result = own
+        return g
+
+    before = M.copy()
+    with pytest.raises(TypeError, match=r"f:6: the buffer 'own' is rebound in this device loop and also read"):
+        f(np.arange(3.0), cell(2))
+    np.testing.assert_array_equal(M, before)
+
+
+def test_a_buffer_name_rebound_by_a_nested_arm_and_again_in_its_arm_holds_the_last_value():
+    # found by the differential fuzzer: the inner if moved the buffer, then the arm rebound the name
+    B = np.zeros(3)
+
+    @eagle.Graph.builder
+    def f(x, c, d):
+        g = eagle.Graph()
+        own = inc(x, buffer=B)
+        if c:
+            if d:
+                own = dbl(own)
+            own = add(own, x)
+        g.result = inc(own)
+        return g
+
+    x, c, d = np.arange(3.0), cell(1), cell(1)
+    g = f(x, c, d)
+    for cv, dv in ((1, 1), (1, 0), (0, 1)):
+        c[0], d[0] = cv, dv
+        own = x + 1.0
+        if cv:
+            own = (2.0 * own if dv else own) + x
+        np.testing.assert_array_equal(g(), own + 1.0)
+        np.testing.assert_array_equal(B, own)
+
+
+@eagle.Graph.builder
+def idle_loop(x, c):
+    g = eagle.Graph()
+    for _ in range(c):          # carries nothing: its turns have no effect
+        if c:
+            continue
+    g.result = inc(x)
+    return g
+
+
+def test_vmap_over_the_trip_count_of_a_loop_that_carries_nothing():
+    # found by the differential fuzzer: the batched loop took its batch size from its first carry
+    X = np.stack([np.arange(3.0), np.ones(3), np.zeros(3)])
+    C = np.array([[0], [1], [3]], np.uint32)
+    got = np.asarray(eagle.vmap(lambda x, c: idle_loop(x, c))(X, C))
+    np.testing.assert_array_equal(got, X + 1.0)

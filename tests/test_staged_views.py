@@ -12,7 +12,9 @@ import pytest
 import eagle_fx as eagle
 import hawk_fx as hawk
 import hawk_fx.math as hm
-from hawk_fx import Mutable, Scalar, Vector
+from hawk_fx import Mutable, Param, Scalar, UInt32, Vector
+
+pytestmark = pytest.mark.usefixtures("backend")     # every test on numpy and on jax
 
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
@@ -445,6 +447,7 @@ def test_a_slice_keeps_the_value_it_was_taken_from(rng):
     np.testing.assert_allclose(got, np.r_[4.0 * y0[:2] ** 3, 0.0, 0.0])     # at y on entry, not 3x
 
 
+@pytest.mark.numpy_only
 def test_a_slice_of_an_unwritten_argument_is_a_view_that_follows_bind(rng):
     x = rng.normal(size=6)
     g = strided(x)
@@ -539,3 +542,62 @@ def test_an_assignment_of_the_wrong_shape_is_refused(rng):
                                          r"of float64\[2\]"):
         assigns_badly(rng.normal(size=4), y)
     np.testing.assert_array_equal(y, 0.0)
+
+
+@hawk.kernel
+def below(s: Scalar, lim: Param, flag: Mutable[UInt32]):
+    flag = hm.uint32(hawk.sum(s) < lim)
+
+
+@eagle.Graph.builder
+def views_until_done(x, p, flag):
+    g = eagle.Graph()
+    for _ in range(20):                      # a capped loop whose guard each instance clears on its own turn
+        if not flag:
+            break
+        step(x[:3], p[1, 1:4])
+        p[0, :2] = p[1, 2:4] * 2.0
+        below(p[1], 6.0, flag)
+    g.result = total(p.reshape(-1))
+    return g
+
+
+def test_vmap_of_a_loop_with_per_instance_exits_writing_views(rng):
+    def loop(x, p):
+        p, flag = p.copy(), True
+        for _ in range(20):
+            if not flag:
+                break
+            p[1, 1:4] = p[1, 1:4] * 0.5 + x[:3]
+            p[0, :2] = p[1, 2:4] * 2.0
+            flag = np.sum(p[1]) < 6.0
+        return np.sum(p ** 2), p
+    X = rng.uniform(0.0, 1.0, (3, 4))
+    X[1] += 1.0                              # a different number of turns per instance
+    P = np.zeros((3, 2, 4))
+    g = eagle.vmap(views_until_done)(X, P, np.ones((3, 1), np.uint32))
+    assert any(e.params.get("masked") for e in g.program.eqns)
+    out = np.asarray(g()).reshape(3)
+    for i in range(3):
+        value, p = loop(X[i], np.zeros((2, 4)))
+        np.testing.assert_allclose(out[i], value, rtol=1e-12)
+        np.testing.assert_allclose(P[i], p, rtol=1e-12)
+
+
+@eagle.Graph.builder
+def stacks(x, p):
+    g = eagle.Graph()
+    g.result = (np.vstack([x, x * 2.0]), np.vstack([p, x]), np.hstack([x, x[:2]]), np.hstack([p, p[:, :1]]))
+    return g
+
+
+def test_vstack_and_hstack_follow_numpy(rng):
+    x, p = rng.normal(size=4), rng.normal(size=(2, 4))
+    g = stacks(x, p)
+    for _ in range(2):
+        got = g()
+        want = (np.vstack([x, x * 2.0]), np.vstack([p, x]), np.hstack([x, x[:2]]), np.hstack([p, p[:, :1]]))
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+        x[:] = rng.normal(size=4)
+        p[:] = rng.normal(size=(2, 4))

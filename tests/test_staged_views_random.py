@@ -15,6 +15,8 @@ import eagle_fx as eagle
 import hawk_fx as hawk
 from hawk_fx import Mutable, Scalar
 
+pytestmark = pytest.mark.usefixtures("backend_heavy")     # on numpy; on jax too with -m slow
+
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
 jnp = jax.numpy

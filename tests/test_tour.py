@@ -79,7 +79,7 @@ TOUR_ON_JAX = """
 import runpy
 import jax
 jax.config.update("jax_enable_x64", True)
-from eagle_fx.backends.cuda import use_backend
+from eagle_fx.backends.select import use_backend
 with use_backend("jax"):       # every graph of the tour on the jax backend (record=True ones stay on NumPy)
     runpy.run_module("eagle_fx.tour", run_name="__main__")
 """

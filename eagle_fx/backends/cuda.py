@@ -4,7 +4,7 @@
 graph through `builder`, a small graph-builder protocol (below). It returns a `CudaPlan`, which
 keeps the node tree, the device buffers and the kernel modules. The same lowering runs against
 `CoreGraphBuilder` (cuda.core >= 1.0 explicit graphs, CuPy arrays; needs a GPU) and against
-`eagle_fx.backends.fake_cuda.FakeBuilder` (a recording fake that interprets the plan with NumPy),
+`eagle_fx.testing.fake_cuda.FakeBuilder` (a recording fake that interprets the plan with NumPy),
 which is how it is tested on machines without a GPU.
 
 The builder protocol
@@ -100,6 +100,7 @@ from hawk_fx.emit.jax import is_jax_array
 
 from .. import ir
 from ..analysis import direct_outputs
+from .memory import SlotPlanner
 
 BLOCK = hcuda.BLOCK        # threads per block of the grid-stride map kernels
 MAX_GRID = 1024            # blocks at most; the map kernels stride over the rest
@@ -485,14 +486,13 @@ def _c_strides(shape, itemsize):
     return tuple(reversed(strides))
 
 
-class _Lowering:
+class _Lowering(SlotPlanner):
     def __init__(self, prog, input_arrays, keep, n, builder):
         self.prog, self.builder = prog, builder
         self.plan = plan = CudaPlan(prog, n, builder)
         self.slots, self.slot_of = plan.slots, plan.slot_of
         self.consts: dict = {}
-        self.pool: dict = {}
-        self.pooled: set = set()
+        self._init_pool()
         self.slot_paths: dict = {}       # top-level slot -> branch paths of the equations that used it
         self.depth = 0                   # conditional bodies around the current node
         input_arrays = list(input_arrays)
@@ -510,32 +510,14 @@ class _Lowering:
         sinks = self._gen_top(top)
         plan.end = sinks[0] if len(sinks) == 1 else (self.join(top, sinks) if sinks else None)
 
-    # -- memory ------------------------------------------------------------------------------
-    def _new_slot(self, arr) -> int:
-        self.slots.append(arr)
-        return len(self.slots) - 1
-
+    # -- memory (the planner: backends/memory.py) ----------------------------------------------
     def _zeros(self, shape, dtype):
         return self.builder.zeros(tuple(shape), np.dtype(dtype))
 
-    def _alloc(self, aval, path=()) -> int:
+    def _alloc_on(self, aval, path=()) -> int:
         """A top-level slot: a freed one whose users all run in order with `path` (reusing a slot
         of a sibling branch would serialise the branches), else a new one."""
-        free = self.pool.get((aval.shape, aval.dtype))
-        for i in range(len(free or ()) - 1, -1, -1):
-            if all(_ordered(q, path) for q in self.slot_paths.get(free[i], ())):
-                return free.pop(i)
-        k = self._new_slot(self._zeros(aval.shape, aval.dtype))
-        self.pooled.add(k)
-        return k
-
-    def _free(self, k):
-        if k in self.pooled:
-            arr = self.slots[k]
-            self.pool.setdefault((tuple(arr.shape), np.dtype(arr.dtype)), []).append(k)
-
-    def _sub_slot(self, aval) -> int:
-        return self._new_slot(self._zeros(aval.shape, aval.dtype))
+        return self._alloc(aval, lambda k: all(_ordered(q, path) for q in self.slot_paths.get(k, ())))
 
     def _ref(self, slot, aval) -> Var:
         v = Var(aval)
@@ -624,29 +606,13 @@ class _Lowering:
     def _gen_top(self, level):
         prog = self.prog
         seq = _Seq(self, level)
-        last_use: dict = {}
-        for i, e in enumerate(prog.eqns):
-            for a in e.inputs:
-                if isinstance(a, Var):
-                    last_use[a] = i
-        holder: dict = {}
-        for i, e in enumerate(prog.eqns):
-            self._gen_eqn(seq, prog, i, e, {}, top=True)
-            for v in e.outputs:
-                holder[self.slot_of[v]] = v
-            dead = [a for a in e.inputs if isinstance(a, Var) and last_use.get(a) == i and a not in self.keep]
-            dead += [v for v in e.outputs if v not in last_use and v not in self.keep]
-            for a in dead:
-                k = self.slot_of.get(a)
-                if k is not None and holder.get(k) is a:
-                    holder.pop(k)
-                    self._free(k)
+        self._walk_top(prog, lambda i, e: self._gen_eqn(seq, prog, i, e, {}, top=True))
         return seq.finish()
 
     def _out_slot(self, v, pre, top, path=()):
         if v in pre:
             return pre[v]
-        return self._alloc(v.aval, path) if top else self._sub_slot(v.aval)
+        return self._alloc_on(v.aval, path) if top else self._sub_slot(v.aval)
 
     def _gen_eqn(self, seq, prog, idx, e, pre, top=False):
         inplace = dict(e.params.get("inplace", ()) or ())
@@ -1209,7 +1175,7 @@ class CoreRuntime:
 
 
 def _fake_runtime():
-    from .fake_cuda import FakeRuntime
+    from ..testing.fake_cuda import FakeRuntime
     return FakeRuntime()
 
 
@@ -1455,12 +1421,6 @@ def call_kernel(spec, values, n: int, runtime=None) -> list:
     return outs
 
 
-# ---------------------------------------------------------------------------------------------
-# which backend runs a graph
-
-_forced = threading.local()
-
-
 def _device_like(a) -> bool:
     """A GPU array: a CuPy array (by its module), or anything with __cuda_array_interface__ that is
     not a jax.Array (those go to the jax backend)."""
@@ -1468,63 +1428,5 @@ def _device_like(a) -> bool:
         and hasattr(a, "shape") and hasattr(a, "dtype") and not is_jax_array(a)
 
 
-class use_backend:
-    """`with use_backend("fake-cuda"):` graphs built inside run on that backend: 'numpy', 'cuda',
-    'fake-cuda' (the recording fake: NumPy arrays stand for device memory, for tests without a
-    GPU), or a runtime object (e.g. fake_cuda.FakeRuntime(node_updates="top")). None: by the
-    arrays' type. eagle.Graph(backend=...) chooses for one graph."""
-
-    def __init__(self, backend):
-        self.backend = backend
-
-    def __enter__(self):
-        stack = getattr(_forced, "stack", None)
-        if stack is None:
-            stack = _forced.stack = []
-        stack.append(self.backend)
-        return self
-
-    def __exit__(self, *exc):
-        _forced.stack.pop()
-        return False
-
-
-def choose(arrays, requested=None):
-    """The backend of a graph over `arrays` (its input arrays): 'numpy', or a runtime for the CUDA
-    graph backend (CoreRuntime for CuPy arrays: it refuses where there is no GPU; a FakeRuntime for
-    'fake-cuda'). `requested`: eagle.Graph(backend=...), else use_backend's, else by the arrays:
-    CuPy (or any __cuda_array_interface__) arrays -> 'cuda', otherwise 'numpy'."""
-    if requested is None:
-        stack = getattr(_forced, "stack", None)
-        requested = stack[-1] if stack else None
-    on_gpu = [a for a in arrays if _device_like(a)]
-    if requested is None:
-        requested = "jax" if any(is_jax_array(a) for a in arrays) else "cuda" if on_gpu else "numpy"
-    if requested == "jax":
-        if on_gpu:
-            raise ValueError(f"eagle_fx: the jax backend was asked for, but the graph reads a "
-                             f"{type(on_gpu[0]).__module__}.{type(on_gpu[0]).__name__}; pass NumPy arrays or jax.Arrays")
-        return "jax"
-    if any(is_jax_array(a) for a in arrays):
-        raise ValueError(f"eagle_fx: backend {requested!r} was asked for, but the graph reads a jax.Array; pass "
-                         "NumPy arrays (np.asarray) or drop backend= (jax.Arrays run on the jax backend)")
-    if requested == "numpy":
-        if on_gpu:
-            a = on_gpu[0]
-            raise ValueError(f"eagle_fx: the numpy backend was asked for, but the graph reads a "
-                             f"{type(a).__module__}.{type(a).__name__}; pass NumPy arrays (cupy.asnumpy) or drop "
-                             "backend='numpy'")
-        return "numpy"
-    if requested == "cuda":
-        return CoreRuntime.get()
-    if requested == "fake-cuda":
-        requested = _fake_runtime()
-    if not hasattr(requested, "builder"):
-        raise ValueError(f"eagle_fx: unknown backend {requested!r}; 'numpy', 'jax', 'cuda' or 'fake-cuda'")
-    if on_gpu and requested.name == "fake-cuda":
-        raise ValueError("eagle_fx: the fake-cuda backend runs on NumPy arrays; the graph reads a device array")
-    return requested
-
-
-RECORD_REFUSAL = ("eagle.Graph: record=True graphs (for eagle_fx.diff) run on the NumPy backend in this version; "
-                  "build the recorded graph on NumPy arrays (cupy.asnumpy), or drop record=True to run on the GPU")
+# backend selection lives in backends/select.py; these names stay importable from here
+from .select import RECORD_REFUSAL, choose, use_backend  # noqa: E402,F401

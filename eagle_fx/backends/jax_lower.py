@@ -12,6 +12,7 @@ jax.custom_vjp and jax.vmap (to_jax). Each primitive has one rule in `graph_rule
                             which sees its declared arrays hold the graph's values
     parallel branches       plain dataflow (they are already sequenced in the Program)
     derivative primitives   zeros, add_any, stack_push/read (.at[].set / indexing), cell_inc/rev
+    slice / update / reshape / concat   indexing, .at[index].set, jnp.reshape, jnp.concatenate
 
 `inplace` pairs mean nothing here: every output is a new value. Which outputs are the caller's
 written arrays is the executable's concern (backends/jax.py).
@@ -136,7 +137,8 @@ def _opaque(lw, e, ins):
         # and the executable raises it instead of writing anything back
         if not lw.host_errors:
             for arr, v in zip(arrays, values):
-                np.copyto(arr, np.asarray(v))
+                if arr.flags.writeable:     # read-only: an input the graph only reads (enqueue locks it), current
+                    np.copyto(arr, np.asarray(v))
             try:
                 fn()
             except BaseException as exc:
@@ -318,3 +320,20 @@ def _stack_read(lw, e, ins):
         i = turn.reshape(-1)[0].astype(np.int64)
         out = stack[:, i] if e.params["batched"] else stack[i]
     return [fit(out, e.outputs[0].aval)]
+
+
+# -- array structure (views, x[idx] = value, reshape, concatenate): copies, as everywhere here ---------
+
+graph_rules[ir.slice_p] = lambda lw, e, ins: [fit(_jnp().asarray(ins[0])[ir.numpy_index(e.params["index"])],
+                                                  e.outputs[0].aval)]
+graph_rules[ir.reshape_p] = lambda lw, e, ins: [_jnp().reshape(_jnp().asarray(ins[0]), e.params["shape"])]
+graph_rules[ir.concat_p] = lambda lw, e, ins: [fit(_jnp().concatenate([_jnp().asarray(x) for x in ins],
+                                                                      axis=e.params["axis"]), e.outputs[0].aval)]
+
+
+@graph_rules.register(ir.update_p)
+def _update(lw, e, ins):
+    jnp = _jnp()
+    base, value = jnp.asarray(ins[0]), ins[1]
+    value = jnp.asarray(value).astype(base.dtype)       # NumPy's assignment casts to the base's dtype
+    return [base.at[ir.numpy_index(e.params["index"])].set(value)]

@@ -23,6 +23,7 @@ from .. import ir
 from ..analysis import direct_outputs
 from ..transforms.vmap import batch_broadcast_p
 from .fusion import fuse
+from .memory import SlotPlanner
 
 
 _CELL_UFUNC = {ir.cell_not_p: "np.logical_not", ir.cell_and_p: "np.logical_and", ir.cell_or_p: "np.logical_or"}
@@ -86,7 +87,7 @@ class _Gen:
         self.lines.append("    " * depth + line)
 
 
-class NumpyExecutable:
+class NumpyExecutable(SlotPlanner):
     def __init__(self, prog: Program, input_arrays, keep: set, n: int):
         self.prog = prog                # the Program as staged (other backends and tools read it)
         # what runs: fused calls
@@ -101,8 +102,7 @@ class NumpyExecutable:
             self.slot_of[v] = self._new_slot(arr)
             self.input_slots.append(self.slot_of[v])
         self.keep = set(keep) | {a for a in prog.outputs if isinstance(a, Var)}
-        self.pool: dict = {}
-        self.pooled: set = set()
+        self._init_pool()
         self.views: list = []           # (slot, input slot, index): slices read straight from a caller's array
         self.viewable = _viewable_slices(self.plan)
         self._lock = threading.Lock()
@@ -113,23 +113,10 @@ class NumpyExecutable:
         self._code = compile(self.source, "<eagle graph>", "exec")
         self._link()
 
-    # -- slots -------------------------------------------------------------------------------
-    def _new_slot(self, arr) -> int:
-        self.slots.append(arr)
-        return len(self.slots) - 1
-
-    def _alloc(self, aval) -> int:
-        free = self.pool.get((aval.shape, aval.dtype))
-        if free:
-            return free.pop()
-        k = self._new_slot(np.zeros(aval.shape, aval.dtype))
-        self.pooled.add(k)
-        return k
-
-    def _free(self, k):
-        if k in self.pooled:
-            arr = self.slots[k]
-            self.pool.setdefault((arr.shape, arr.dtype), []).append(k)
+    # -- slots (the planner: backends/memory.py) -----------------------------------------------
+    @staticmethod
+    def _zeros(shape, dtype):
+        return np.zeros(shape, dtype)
 
     def _ref(self, slot, aval) -> Var:
         """A stand-in Var for a slot (a loop's carry buffer), to bind a sub-program's inputs to."""
@@ -149,32 +136,12 @@ class NumpyExecutable:
     # -- generation --------------------------------------------------------------------------
     def _gen_top(self, g):
         prog = self.plan
-        last_use: dict[Var, int] = {}
-        for i, e in enumerate(prog.eqns):
-            for a in e.inputs:
-                if isinstance(a, Var):
-                    last_use[a] = i
-        holder: dict[int, Var] = {}
-        for i, e in enumerate(prog.eqns):
-            self._gen_eqn(g, 0, prog, i, e, {}, top=True)
-            for v in e.outputs:
-                holder[self.slot_of[v]] = v
-            dead = [a for a in e.inputs if isinstance(a, Var) and last_use.get(a) == i and a not in self.keep]
-            dead += [v for v in e.outputs if v not in last_use and v not in self.keep]
-            for a in dead:
-                k = self.slot_of.get(a)
-                if k is not None and holder.get(k) is a:
-                    holder.pop(k)
-                    self._free(k)
+        self._walk_top(prog, lambda i, e: self._gen_eqn(g, 0, prog, i, e, {}, top=True))
 
     def _out_slot(self, v, pre, top):
         if v in pre:
             return pre[v]
         return self._alloc(v.aval) if top else self._sub_slot(v.aval)
-
-    def _sub_slot(self, aval):
-        k = self._new_slot(np.zeros(aval.shape, aval.dtype))
-        return k
 
     def _gen_eqn(self, g, d, prog, idx, e, pre, top=False):
         if top and e in self.viewable:        # no copy: the slot is a NumPy view of the caller's array
@@ -385,6 +352,8 @@ class NumpyExecutable:
         ops = list(e.inputs)
         trip = ops.pop(0) if counted else None
         consts, init = ops[:nc], ops[nc:]
+        if not outs:            # it carries nothing and writes nothing: no turn has an effect
+            return
         self._gen_copies(g, d, init, outs)
         B = self.slots[outs[0]].shape[0]
         live = self._new_slot(np.ones((B, 1), bool))       # not finished yet

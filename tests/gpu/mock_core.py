@@ -25,7 +25,7 @@ import types
 import numpy as np
 
 from eagle_fx.backends import cuda as ecuda
-from eagle_fx.backends.fake_cuda import FakeBuilder, FakeCondition
+from eagle_fx.testing.fake_cuda import FakeBuilder, FakeCondition
 
 _registry: dict = {}          # device pointer -> the NumPy array holding it
 calls: list = []              # ('launch' | 'memsetAsync' | 'update_kernel' | 'update_memcpy' | 'update_graph' | ...)
