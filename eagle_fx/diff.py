@@ -89,6 +89,8 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
     exe = h.backward_exe(residuals, g._exe.n)
     cts = h.backward.inputs[len(residuals):]
     for k, j in h.ct_of.items():
+        if k >= h.seedable:
+            continue                             # shown only: the backward does not read its cotangent
         arr = exe.array_of(cts[j])
         if k in ct:
             np.copyto(arr, ct[k])

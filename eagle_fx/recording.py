@@ -22,7 +22,7 @@ from . import ir
 from .backends.numpy import NumpyExecutable
 from .transforms.jvp_graph import jvp_graph
 from .transforms.program import is_float
-from .transforms.split import split
+from .transforms.split import split, without_zero_inputs
 from .transforms.vjp_graph import vjp_graph
 
 API = "eagle.Graph(record=True)"
@@ -31,16 +31,20 @@ API = "eagle.Graph(record=True)"
 class Halves:
     """The record=True Program `prog` as named outputs, and the forward and backward of its vjp."""
 
-    def __init__(self, prog, named, buffers, capacity):
+    def __init__(self, prog, seedable, shown, buffers, capacity):
         top = set(prog.inputs) | {v for e in prog.eqns for v in e.outputs}
         probed = [b for b in dict.fromkeys(buffers) if b in top and b not in prog.inputs and is_float(b.aval)]
         self.q, self.probe_of, sub = _probe(prog, probed)
         outs = list(self.q.outputs)
-        for v in named:
-            if isinstance(v, Var) and v in top:
-                w = sub.get(v, v)
-                if w not in outs:
-                    outs.append(w)
+        n_seedable = None
+        for k, group in enumerate((seedable, shown)):
+            for v in group:
+                if isinstance(v, Var) and v in top and not (k and v in prog.inputs):
+                    w = sub.get(v, v)
+                    if w not in outs:
+                        outs.append(w)
+            if n_seedable is None:
+                n_seedable = len(outs)      # the outputs after these are shown only: no seed reaches them
         self.q = self.q.replace(outputs=outs)
         self.index = {}                         # a Var of `prog` -> its place among q's outputs
         for k, a in enumerate(outs):
@@ -59,7 +63,10 @@ class Halves:
             if w:
                 self.grad_of[k] = len(self.grad_of)
         v = vjp_graph(self.q, self.wrt, capacity, API)
-        self.forward, self.backward, self.residuals = split(v, len(self.q.inputs), len(outs))
+        self.forward, backward, self.residuals = split(v, len(self.q.inputs), len(outs))
+        unseeded = [backward.inputs[len(self.residuals) + j] for k, j in self.ct_of.items() if k >= n_seedable]
+        self.backward = without_zero_inputs(backward, unseeded)
+        self.seedable = n_seedable
         self._bw = None
         self._jvp = None
 
@@ -158,15 +165,15 @@ def recorded_executable(g, keep, arrays, n) -> RecordedExecutable:
     """The executable of record=True graph `g` (its Program staged, `keep` the Vars it shows)."""
     from .api import loop_capacity
     t, prog = g._trace, g._program
-    buffers = [h.var for h in t.buffers if h.var is not None]
     written = [(i, final) for i, (v, e) in enumerate(zip(prog.inputs, t.input_planes))
                if (final := t.root.current.get(e, v)) is not v]
-    named = [f for _, f in written] + buffers + list(keep) + list(t.root.current.values())
     caps = []                   # (input place, turns its stacks hold, loop): checked before each run
 
     def capacity(trip, e):
         cap = loop_capacity(API, trip, e, prog.inputs, arrays)
         caps.append((prog.inputs.index(trip), cap, e))
         return cap
-    halves = Halves(prog, named, [h.var for h in t.buffers if h.label and h.var is not None], capacity)
+    labelled = [h.var for h in t.buffers if h.label and h.var is not None]
+    halves = Halves(prog, [f for _, f in written] + labelled, list(keep) + list(t.root.current.values()), labelled,
+                    capacity)
     return RecordedExecutable(halves, arrays, written, n, caps)

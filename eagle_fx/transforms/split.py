@@ -50,3 +50,34 @@ def _ordered(eqns, outputs):
     for e in eqns:
         yield from (a for a in e.inputs if isinstance(a, Var))
     yield from (a for a in outputs if isinstance(a, Var))
+
+
+def without_zero_inputs(prog: Program, zero) -> Program:
+    """`prog` with the inputs `zero` known to be zeros (cotangents no seed reaches): sums with
+    them are dropped; any other reader gets a zeros value. The inputs stay, unread."""
+    from .. import ir
+    from .program import Eqns
+    zero = set(zero)
+    alias: dict = {}
+    eqns = Eqns()
+    made: dict = {}
+
+    def atom(a):
+        a = alias.get(a, a) if isinstance(a, Var) else a
+        if isinstance(a, Var) and a in zero:
+            if a not in made:
+                made[a] = eqns.zeros(a.aval)
+            return made[a]
+        return a
+    for e in prog.eqns:
+        if e.prim is ir.add_any_p:
+            x, y = (alias.get(a, a) for a in e.inputs)
+            if x in zero or y in zero:
+                other = y if x in zero else x
+                if other in zero:
+                    zero.add(e.outputs[0])
+                else:
+                    alias[e.outputs[0]] = other
+                continue
+        eqns.append(e.replace(inputs=[atom(a) for a in e.inputs]))
+    return dce(prog.replace(eqns=list(eqns), outputs=[atom(a) for a in prog.outputs]))
