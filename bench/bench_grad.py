@@ -7,9 +7,8 @@
 Per workload: the median time (timeit.repeat) of the plain forward `g.launch()`, of the recorded
 forward `gr.launch()` and of `eagle_fx.diff.reverse(gr.record, ...)`, and the ratio
 (recorded forward + reverse) / forward (target <= 4). Memory: the bytes of the record
-(`gr.record.nbytes`) and the residuals the backward needs: for each kernel call the inputs its
-vjp reads (a linear kernel's vjp reads none), once per loop turn it ran; and the graph's own
-buffers, recorded (a recorded forward reuses none, the reverse reads its values there) vs plain.
+(`gr.record.nbytes`: the residuals the forward half of the vjp saves for its backward half) and
+the graph's own buffers, recorded vs plain.
 """
 import cProfile
 import pstats
@@ -19,58 +18,11 @@ import timeit
 import numpy as np
 
 import eagle_fx as eagle
-from eagle_fx import ir
-from hawk_fx.core import Var
-from hawk_fx.diff import kernel_vjp
 
 TARGET = 4.0
 
 
 from workloads import w_chain, w_loop, w_trans
-
-
-# ---------------------------------------------------------------------------------------------
-# memory accounting
-
-def _vjp_reads(spec):
-    """Which primal inputs the kernel's vjp program reads (the residuals a backward needs)."""
-    kv = kernel_vjp(spec)
-    prims = kv.prog.inputs[:len(spec.prog.inputs)]
-    used = set()
-    for e in kv.prog.eqns:
-        used.update(a for a in e.inputs if isinstance(a, Var))
-    used.update(a for a in kv.prog.outputs if isinstance(a, Var))
-    return [v in used for v in prims]
-
-
-def _needed_bytes(prog, turns_of, mult=1):
-    """Bytes of the inputs the vjps read, per call, times the turns of the enclosing loops."""
-    total = 0
-    for e in prog.eqns:
-        if e.prim is ir.call_p:
-            spec = e.params["spec"]
-            if not any(a.aval.dtype.kind == "f" for a in spec.prog.outputs):
-                continue                                  # no float output: no cotangent reaches it
-            for a, read in zip(e.inputs, _vjp_reads(spec)):
-                if read and isinstance(a, Var):
-                    total += mult * int(np.prod(a.aval.shape)) * a.aval.dtype.itemsize
-        elif e.prim in (ir.cond_p, ir.switch_p):
-            total += mult * 4 + max(_needed_bytes(b, turns_of, mult) for b in e.params["branches"])
-        elif e.prim is ir.while_p:
-            turns = turns_of(e)
-            total += mult * 8 + _needed_bytes(e.params["body"], turns_of, mult * turns)
-    return total
-
-
-def memory(gr):
-    rec = gr.record
-    res = gr._residuals
-
-    def turns_of(e):
-        return int(np.asarray(rec.buffers()[res.turns[id(e)]]).reshape(-1)[0])
-
-    needed = _needed_bytes(gr._grad_program, turns_of)
-    return rec.nbytes, needed
 
 
 def buffer_bytes(g):
@@ -107,11 +59,11 @@ def measure(label, build, args, reset=lambda: None, profile=False, number=3, rep
             times[key] += timeit.repeat(fn, number=number, repeat=1)
     tf, tr, tb = (float(np.median(times[k])) / number for k in "frb")
     ratio = (tr + tb) / tf
-    rec_bytes, needed = memory(gr)
+    rec_bytes = gr.record.nbytes
     n = np.asarray(args["x"]).size
     print(f"{label:<8} n={n:<7.0e} forward {tf * 1e3:7.2f} ms | recorded forward {tr * 1e3:7.2f} ms + reverse "
           f"{tb * 1e3:7.2f} ms | ratio {ratio:5.2f} ({'ok' if ratio <= TARGET else 'MISSES'} <= {TARGET:g})")
-    print(f"{'':<8} memory: record {rec_bytes / 1e6:.2f} MB, residuals the backward needs {needed / 1e6:.2f} MB; "
+    print(f"{'':<8} memory: residuals {rec_bytes / 1e6:.2f} MB; "
           f"graph buffers {buffer_bytes(gr) / 1e6:.2f} MB recorded (kept for the reverse) vs "
           f"{buffer_bytes(g) / 1e6:.2f} MB plain")
     if profile:

@@ -12,56 +12,37 @@ from __future__ import annotations
 import numpy as np
 
 from hawk_fx.diff import match_tree
-from hawk_fx.tree import tree_flatten
+from hawk_fx.tree import tree_flatten, tree_unflatten
 
-from .transforms.jvp import Forward
-from .transforms.vjp import Backward
 
 
 class Record:
-    """What the last launch of a record=True graph saved. Valid until the graph launches again;
-    `copy()` keeps one for later."""
+    """What the last launch of a record=True graph saved: the residuals of its vjp's forward half
+    (and its inputs on entry, for forward mode). Valid until the graph launches again; `copy()`
+    keeps one for later."""
 
-    def __init__(self, graph, generation, buffers=None, forward=None):
+    def __init__(self, graph, generation, residuals=None, inputs=None):
         self.graph, self.generation = graph, generation
-        self._buffers, self._forward = buffers, forward
+        self._residuals, self._inputs = residuals, inputs
 
     def copy(self) -> "Record":
-        g = self.graph
         _check_fresh(self, "eagle.diff.Record.copy")
-        exe = g._exe
-        kept = {id(v): exe.array_of(v).copy() for v in _all_vars(g._grad_program) if exe.array_of(v) is not None}
-        bufs = [r.copy() for r in exe.records]
-        return Record(g, None, bufs, lambda v: kept.get(id(v)))
+        return Record(self.graph, None, [r.copy() for r in self.residuals()],
+                      [x.copy() for x in self.inputs()])
 
-    def buffers(self):
-        return self._buffers if self._buffers is not None else self.graph._exe.records
+    def residuals(self):
+        return self._residuals if self._residuals is not None else self.graph._exe.residual_arrays()
 
-    def forward_value(self, v):
-        return self._forward(v) if self._forward is not None else self.graph._exe.array_of(v)
+    def inputs(self):
+        return self._inputs if self._inputs is not None else self.graph._exe.input_arrays()
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the record buffers (what this run saved for the reverse)."""
-        return sum(r.nbytes for r in self.buffers())
+        """Bytes of the residuals (what this run saved for the reverse)."""
+        return sum(r.nbytes for r in self.residuals())
 
     def __repr__(self):
         return f"<eagle_fx.diff.Record of {self.graph!r}, {self.nbytes} bytes saved>"
-
-
-def _all_vars(prog):
-    out = list(prog.inputs)
-    todo = [prog]
-    while todo:
-        p = todo.pop()
-        for e in p.eqns:
-            out.extend(e.outputs)
-            for q in e.params.values():
-                if hasattr(q, "eqns"):
-                    todo.append(q)
-                elif isinstance(q, tuple):
-                    todo.extend(x for x in q if hasattr(x, "eqns"))
-    return out
 
 
 def _check_fresh(record, api):
@@ -88,7 +69,8 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
         if w not in names or names[w][0] == "result":
             raise KeyError(_unknown(api, w))
     _top_level_buffers(api, g, names, list(wrt) + [k for k in seeds if k != "result"])
-    ct: dict = {}
+    h = g._exe.h
+    ct: dict = {}                                # place among the recorded outputs -> seed
     for key, seed in seeds.items():
         if key == "result":
             want_leaves, want_tree = g._result_vars()
@@ -97,30 +79,43 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
                 tree = tree_flatten(seed, is_leaf=lambda x: isinstance(x, np.ndarray))[1]
                 raise ValueError(f"{api}: the 'result' seed has structure {tree}; the result is {want_tree}")
             for v, s in zip(want_leaves, leaves):
-                _seed(ct, v, s, api, "result")
+                _seed(ct, h, v, s, api, "result")
             continue
         if key not in names:
             raise KeyError(_unknown(api, key))
         kind, (v_in, v_out) = names[key]
-        _seed(ct, v_out, seed, api, key)
-    want = {names[w][1][0] for w in wrt if names[w][0] == "buffer"}
-    bw = Backward(g._residuals, record.buffers(), record.forward_value, want)
-    ct = bw.run(g._grad_program, ct)
+        _seed(ct, h, v_out, seed, api, key)
+    residuals = record.residuals()
+    exe = h.backward_exe(residuals, g._exe.n)
+    cts = h.backward.inputs[len(residuals):]
+    for k, j in h.ct_of.items():
+        if k >= h.seedable:
+            continue                             # shown only: the backward does not read its cotangent
+        arr = exe.array_of(cts[j])
+        if k in ct:
+            np.copyto(arr, ct[k])
+        else:
+            arr.fill(0)
+    exe.replay(1)
     out = {}
     for w in wrt:
         kind, (v_in, _) = names[w]
-        grad = bw.got.get(v_in) if kind == "buffer" else ct.get(v_in)
+        place = h.probe_of.get(v_in) if kind == "buffer" else h.inputs.index(v_in)
+        j = h.grad_of.get(place)
         out[w] = np.zeros(v_in.aval.shape, v_in.aval.dtype if v_in.aval.dtype.kind == "f" else np.float64) \
-            if grad is None else np.array(grad)
+            if j is None else np.array(exe.array_of(h.backward.outputs[j]))
     return out
 
 
-def _seed(ct, v, s, api, name):
+def _seed(ct, h, v, s, api, name):
     s = np.asarray(s)
     if s.shape != v.aval.shape or s.dtype != v.aval.dtype:
         raise ValueError(f"{api}: the seed for {name!r} has shape {s.shape} and dtype {s.dtype}; {name!r} is "
                          f"{v.aval.shape} {v.aval.dtype}: pass an array of that shape and dtype")
-    ct[v] = s if v not in ct else ct[v] + s
+    k = h.index.get(v)
+    if k is None or k not in h.ct_of:
+        return                                   # no float output there: nothing flows from it
+    ct[k] = s if k not in ct else ct[k] + s
 
 
 def _top_level_buffers(api, g, names, keys):
@@ -152,27 +147,48 @@ def forward(record: Record, tangents: dict, of=None) -> dict:
         of = ("result",) if g._has_result else tuple(n for n, (k, _) in names.items() if k == "written")
     of = (of,) if isinstance(of, str) else tuple(of)
     _check_fresh(record, api)
-    tan: dict = {}
+    h = g._exe.h
+    tan: dict = {}                               # place among the recorded inputs -> tangent
     for key, t in tangents.items():
         if key not in names or key == "result":
             raise KeyError(_unknown(api, key))
-        _seed(tan, names[key][1][0], t, api, key)
+        kind, (v_in, _) = names[key]
+        t = np.asarray(t)
+        if t.shape != v_in.aval.shape or t.dtype != v_in.aval.dtype:
+            raise ValueError(f"{api}: the tangent for {key!r} has shape {t.shape} and dtype {t.dtype}; {key!r} is "
+                             f"{v_in.aval.shape} {v_in.aval.dtype}: pass an array of that shape and dtype")
+        tan[h.probe_of.get(v_in) if kind == "buffer" else h.inputs.index(v_in)] = t
     for o in of:
         if o not in names:
             raise KeyError(_unknown(api, o))
-    fw = Forward(g._residuals, record.buffers(), record.forward_value)
-    tan = fw.run(g._grad_program, tan)
+    exe = h.jvp_exe(g._exe.n)
+    prog = h._jvp_prog
+    primals = record.inputs()
+    nq = len(h.q.inputs)
+    for i, arr in enumerate(primals):
+        np.copyto(exe.array_of(prog.inputs[i]), arr)
+    for k, j in h.grad_of.items():
+        arr = exe.array_of(prog.inputs[nq + j])
+        if k in tan:
+            np.copyto(arr, tan[k])
+        else:
+            arr.fill(0)
+    exe.replay(1)
+    t_out = {}
+    nout = len(h.q.outputs)
+    flagged = [k for k, a in enumerate(h.q.outputs) if a.aval.dtype.kind in "fc"]
+    for j, k in enumerate(flagged):
+        t_out[k] = exe.array_of(prog.outputs[nout + j])
     out = {}
     for o in of:
         if o == "result":
             leaves, tree = g._result_vars()
-            from hawk_fx.tree import tree_unflatten
-            out[o] = tree_unflatten(tree, [_tangent(tan, v) for v in leaves])
+            out[o] = tree_unflatten(tree, [_tangent(t_out, h, v) for v in leaves])
         else:
-            out[o] = _tangent(tan, names[o][1][1])
+            out[o] = _tangent(t_out, h, names[o][1][1])
     return out
 
 
-def _tangent(tan, v):
-    t = tan.get(v)
+def _tangent(t_out, h, v):
+    t = t_out.get(h.index.get(v))
     return np.zeros(v.aval.shape, v.aval.dtype if v.aval.dtype.kind == "f" else np.float64) if t is None else np.array(t)

@@ -23,8 +23,6 @@ from .backends import cuda as _cuda
 from .backends import select as _select
 from .backends.numpy import NumpyExecutable
 from .staging import GraphTrace, Plane
-from .backends.fusion import fuse
-from .transforms.vjp import forward_with_residuals
 
 
 class OpaqueNode:
@@ -172,7 +170,6 @@ class Graph:
         self._input_names: dict[str, int] = {}
         self._unread_args: dict = {}   # array arguments of the builder no node reads: bindable all the same
         self._generation = 0
-        self._residuals = None
         self._views: dict = {}       # id(result plane) -> the shape it is seen with, or a function (transforms)
         if _building and _building[-1].graph is None:
             ctx = _building[-1]
@@ -325,26 +322,13 @@ class Graph:
                 raise NotImplementedError(_select.RECORD_REFUSAL)
             self._exe = _cuda.CudaExecutable(self._program, arrays, keep, t.n or 1, runtime=backend,
                                              names=[e.name for e in t.input_planes])
-        elif self._record:
-            # the reverse walks the fused program: one vjp kernel per fused chain, and the residuals
-            # are those the fused kernels' backwards read
-            self._grad_program = fuse(self._program, keep, {h.var for h in t.buffers})
-            fwd, self._residuals = forward_with_residuals(self._grad_program, self._loop_capacity)
-            self._exe = NumpyExecutable(fwd, arrays, keep | self._residuals.referenced, t.n or 1,
-                                        records=self._residuals.allocate())
+        elif self._record:                                   # the forward half of its vjp (recording.py)
+            from .recording import recorded_executable
+            self._exe = recorded_executable(self, keep, arrays, t.n or 1)
         else:
             self._exe = NumpyExecutable(self._program, arrays, keep, t.n or 1)
         self._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
         return self
-
-    def _loop_capacity(self, e):
-        if e.params["cap"] is not None:
-            return e.params["cap"]
-        trip = e.inputs[0]
-        if e.params["counted"] and trip in self._program.inputs:
-            return max(1, int(self._trace.input_planes[self._program.inputs.index(trip)].array[0]))
-        raise ValueError(f"eagle.Graph: a counted loop whose trip count is computed in the graph ({e.info.where}) "
-                         "cannot be recorded (record=True); cap it: for _ in range(N): if not cell: break")
 
     # -- gradients ---------------------------------------------------------------------------
     @property

@@ -68,7 +68,7 @@ abstract_eval[switch_p] = _branches_abstract
 
 
 @abstract_eval.register(while_p)
-def _while_abstract(*avals, body, cond, cap, counted, n_consts, inplace, **record):
+def _while_abstract(*avals, body, cond, cap, counted, n_consts, inplace, **rest):
     return list(body.out_avals)
 
 
@@ -94,8 +94,6 @@ def _pp_while(params):
         shown["masked"] = True
     if params["inplace"]:
         shown["inplace"] = params["inplace"]
-    if params.get("record_turns") is not None:
-        shown["record_turns"] = params["record_turns"]
     if params["cond"] is not None:
         shown["cond"] = params["cond"]
     shown["body"] = params["body"]
@@ -117,12 +115,6 @@ pp_params_rules[opaque_p] = _pp_opaque
 pp_params_rules[while_p] = _pp_while
 pp_params_rules[cond_p] = _pp_branches
 pp_params_rules[switch_p] = _pp_branches
-
-
-# record: an effect of record=True graphs. It copies its operand into record buffer `slot`, at the
-# index of the enclosing device loops' turns, so the reverse pass can read what this run saw.
-record_p = Primitive("record", multiple_results=True)
-abstract_eval[record_p] = lambda *avals, slot: []
 
 
 # ---------------------------------------------------------------------------------------------

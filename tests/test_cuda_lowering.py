@@ -237,15 +237,13 @@ class Run:
 
 
 def run_both(g, times=1, orders=ORDERS, copy_inputs=True) -> Run:
-    """Lower g's Program (its record=True forward for recorded graphs) into a fresh fake per
-    order, interpret it `times` times, and compare every result, kept buffer, written input and
-    record buffer with a fresh NumPy executable replayed as often."""
+    """Lower g's Program into a fresh fake per order, interpret it `times` times, and compare every
+    result, kept buffer and written input with a fresh NumPy executable replayed as often."""
     t, prog = g._trace, g._exe.prog
     arrays = [e.array for e in t.input_planes]
     initial = [a.copy() for a in arrays]
     keep = {h.var for h in list(t.handles) + t.buffers if h.var is not None}
     n = t.n or 1
-    recorded = g._residuals is not None
 
     def inputs():
         if copy_inputs:
@@ -255,8 +253,7 @@ def run_both(g, times=1, orders=ORDERS, copy_inputs=True) -> Run:
         return arrays
 
     ref_in = inputs()
-    ref_rec = g._residuals.allocate() if recorded else None
-    ref = NumpyExecutable(prog, ref_in, keep, n, records=ref_rec)
+    ref = NumpyExecutable(prog, ref_in, keep, n)
     ref.replay(times)
     want = {v: np.array(ref.array_of(v)) for v in list(keep) + [o for o in prog.outputs if hasattr(o, "aval")]
             if ref.array_of(v) is not None}
@@ -265,17 +262,13 @@ def run_both(g, times=1, orders=ORDERS, copy_inputs=True) -> Run:
     for order in orders:
         fake_in = inputs()
         fake = FakeBuilder()
-        rec = g._residuals.allocate() if recorded else None
-        plan = cuda.lower(prog, fake_in, keep, n, fake, records=rec)
+        plan = cuda.lower(prog, fake_in, keep, n, fake)
         fake.validate()
         fake.launch(times, order=order)
         for v, arr in want.items():
             np.testing.assert_array_equal(plan.array_of(v), arr, err_msg=f"order {order}: {v}")
         for a, b in zip(fake_in, want_in):
             np.testing.assert_array_equal(a, b, err_msg=f"order {order}: an input array")
-        if recorded:
-            for a, b in zip(rec, ref_rec):
-                np.testing.assert_array_equal(a, b, err_msg=f"order {order}: a record buffer")
         run = Run(g, plan, fake, ref, ref_in, fake_in)
     return run
 
@@ -531,24 +524,6 @@ def test_whole(flag):
     np.testing.assert_array_equal(run.fake_inputs[2], run.ref_inputs[2])     # y, written in place
 
 
-def test_whole_recorded_matches_the_record():
-    x, y = np.arange(8.0), np.zeros(8)
-    run = run_both(whole(x, cell(1), y, record=True))
-    plan = run.plan
-    recs = plan.nodes(role="record")
-    entries = {nd.entry for nd in recs}
-    assert "eagle_record_copy_d1" in entries and "eagle_record_turns_d0" in entries
-    (loop,) = plan.nodes("while")
-    assert all(nd.entry == "eagle_record_copy_d1" for nd in recs if any(nd is b for b in loop.bodies[0]))
-
-
-def test_model_recorded_records_only_what_its_reverse_reads():
-    # model: a = affine(x), accumulate(a, y) writes y in place, result = square(a). The backward of
-    # accumulate (y = a + 1) reads neither input, and a stays in its own buffer: nothing is copied.
-    run = run_both(model(np.arange(4.0), np.zeros(4), record=True))
-    assert [nd.label for nd in run.plan.nodes("memcpy")] == []
-
-
 def test_repeated_launch_restarts_conditions_and_loops():
     g = capped(np.ones(4), cell(1))
     run = run_both(g, times=3)
@@ -620,13 +595,11 @@ def test_every_module_of_the_tour_compiles(nvrtc):
         warnings.simplefilter("ignore")
         graphs = [first(np.arange(4.0)), choose(np.arange(4.0), cell(1), cell(0), True),
                   early_exit(np.zeros(4), cell(1), cell(0)), chooser(np.arange(4.0), cell(0)),
-                  peaked(np.zeros(4), cell(1)), whole(np.arange(8.0), cell(1), np.zeros(8), record=True)]
+                  peaked(np.zeros(4), cell(1)), whole(np.arange(8.0), cell(1), np.zeros(8))]
     modules = {}
     for g in graphs:
         t = g._trace
-        rec = g._residuals.allocate() if g._residuals is not None else None
-        plan = cuda.lower(g._exe.prog, [p.array.copy() for p in t.input_planes], set(), t.n or 1, FakeBuilder(),
-                          records=rec)
+        plan = cuda.lower(g._exe.prog, [p.array.copy() for p in t.input_planes], set(), t.n or 1, FakeBuilder())
         modules.update(plan.modules)
     assert cuda.LOWERING.name in modules and cuda.GUARDS.name in modules
     for name, mod in modules.items():

@@ -66,9 +66,6 @@ What a Program becomes
              The turn counter (a device cell, reset at loop entry) holds the turn index during the
              body, and the number of turns after the loop.
     cell_not/and/or  one-thread kernels eagle_cell_not/and/or.
-    record   a memcpy into the record buffer; inside device loops, `eagle_record_copy_d<depth>`,
-             which indexes the record by the enclosing loops' turn counters (writes beyond a
-             record's capacity are dropped). A loop's turn count is written by eagle_record_turns.
     forks    nodes follow program order, except that the branches of one `parallel` region
              (eqn.info.branch paths) are independent chains; an equation after the region joins
              them. Edges for buffer hazards (read-after-write, write-after-read, write-after-write
@@ -78,7 +75,7 @@ Running (what eagle_fx.Graph uses; Graph.build picks the backend with `choose`)
     CudaExecutable  the NumpyExecutable interface over one lowered, instantiated graph: replay(times)
                     (launches, then waits), enqueue(times) / synchronize() (asynchronous on the
                     stream), array_of(var), rebind(input_index, array) (per-node updates of the
-                    instantiated graph; a whole-graph update where those are refused), records.
+                    instantiated graph; a whole-graph update where those are refused).
     runtimes        CoreRuntime: CuPy memory and cuda.core graphs on CuPy's current device and
                     stream (needs a GPU); fake_cuda.FakeRuntime: the recording fake ("fake-cuda").
     call_kernel     a hawk kernel called eagerly on CuPy arrays: its entries launched directly.
@@ -107,7 +104,6 @@ from .memory import SlotPlanner
 
 BLOCK = hcuda.BLOCK        # threads per block of the grid-stride map kernels
 MAX_GRID = 1024            # blocks at most; the map kernels stride over the rest
-MAX_RECORD_DEPTH = 4       # device loops nested around a `record`, at most
 
 INSTALL_HINT = "pip install -e '.[cuda12]'   (CUDA 13 drivers: pip install -e '.[cuda13]')"
 MIN_DRIVER = 12080         # IF-ELSE and SWITCH conditional nodes need CUDA driver 12.8
@@ -180,24 +176,6 @@ class KernelModule:
 GUARDS = KernelModule("hawk_guards", hcuda.guard_source(), tuple(hcuda.GUARD_KERNELS), "guard", label="guards")
 
 
-def _record_kernels(depth: int) -> str:
-    levels = "".join(f", const unsigned int* t{k}, unsigned int cap{k}, unsigned long long stride{k}"
-                     for k in range(depth))
-    inside = " && ".join(f"*t{k} < cap{k}" for k in range(depth)) or "true"
-    offset = " + ".join(f"(unsigned long long)(*t{k}) * stride{k}" for k in range(depth)) or "0ull"
-    return f"""
-extern "C" __global__ void eagle_record_copy_d{depth}(unsigned char* dst, const unsigned char* src,
-                                                   unsigned long long nbytes{levels}) {{
-    if (!({inside})) return;
-    unsigned char* d = dst + ({offset});
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < nbytes;
-         i += (unsigned long long)gridDim.x * blockDim.x) d[i] = src[i]; }}
-extern "C" __global__ void eagle_record_turns_d{depth}(unsigned char* dst, const unsigned int* counter{levels}) {{
-    if (blockIdx.x != 0 || threadIdx.x != 0 || !({inside})) return;
-    *(long long*)(dst + ({offset})) = (long long)(*counter); }}
-"""
-
-
 # TODO(hawk_fx.emit.cuda): the emitter's guard_source() has no guard that reads a guard cell AND a
 # trip counter (a capped `for _ in range(N): if not cell: break`, a counted loop with a break, or
 # an uncapped loop whose body reads its turn counter). eagle_loop_start/step below are that guard,
@@ -248,11 +226,10 @@ extern "C" __global__ void eagle_strided_copy(unsigned char* dst, const unsigned
         else if (itemsize == 4u) *(unsigned int*)(dst + d) = *(const unsigned int*)(src + s);
         else for (unsigned int b = 0; b < itemsize; ++b) dst[d + b] = src[s + b];
     } }
-""" + "".join(_record_kernels(d) for d in range(MAX_RECORD_DEPTH + 1))
+"""
 
 _LOWERING_ENTRIES = ("eagle_loop_start", "eagle_loop_step", "eagle_cell_not", "eagle_cell_and", "eagle_cell_or",
-                     "eagle_switch_index", "eagle_strided_copy") + tuple(f"eagle_record_{w}_d{d}" for d in range(MAX_RECORD_DEPTH + 1)
-                                                   for w in ("copy", "turns"))
+                     "eagle_switch_index", "eagle_strided_copy")
 LOWERING = KernelModule("eagle_lowering", _LOWERING_SOURCE, _LOWERING_ENTRIES, "lowering", label="lowering")
 
 _body_modules: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # Specialization -> KernelModule
@@ -277,8 +254,7 @@ class PlanNode:
     """One node of the lowered graph. kind: 'kernel' | 'memset' | 'memcpy' | 'host' | 'join' |
     'if' | 'if_else' | 'switch' | 'while'. role of a kernel: 'body' (a hawk entry), 'init' (a
     workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic), 'select' (switch index), 'copy'
-    (eagle_strided_copy: slice, update, concat),
-    'record'. For a conditional node `cond` is the condition it reads, `bodies` its body trees."""
+    (eagle_strided_copy: slice, update, concat). For a conditional node `cond` is the condition it reads, `bodies` its body trees."""
 
     __slots__ = ("kind", "role", "label", "handle", "after", "module", "entry", "grid", "block", "args", "cond",
                  "bodies", "dst", "src")
@@ -307,7 +283,6 @@ class CudaPlan:
         self.input_slots: list[int] = []
         self.modules: dict[str, KernelModule] = {}
         self.conditions: list = []
-        self.records: list = []
         self.constants: list = []
         self.workspaces: list = []
 
@@ -480,19 +455,11 @@ class _Chain:
 # ---------------------------------------------------------------------------------------------
 # the lowering
 
-def lower(program: Program, input_arrays, keep, n: int, builder, records=None) -> CudaPlan:
+def lower(program: Program, input_arrays, keep, n: int, builder) -> CudaPlan:
     """Lower `program` into a CUDA graph through `builder` (the protocol in the module docstring).
     input_arrays: the device arrays of program.inputs (they are used in place); keep: Vars whose
-    buffers must survive (results, buffer= planes); n: the graph's sample count; records: the
-    record buffers of a record=True forward (device arrays, in record-slot order)."""
-    return _Lowering(program, input_arrays, keep, n, builder, records).plan
-
-
-def _has_records(prog: Program) -> bool:
-    for e in prog.eqns:
-        if e.prim is ir.record_p or (e.prim is ir.while_p and e.params.get("record_turns") is not None):
-            return True
-    return any(_has_records(p) for p in prog.subprograms())
+    buffers must survive (results, buffer= planes); n: the graph's sample count."""
+    return _Lowering(program, input_arrays, keep, n, builder).plan
 
 
 def _region(aval, index):
@@ -520,17 +487,13 @@ def _c_strides(shape, itemsize):
 
 
 class _Lowering(SlotPlanner):
-    def __init__(self, prog, input_arrays, keep, n, builder, records):
+    def __init__(self, prog, input_arrays, keep, n, builder):
         self.prog, self.builder = prog, builder
         self.plan = plan = CudaPlan(prog, n, builder)
         self.slots, self.slot_of = plan.slots, plan.slot_of
-        self.records = list(records or [])
-        plan.records = self.records
-        self.reuse = records is None
         self.consts: dict = {}
         self._init_pool()
         self.slot_paths: dict = {}       # top-level slot -> branch paths of the equations that used it
-        self.loops: list = []            # (counter slot, record capacity) of the enclosing device loops
         self.depth = 0                   # conditional bodies around the current node
         input_arrays = list(input_arrays)
         if len(input_arrays) != len(prog.inputs):
@@ -666,15 +629,11 @@ class _Lowering(SlotPlanner):
             for k in reads | writes:
                 self.slot_paths.setdefault(k, set()).add(tuple(e.info.branch))
         p = e.prim
-        if p is ir.record_p:
-            writes = {("record", e.params["slot"])}
         chain = _Chain(self, seq.level, seq.open(e.info.branch, reads, writes))
         if p is ir.call_p:
             self._gen_call(chain, e, outs)
         elif p is ir.opaque_p:
             self._gen_opaque(chain, e)
-        elif p is ir.record_p:
-            self._gen_record(chain, e)
         elif p in (ir.cell_not_p, ir.cell_and_p, ir.cell_or_p):
             entry = {ir.cell_not_p: "eagle_cell_not", ir.cell_and_p: "eagle_cell_and", ir.cell_or_p: "eagle_cell_or"}[p]
             args = [self.slots[outs[0]]] + [self.buf(a, ir.U32_CELL) for a in e.inputs]
@@ -773,41 +732,6 @@ class _Lowering(SlotPlanner):
                                       "device if/loop, or write it as a kernel")
         chain.push(self.host(chain.level, chain.deps(), e.params["fn"], label))
 
-    def _levels(self):
-        out = []
-        for ctr, cap in self.loops:
-            if cap is None:
-                raise NotImplementedError("eagle_fx CUDA lowering: a record inside a device loop with no record "
-                                          "capacity (record_cap)")
-            out.append((ctr, cap))
-        return out
-
-    def _level_args(self, rec_shape, itemsize):
-        levels = self._levels()
-        strides = _c_strides(rec_shape, itemsize)
-        args = []
-        for k, (ctr, cap) in enumerate(levels):
-            args += [self.slots[ctr], np.uint32(cap), np.uint64(strides[k])]
-        return args
-
-    def _gen_record(self, chain, e):
-        slot = e.params["slot"]
-        if slot >= len(self.records):
-            raise ValueError(f"eagle_fx CUDA lowering: the program records into slot {slot}; pass its record buffers "
-                             "(records=)")
-        rec, src = self.records[slot], self.buf(e.inputs[0])
-        depth = len(self.loops)
-        if depth == 0:
-            chain.memcpy(rec, src, label=f"record {slot}")
-            return
-        if depth > MAX_RECORD_DEPTH:
-            raise NotImplementedError(f"eagle_fx CUDA lowering: a record inside {depth} nested device loops "
-                                      f"(at most {MAX_RECORD_DEPTH})")
-        nbytes = int(np.prod(e.inputs[0].aval.shape, dtype=np.int64)) * e.inputs[0].aval.dtype.itemsize
-        args = [rec, src, np.uint64(nbytes)] + self._level_args(tuple(rec.shape), np.dtype(rec.dtype).itemsize)
-        chain.kernel(LOWERING, f"eagle_record_copy_d{depth}", self._grid(max(1, nbytes)), BLOCK, args, "record",
-                     f"record {slot}")
-
     # -- sub-programs ------------------------------------------------------------------------
     def _gen_sub(self, level, start, sub: Program, operands, out_slots) -> tuple:
         """Lower `sub` on `level` after `start`, its inputs bound to the operands' slots and its
@@ -892,15 +816,13 @@ class _Lowering(SlotPlanner):
     def _gen_while(self, chain, e, outs):
         body, cond = e.params["body"], e.params["cond"]
         cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
-        record_turns = e.params.get("record_turns")
         ops = list(e.inputs)
         trip = ops.pop(0) if counted else None
         consts, init = ops[:nc], ops[nc:]
         level = chain.level
         chain.last = self._copies_seq(level, chain.deps(), init, outs)
         reads_turn = any(body.inputs[0] in q.inputs for q in body.eqns) or body.inputs[0] in body.outputs
-        needs_counter = (cap is not None or counted or reads_turn or record_turns is not None
-                         or _has_records(body))
+        needs_counter = cap is not None or counted or reads_turn
         if cap is None and not counted and cond is None:
             raise NotImplementedError("eagle_fx CUDA lowering: a device loop with neither a guard nor a trip count")
         ctr = self._sub_slot(ir.U32_CELL)
@@ -940,21 +862,12 @@ class _Lowering(SlotPlanner):
         node, (body_l,) = self.conditional(level, chain.deps(), "while", c, label="while")
         chain.push(node)
         refs = [self._ref(ctr, ir.U32_CELL)] + consts + [self._ref(s, a.aval) for s, a in zip(outs, init)]
-        self.loops.append((ctr, e.params.get("record_cap")))
 
         def finish_body(tails):
             _, tails = guard_cell(body_l, tails)       # the same cell as before the loop
             _Chain(self, body_l, tails).kernel(step[0], step[1], 1, 1, step[2], "guard", "while", c)
 
-        try:
-            self._body(body_l, body, refs, outs, extra=finish_body)
-        finally:
-            self.loops.pop()
-        if record_turns is not None:
-            rec = self.records[record_turns]
-            depth = len(self.loops)
-            args = [rec, counter] + self._level_args(tuple(rec.shape), np.dtype(rec.dtype).itemsize)
-            chain.kernel(LOWERING, f"eagle_record_turns_d{depth}", 1, 1, args, "record", f"turns {record_turns}")
+        self._body(body_l, body, refs, outs, extra=finish_body)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1329,7 +1242,7 @@ def _swap(node, old, new):
 
 class CudaExecutable:
     """A Program lowered into ONE CUDA graph and instantiated; the interface of NumpyExecutable:
-    replay(times), array_of(var), rebind(input_index, array), records; plus enqueue(times) and
+    replay(times), array_of(var), rebind(input_index, array); plus enqueue(times) and
     synchronize() (asynchronous launches on the runtime's stream: CuPy's current stream).
 
     rebind swaps an input array WITHOUT re-capturing or re-instantiating: every node that reads or
@@ -1341,7 +1254,7 @@ class CudaExecutable:
     too is the new definition instantiated. `last_bind` says which happened: 'nodes', 'graph' or
     'instantiate'."""
 
-    def __init__(self, prog, input_arrays, keep, n: int, records=None, runtime=None, names=None):
+    def __init__(self, prog, input_arrays, keep, n: int, runtime=None, names=None):
         if runtime is None:
             runtime = CoreRuntime.get()
         elif runtime == "fake-cuda":
@@ -1349,11 +1262,10 @@ class CudaExecutable:
         self.runtime = runtime
         self.backend_name = runtime.name
         self.prog, self.n, self.keep = prog, n, set(keep)
-        self._records_arg = records
         self.names = list(names) if names is not None else [None] * len(self.prog.inputs)
         self.inputs = runtime.device_arrays(list(input_arrays), self.names)
         memory = _PlannedMemory(runtime.builder())
-        self.plan = lower(prog, self.inputs, self.keep, n, memory, records=records)
+        self.plan = lower(prog, self.inputs, self.keep, n, memory)
         self._memory = memory.made
         self.graph = runtime.instantiate(memory._builder)
         self._definitions = [memory]          # definitions stay alive with the graph made from them
@@ -1361,10 +1273,6 @@ class CudaExecutable:
         self.last_bind = None
         self.last_bind_reason = None          # why per-node updates were refused, when they were
         self.launches = 0
-
-    @property
-    def records(self):
-        return self.plan.records
 
     def array_of(self, var):
         return self.plan.array_of(var)
@@ -1415,7 +1323,7 @@ class CudaExecutable:
 
     def _update_whole(self, why):
         memory = _PlannedMemory(self.runtime.builder(), reuse=self._memory)
-        plan = lower(self.prog, self.inputs, self.keep, self.n, memory, records=self._records_arg)
+        plan = lower(self.prog, self.inputs, self.keep, self.n, memory)
         try:
             self.runtime.update_graph(self.graph, memory._builder)
         except Exception:

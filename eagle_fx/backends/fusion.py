@@ -153,6 +153,7 @@ def fuse(prog: Program, keep: set, barriers=frozenset()) -> Program:
                 and not any(v in barriers for v in prev.outputs)
                 and any(a in prev.outputs for a in e.inputs if isinstance(a, Var))
                 and not any(e.inputs[i] in prev.outputs for _, i in e.params["inplace"])
+                and not any(e.inputs[k] in prev.outputs for k in e.params["spec"].commits)
                 and not any(a in e.outputs for a in prev.inputs if isinstance(a, Var))):
             out[-1] = _fuse_pair(prev, e, reads_after[i])
         else:

@@ -153,8 +153,6 @@ def _shape_struct(aval):
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
 
 
-graph_rules[ir.record_p] = lambda lw, e, ins: (_ for _ in ()).throw(
-    LoweringError("eagle_fx jax backend: record=True graphs run on the NumPy backend"))
 
 
 # -- cells -----------------------------------------------------------------------------------------
@@ -220,8 +218,6 @@ def _guard(lw, cond, consts, c_atoms, carries, carry_atoms):
 @graph_rules.register(ir.while_p)
 def _while(lw, e, ins):
     jnp, lax = _jnp(), _lax()
-    if e.params.get("record_turns") is not None:
-        raise LoweringError("eagle_fx jax backend: record=True graphs run on the NumPy backend")
     body, cond = e.params["body"], e.params["cond"]
     cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
     ops, atoms = list(ins), list(e.inputs)

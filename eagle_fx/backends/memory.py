@@ -15,7 +15,7 @@ from hawk_fx.core import Var
 
 class SlotPlanner:
     """Mixin for a lowering. The lowering sets `slots` (list), `slot_of` (Var -> slot), `keep`
-    (Vars whose slots are never reused), `reuse` (False: no slot is reused) and defines
+    (Vars whose slots are never reused) and defines
     `_zeros(shape, dtype)` (a new array on its device)."""
 
     pool: dict
@@ -44,7 +44,7 @@ class SlotPlanner:
         return k
 
     def _free(self, k):
-        if k in self.pooled and self.reuse:
+        if k in self.pooled:
             arr = self.slots[k]
             self.pool.setdefault((tuple(arr.shape), np.dtype(arr.dtype)), []).append(k)
 

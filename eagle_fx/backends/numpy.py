@@ -71,7 +71,6 @@ class _Gen:
         self.exe = exe
         self.lines: list[str] = []
         self.turns = 0
-        self.loop_vars: list[str] = []      # turn counters of the enclosing device loops
         self.loops: list[list] = []         # per enclosing loop: [its header line, depth, const slots, spreads]
 
     def loop_header(self, d, consts):
@@ -84,22 +83,16 @@ class _Gen:
         self.lines.insert(loop[0], "    " * loop[1] + line)
         loop[0] += 1
 
-    def at(self) -> str:
-        return "[" + ", ".join(self.loop_vars) + "]" if self.loop_vars else ""
-
     def emit(self, depth, line):
         self.lines.append("    " * depth + line)
 
 
 class NumpyExecutable(SlotPlanner):
-    def __init__(self, prog: Program, input_arrays, keep: set, n: int, records=None):
+    def __init__(self, prog: Program, input_arrays, keep: set, n: int):
         self.prog = prog                # the Program as staged (other backends and tools read it)
-        # what runs: fused calls. A recorded forward fuses too: its `record` copies sit between calls
-        # and the values its reverse reads in place are in `keep`, so both stay outputs
+        # what runs: fused calls
         self.plan = fuse(prog, set(keep))
         self.n = n
-        self.records = list(records or [])    # record buffers of a record=True forward
-        self.reuse = True                      # a recorded forward keeps what its reverse reads via `keep`
         self.slots: list[np.ndarray] = []
         self.slot_of: dict[Var, int] = {}
         self.calls: list = []           # (kind, payload) per bound callable c{k}
@@ -174,8 +167,6 @@ class NumpyExecutable(SlotPlanner):
             k = len(self.calls)
             self.calls.append(("fn", e.params["fn"]))
             g.emit(d, f"c{k}()")
-        elif p is ir.record_p:
-            g.emit(d, f"np.copyto(R{e.params['slot']}{g.at()}, {self.b(e.inputs[0])})")
         elif p in _CELL_UFUNC and e.outputs[0].aval.shape != (1,):     # batched cells: one per instance
             g.emit(d, f"{_CELL_UFUNC[p]}({', '.join(self.b(a) for a in e.inputs)}, out=b{outs[0]})")
         elif p is batch_broadcast_p:
@@ -279,11 +270,6 @@ class NumpyExecutable(SlotPlanner):
         g.emit(d, f"{t} = 0")
         if counted:
             g.emit(d, f"{t}_n = int({self.b(trip)}[0])")
-            if e.params.get("record_turns") is not None:
-                cap_r = e.params["record_cap"]
-                g.emit(d, f"if {t}_n > {cap_r}: raise RuntimeError('eagle: a recorded counted loop asks for ' "
-                          f"+ str({t}_n) + ' turns; its record holds {cap_r} (the trip count at build): "
-                          f"call the builder again with the larger count')")
         g.loop_header(d, consts)
         g.emit(d, "while True:")
         if cap is not None:
@@ -302,13 +288,9 @@ class NumpyExecutable(SlotPlanner):
         if any(body.inputs[0] in e.inputs for e in body.eqns) or body.inputs[0] in body.outputs:
             g.emit(d + 1, f"b{ctr}[0] = {t}")          # the body reads its turn counter
         refs = [self._ref(ctr, ir.U32_CELL)] + consts + [self._ref(s, a.aval) for s, a in zip(outs, init)]
-        g.loop_vars.append(t)
         self._gen_sub(g, d + 1, body, refs, outs)
-        g.loop_vars.pop()
         g.loops.pop()
         g.emit(d + 1, f"{t} += 1")
-        if e.params.get("record_turns") is not None:
-            g.emit(d, f"R{e.params['record_turns']}{g.at()}[0] = {t}")
 
     # -- batched (vmap) control flow: every arm runs, each instance keeps its own ---------------
     def _merge(self, g, d, mask_slot, outs, srcs):
@@ -442,8 +424,6 @@ class NumpyExecutable(SlotPlanner):
             ns[f"b{k}"] = arr
         for k, c in enumerate(self.consts):
             ns[f"k{k}"] = c
-        for k, r in enumerate(self.records):
-            ns[f"R{k}"] = r
         for k, call in enumerate(self.calls):
             if call[0] == "fn":
                 ns[f"c{k}"] = call[1]
@@ -543,7 +523,7 @@ def _viewable_slices(prog: Program) -> set:
             out[e.outputs[0]] = e
     for e in prog.eqns:
         targets = {e.inputs[i] for _, i in e.params.get("inplace", ()) or ()}
-        safe = e.prim in (ir.call_p, ir.slice_p, ir.reshape_p, ir.concat_p, ir.update_p, ir.record_p)
+        safe = e.prim in (ir.call_p, ir.slice_p, ir.reshape_p, ir.concat_p, ir.update_p)
         for k, a in enumerate(e.inputs):
             if a in out and (not safe or a in targets or (e.prim is ir.update_p and k == 0)):
                 del out[a]

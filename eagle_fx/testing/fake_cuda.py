@@ -21,7 +21,7 @@ respects the recorded edges only (`order`: "creation", "lifo" (the latest-create
 first: an adversarial order that exposes missing edges), or an int seed for a random order).
 Kernels of a hawk body run the kernel's NumPy code on the buffers (the body runs whole at its last
 entry; earlier entries are checked for order), guard kernels set the fake condition, the lowering's
-small kernels (cell logic, switch index, record copies) run their NumPy equivalents, IF/IF-ELSE/
+small kernels (cell logic, switch index) run their NumPy equivalents, IF/IF-ELSE/
 SWITCH run the body the condition selects, WHILE runs its body while the condition is set
 (checked before the first turn). Conditions are reset to their default at every launch.
 
@@ -80,11 +80,6 @@ class FakeNode:
 
 # C signatures of the guard kernels and the lowering's kernels: 'h' a condition handle,
 # 'u32*' / 'i64*' / 'u8*' device pointers ('?' suffix: may be null), 'u32' / 'u64' scalars
-def _record_sig(kind, depth):
-    head = ("u8*", "u8*", "u64") if kind == "copy" else ("u8*", "u32*")
-    return head + ("u32*", "u32", "u64") * depth
-
-
 _SIGNATURES = {
     "set_cond_from_cell": ("h", "u32*"),
     "set_cond_from_value": ("h", "u32*"),
@@ -99,9 +94,6 @@ _SIGNATURES = {
     "eagle_switch_index": ("u32*", "u32*", "i64*?", "u32"),
     "eagle_strided_copy": ("u8*", "u8*", "i64*", "u32", "u64", "u32"),
 }
-for _d in range(8):
-    _SIGNATURES[f"eagle_record_copy_d{_d}"] = _record_sig("copy", _d)
-    _SIGNATURES[f"eagle_record_turns_d{_d}"] = _record_sig("turns", _d)
 
 _DT = {"u32": np.dtype(np.uint32), "i64": np.dtype(np.int64), "u64": np.dtype(np.uint64), "u8": None}
 
@@ -438,8 +430,6 @@ class FakeBuilder:
             out[0] = k
         elif entry == "eagle_strided_copy":
             self._strided_copy(a)
-        elif entry.startswith("eagle_record_"):
-            self._record(entry, a)
         else:
             raise FakeCudaError(f"fake CUDA: no interpretation for kernel {entry!r}")
 
@@ -459,21 +449,6 @@ class FakeBuilder:
                 raise FakeCudaError(f"fake CUDA: eagle_strided_copy reads/writes outside its {name} array")
         for b in range(size):
             d_bytes[d_off + b] = s_bytes[s_off + b]
-
-    @staticmethod
-    def _record(entry, a):
-        copy = entry.startswith("eagle_record_copy")
-        head = 3 if copy else 2
-        levels = [(a[k], int(a[k + 1]), int(a[k + 2])) for k in range(head, len(a), 3)]
-        if any(int(t[0]) >= cap for t, cap, _ in levels):
-            return                                          # beyond the record's capacity: dropped
-        off = sum(int(t[0]) * stride for t, _, stride in levels)
-        dst = _nbytes_view(a[0])
-        if copy:
-            nbytes = int(a[2])
-            dst[off:off + nbytes] = _nbytes_view(a[1])[:nbytes]
-        else:
-            dst[off:off + 8] = np.array([int(a[1][0])], dtype=np.int64).view(np.uint8)
 
     def _body(self, node):
         root = self.root

@@ -53,8 +53,6 @@ def refuse_untransformable(e, api):
                              "Python function "
                              "the transform cannot see into; move its work into a kernel, or keep it out of the "
                              "function you differentiate")
-    if e.prim is ir.record_p:
-        raise TransformError(f"{api}: a record=True graph cannot be transformed; transform the plain builder")
     if e.prim is ir.call_p and e.params.get("batch"):
         raise TransformError(f"{api}: the program is batched (made by vmap); differentiate first, then batch: "
                              "eagle_fx.vmap(eagle_fx.grad(f))")

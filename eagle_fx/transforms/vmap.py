@@ -12,7 +12,7 @@ Rules, one per primitive:
     count) the loop runs until every instance's guard is 0, finished instances frozen (masked);
   * derivative primitives: zeros and sums as elementwise ops; a stack of saved loop turns gains
     the batch axis after its turn axis is read per instance (each instance ran its own turns);
-  * opaque host nodes and record=True graphs are refused.
+  * opaque host nodes are refused.
 """
 from __future__ import annotations
 
@@ -87,8 +87,6 @@ class _Batcher:
             self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
         elif p in (ir.cell_not_p, ir.cell_and_p, ir.cell_or_p):
             self.copy(e, atoms, [any(fl)], env, flags, eqns)
-        elif p is ir.record_p:
-            raise VmapError("eagle_fx.vmap: a record=True graph cannot be batched; vmap the plain graph")
         elif p in (ir.cond_p, ir.switch_p):
             self.branches(e, atoms, fl, env, flags, eqns)
         elif p is ir.while_p:

@@ -1,0 +1,179 @@
+"""What a record=True graph builds: the two halves of the vjp transform of its Program.
+
+The graph's Program, with its named values as outputs (the result, the arguments a kernel writes,
+buffer= labels) and a zero probe added to each float top-level buffer (the cotangent that reaches
+a buffer is the gradient with respect to its probe), goes through vjp_graph and is split at the
+residual boundary (transforms/split.py):
+
+  * the forward half (inputs -> outputs and residuals: the stacks of loop carries, the values the
+    kernels' backwards read) is what the graph runs on launch; it is functional, so an argument
+    the graph writes is copied back after each run, its value on entry kept for the derivatives;
+  * the backward half (residuals, cotangents -> input cotangents) is lowered once, on the first
+    `eagle_fx.diff.reverse`, and replayed with the record's residuals and the seeds bound;
+  * `eagle_fx.diff.forward` runs jvp_graph of the same Program on the recorded run's inputs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hawk_fx.core import Eqn, Var
+
+from . import ir
+from .backends.numpy import NumpyExecutable
+from .transforms.jvp_graph import jvp_graph
+from .transforms.program import is_float
+from .transforms.split import split, without_zero_inputs
+from .transforms.vjp_graph import vjp_graph
+
+API = "eagle.Graph(record=True)"
+
+
+class Halves:
+    """The record=True Program `prog` as named outputs, and the forward and backward of its vjp."""
+
+    def __init__(self, prog, seedable, shown, buffers, capacity):
+        top = set(prog.inputs) | {v for e in prog.eqns for v in e.outputs}
+        probed = [b for b in dict.fromkeys(buffers) if b in top and b not in prog.inputs and is_float(b.aval)]
+        self.q, self.probe_of, sub = _probe(prog, probed)
+        outs = list(self.q.outputs)
+        n_seedable = None
+        for k, group in enumerate((seedable, shown)):
+            for v in group:
+                if isinstance(v, Var) and v in top and not (k and v in prog.inputs):
+                    w = sub.get(v, v)
+                    if w not in outs:
+                        outs.append(w)
+            if n_seedable is None:
+                n_seedable = len(outs)      # the outputs after these are shown only: no seed reaches them
+        self.q = self.q.replace(outputs=outs)
+        self.index = {}                         # a Var of `prog` -> its place among q's outputs
+        for k, a in enumerate(outs):
+            if isinstance(a, Var):
+                self.index.setdefault(a, k)
+        for v, w in sub.items():
+            self.index[v] = self.index[w]
+        self.inputs = list(prog.inputs)
+        self.wrt = [is_float(v.aval) for v in self.q.inputs]
+        self.ct_of = {}                         # q output place -> cotangent input place of the backward
+        for k, a in enumerate(outs):
+            if is_float(a.aval):
+                self.ct_of[k] = len(self.ct_of)
+        self.grad_of = {}                       # q input place -> output place of the backward
+        for k, w in enumerate(self.wrt):
+            if w:
+                self.grad_of[k] = len(self.grad_of)
+        v = vjp_graph(self.q, self.wrt, capacity, API)
+        self.forward, backward, self.residuals = split(v, len(self.q.inputs), len(outs))
+        unseeded = [backward.inputs[len(self.residuals) + j] for k, j in self.ct_of.items() if k >= n_seedable]
+        self.backward = without_zero_inputs(backward, unseeded)
+        self.seedable = n_seedable
+        self._bw = None
+        self._jvp = None
+
+    def backward_exe(self, residuals, n):
+        if self._bw is None:
+            cts = [np.zeros(v.aval.shape, v.aval.dtype) for v in self.backward.inputs[len(residuals):]]
+            self._bw = NumpyExecutable(self.backward, list(residuals) + cts, set(), n)
+        exe = self._bw
+        for i, arr in enumerate(residuals):
+            if exe.slots[exe.input_slots[i]] is not arr:
+                exe.rebind(i, arr)
+        return exe
+
+    def jvp_exe(self, n):
+        if self._jvp is None:
+            self._jvp_prog, _ = jvp_graph(self.q, self.wrt, force=[True] * len(self.q.outputs))
+            arrays = [np.zeros(v.aval.shape, v.aval.dtype) for v in self._jvp_prog.inputs]
+            self._jvp = NumpyExecutable(self._jvp_prog, arrays, set(), n)
+        return self._jvp
+
+
+def _probe(prog, buffers):
+    """`prog` reading `b + probe` wherever it read each buffer b (and returning that), the probes
+    its last inputs: (program, {buffer: probe input place}, {buffer: the probed Var})."""
+    probes = {b: Var(b.aval) for b in buffers}
+    sub = {b: Var(b.aval, b.hint) for b in buffers}
+    eqns = []
+    for e in prog.eqns:
+        eqns.append(e.replace(inputs=[sub.get(a, a) if isinstance(a, Var) else a for a in e.inputs])
+                    if any(isinstance(a, Var) and a in sub for a in e.inputs) else e)
+        for v in e.outputs:
+            if v in probes:
+                eqns.append(Eqn(ir.add_any_p, [v, probes[v]], [sub[v]], {}, e.info))
+    n = len(prog.inputs)
+    q = prog.replace(inputs=list(prog.inputs) + [probes[b] for b in buffers], eqns=eqns,
+                     outputs=[sub.get(a, a) if isinstance(a, Var) else a for a in prog.outputs])
+    return q, {b: n + k for k, b in enumerate(buffers)}, sub
+
+
+class RecordedExecutable:
+    """Runs the forward half for a record=True graph, as the graph's executable: array_of answers
+    for the graph's own Vars, and the arguments it writes are written back after each run."""
+
+    def __init__(self, halves: Halves, arrays, written, n, caps=()):
+        self.h, self.n, self.caps = halves, n, list(caps)
+        # a written argument: the forward reads a private copy of it on entry (what the derivatives
+        # read, views included), and its value on exit is copied into the caller's array
+        self.user = {i: arrays[i] for i, _ in written}
+        self.entry = {i: np.array(arrays[i]) for i in self.user}
+        arrays = [self.entry.get(i, a) for i, a in enumerate(arrays)]
+        probes = [np.zeros(v.aval.shape, v.aval.dtype) for v in halves.q.inputs[len(arrays):]]
+        self.exe = NumpyExecutable(halves.forward, list(arrays) + probes, set(), n)
+        f = halves.forward
+        self.var = {v: f.outputs[k] for v, k in halves.index.items()}
+        self.var.update(zip(halves.inputs, f.inputs))
+        self.written = [(i, self.var[final]) for i, final in written]     # (input place, its Var on exit)
+
+    def __getattr__(self, name):           # prog, plan, source, ...: the forward's
+        return getattr(self.exe, name)
+
+    def replay(self, times: int = 1):
+        for i, cap, e in self.caps:
+            turns = int(np.max(self.exe.array_of(self.exe.prog.inputs[i])))
+            if turns > cap:
+                raise RuntimeError(f"{API}: the counted loop at {e.info.where} asks for {turns} turns; its record "
+                                   f"holds {cap} (the trip count at build): call the builder again with the larger "
+                                   "count")
+        for _ in range(times):
+            for i, out in self.written:
+                np.copyto(self.entry[i], self.user[i])
+            self.exe.replay(1)
+            for i, out in self.written:
+                np.copyto(self.user[i], self.exe.array_of(out))
+
+    def rebind(self, i, arr):
+        if i in self.user:
+            self.user[i] = arr
+        else:
+            self.exe.rebind(i, arr)
+
+    def array_of(self, var):
+        if var in self.h.inputs and self.h.inputs.index(var) in self.user:
+            return self.user[self.h.inputs.index(var)]
+        v = self.var.get(var)
+        return None if v is None or not isinstance(v, Var) else self.exe.array_of(v)
+
+    def input_arrays(self):
+        """The inputs of the last run as they were on entry."""
+        return [self.exe.array_of(v) for v in self.exe.prog.inputs]
+
+    def residual_arrays(self):
+        return [self.exe.array_of(r) for r in self.h.residuals]
+
+
+def recorded_executable(g, keep, arrays, n) -> RecordedExecutable:
+    """The executable of record=True graph `g` (its Program staged, `keep` the Vars it shows)."""
+    from .api import loop_capacity
+    t, prog = g._trace, g._program
+    written = [(i, final) for i, (v, e) in enumerate(zip(prog.inputs, t.input_planes))
+               if (final := t.root.current.get(e, v)) is not v]
+    caps = []                   # (input place, turns its stacks hold, loop): checked before each run
+
+    def capacity(trip, e):
+        cap = loop_capacity(API, trip, e, prog.inputs, arrays)
+        caps.append((prog.inputs.index(trip), cap, e))
+        return cap
+    labelled = [h.var for h in t.buffers if h.label and h.var is not None]
+    halves = Halves(prog, [f for _, f in written] + labelled, list(keep) + list(t.root.current.values()), labelled,
+                    capacity)
+    return RecordedExecutable(halves, arrays, written, n, caps)
