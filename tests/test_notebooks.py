@@ -15,7 +15,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
-EXECUTED_HERE = {"optimisation.ipynb": ("scipy", "matplotlib"), "research.ipynb": ("jax",),
+EXECUTED_HERE = {"optimisation.ipynb": ("scipy", "matplotlib", "jax"), "research.ipynb": ("jax",),
                  "under-the-hood.ipynb": ()}
 
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
