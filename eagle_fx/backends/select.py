@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 
+from hawk_fx.cuda_runtime import is_device_array
 from hawk_fx.emit.jax import is_jax_array
 
 _forced = threading.local()
@@ -44,8 +45,7 @@ def choose(arrays, requested=None):
     if requested is None:
         stack = getattr(_forced, "stack", None)
         requested = stack[-1] if stack else None
-    from .cuda import _device_like
-    on_gpu = [a for a in arrays if _device_like(a)]
+    on_gpu = [a for a in arrays if is_device_array(a)]
     if requested is None:
         requested = "jax" if any(is_jax_array(a) for a in arrays) else "cuda" if on_gpu else "numpy"
     if requested == "jax":
@@ -64,7 +64,7 @@ def choose(arrays, requested=None):
                              "backend='numpy'")
         return "numpy"
     if requested == "cuda":
-        from .cuda import CoreRuntime
+        from .cuda_graph import CoreRuntime
         return CoreRuntime.get()
     if requested == "fake-cuda":
         from ..testing.fake_cuda import FakeRuntime

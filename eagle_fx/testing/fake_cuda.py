@@ -1,4 +1,4 @@
-"""A recording fake of the CUDA graph-builder protocol (see eagle_fx.backends.cuda), for machines
+"""A recording fake of the CUDA graph-builder protocol (see eagle_fx.backends.cuda_graph), for machines
 without a GPU.
 
 `FakeBuilder()` implements the protocol with NumPy arrays as "device memory". It records the node
@@ -32,9 +32,10 @@ creation; `node_updates="top"` refuses nodes inside conditional bodies, "none" r
 exercise the fallbacks) and whole-graph updates from another definition (`update`: refused when
 the topology differs, as CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED is).
 
-`FakeRuntime` is the runtime eagle_fx.backends.cuda.CudaExecutable and call_kernel run on for the
-"fake-cuda" backend: NumPy arrays are the device memory, launches wait on a fake stream until
-`sync` (so a missing synchronize shows up as stale results), and it counts what it did.
+`FakeRuntime` is the runtime eagle_fx.backends.cuda_graph.CudaExecutable and
+hawk_fx.cuda_runtime.call_kernel run on for the "fake-cuda" backend: NumPy arrays are the device
+memory, launches wait on a fake stream until `sync` (so a missing synchronize shows up as stale
+results), and it counts what it did.
 """
 from __future__ import annotations
 
@@ -615,8 +616,9 @@ class FakeStream:
 
 
 class FakeRuntime:
-    """The runtime of the 'fake-cuda' backend (see eagle_fx.backends.cuda, 'runtimes'): NumPy arrays
-    are device memory, graphs are FakeExecs interpreted in `order`, launches are deferred to sync.
+    """The runtime of the 'fake-cuda' backend (the runtime protocol of eagle_fx.backends.cuda_graph):
+    NumPy arrays are device memory, graphs are FakeExecs interpreted in `order`, launches are
+    deferred to sync.
 
     node_updates: what per-node updates the instantiated graphs take ('all', 'top', 'none');
     graph_updates: whether whole-graph updates are taken (False: bind has to re-instantiate)."""
