@@ -11,11 +11,14 @@
 """
 from . import diff
 from .cache import clear_caches
-from .api import grad, jacfwd, jacrev, jvp, make_graph, make_program, vjp, vmap
+from .api import make_graph, make_program
+from .batching import vmap
+from .derivatives import grad, jvp, value_and_grad, vjp
+from .jacobians import hessian, jacfwd, jacrev
 from .graph import Branch, Fork, Graph, opaque
 from .staging import UncappedLoopWarning
 
 __version__ = "0.1.0"
 
-__all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning",
+__all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "value_and_grad", "hessian", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning",
            "clear_caches"]

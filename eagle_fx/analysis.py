@@ -6,11 +6,15 @@ import numpy as np
 from hawk_fx.core import Program, Var
 
 from . import ir
+from .views import footprint
 
 
 def _same_memory(k1, k2) -> bool:
-    if k1 is k2:
-        return True
+    """Do two planes share memory? A view (eagle_fx/views.py) touches the part of its root it selects."""
+    (r1, m1), (r2, m2) = footprint(k1), footprint(k2)
+    if r1 is r2:
+        return m1 is None or m2 is None or bool((m1 & m2).any())
+    k1, k2 = r1, r2
     a1, a2 = getattr(k1, "array", None), getattr(k2, "array", None)
     return a1 is not None and a2 is not None and np.shares_memory(a1, a2)
 

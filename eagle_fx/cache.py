@@ -16,10 +16,12 @@ staged with; a call whose trip count is larger stages again.
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict, namedtuple
 
 import numpy as np
 
+from hawk_fx.perthread import ThreadStack
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 MAXSIZE = 64               # entries (layouts) per transformed function
@@ -29,7 +31,8 @@ CacheInfo = namedtuple("CacheInfo", "hits misses currsize maxsize")
 
 _STATIC = (bool, int, float, complex, str, bytes, type(None), np.generic)
 _CACHES: "OrderedDict[object, FunctionCache]" = OrderedDict()
-_RECORDING: list = []      # the Staging record of the entry being staged (innermost last)
+_LOCK = threading.Lock()   # guards the dicts of caches and of entries (not the runs)
+_RECORDING = ThreadStack()  # the Staging record of the entry being staged (innermost last)
 
 
 class Staging:
@@ -54,10 +57,21 @@ def uncacheable():
 
 
 class Entry:
-    __slots__ = ("graph", "owned", "caps")
+    """A staged graph, the arrays it owns, and a lock: binding and running it is one step, so two
+    threads calling with one layout take turns. `staged` returns it locked; `with entry:` releases."""
+
+    __slots__ = ("graph", "owned", "caps", "lock")
 
     def __init__(self, graph, owned, caps):
         self.graph, self.owned, self.caps = graph, owned, caps
+        self.lock = threading.RLock()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
+        return False
 
     def bind(self, leaves):
         """Copy the call's arrays into the graph's own; False when a trip count outgrew the graph."""
@@ -81,21 +95,34 @@ class FunctionCache:
         return CacheInfo(self.hits, self.misses, len(self.entries), self.maxsize)
 
     def lookup(self, key, leaves):
-        e = self.entries.get(key)
+        """The entry for `key` with these arrays bound, locked; None (and no lock) for a miss."""
+        with _LOCK:
+            e = self.entries.get(key)
+            if e is not None:
+                self.entries.move_to_end(key)
         if e is None:
             return None
-        self.entries.move_to_end(key)
-        if not e.bind(leaves):
-            del self.entries[key]
+        e.lock.acquire()
+        try:
+            bound = e.bind(leaves)
+        except BaseException:
+            e.lock.release()
+            raise
+        if not bound:
+            e.lock.release()
+            with _LOCK:
+                if self.entries.get(key) is e:
+                    del self.entries[key]
             return None
         self.hits += 1
         return e
 
     def store(self, key, entry):
-        self.misses += 1
-        self.entries[key] = entry
-        while len(self.entries) > self.maxsize:
-            self.entries.popitem(last=False)
+        with _LOCK:
+            self.misses += 1
+            self.entries[key] = entry
+            while len(self.entries) > self.maxsize:
+                self.entries.popitem(last=False)
 
 
 def layout_key(args):
@@ -128,29 +155,36 @@ def _is_ndarray(x):
 
 
 def cache_for(sig, create=True):
-    c = _CACHES.get(sig)
-    if c is None and create:
-        c = _CACHES[sig] = FunctionCache()
-        while len(_CACHES) > MAX_FUNCTIONS:
-            _CACHES.popitem(last=False)
-    elif c is not None:
-        _CACHES.move_to_end(sig)
-    return c
+    with _LOCK:
+        c = _CACHES.get(sig)
+        if c is None and create:
+            c = _CACHES[sig] = FunctionCache()
+            while len(_CACHES) > MAX_FUNCTIONS:
+                _CACHES.popitem(last=False)
+        elif c is not None:
+            _CACHES.move_to_end(sig)
+        return c
+
+
+def _locked(e):
+    e.lock.acquire()
+    return e
 
 
 def staged(sig, args, stage):
-    """The Entry whose graph runs `stage` for these arguments: a cached one with the arrays bound,
-    or a new one, staged on copies of the arguments that it keeps."""
+    """The Entry whose graph runs `stage` for these arguments, locked (`with staged(...) as e:`):
+    a cached one with the arrays bound, or a new one, staged on copies of the arguments that it
+    keeps."""
     key, leaves, tree = layout_key(args)
     if key is None:
-        return Entry(stage(*args), None, ()), args
+        return _locked(Entry(stage(*args), None, ()))
     try:
         c = cache_for(sig)
     except TypeError:                     # an unhashable option (a list in in_axes): no cache
         c = None
     e = c.lookup(key, leaves) if c is not None else None
     if e is not None:
-        return e, None
+        return e
     owned = [np.array(x) if type(x) is np.ndarray else None for x in leaves]
     own = [o if o is not None else x for o, x in zip(owned, leaves)]
     own_args = tuple(own) if tree is None else tree_unflatten(tree, own)
@@ -160,17 +194,19 @@ def staged(sig, args, stage):
         g = stage(*own_args)
     finally:
         _RECORDING.pop()
-    e = Entry(g, owned, rec.caps)
+    e = _locked(Entry(g, owned, rec.caps))
     if c is not None and rec.cacheable:
         c.store(key, e)
-    return e, own_args
+    return e
 
 
 def clear_caches():
     """Forget every staged graph of every transformed function (after changing a global a function
     reads by closure, for instance)."""
-    _CACHES.clear()
+    with _LOCK:
+        _CACHES.clear()
 
 
 def clear(sig):
-    _CACHES.pop(sig, None)
+    with _LOCK:
+        _CACHES.pop(sig, None)

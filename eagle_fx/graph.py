@@ -14,9 +14,9 @@ import numpy as np
 
 from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
-from hawk_fx.tree import tree_flatten, tree_unflatten
+from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
 
-from . import staging
+from . import staging, views
 from .analysis import count_nodes, count_stages
 from .autograph import convert_builder
 from .backends import cuda as _cuda
@@ -52,16 +52,26 @@ def _rebuild(t, leaves, k):
     for c in t.children:
         v, k = _rebuild(c, leaves, k)
         kids.append(v)
-    if t.kind == "tuple":
-        return tuple(kids), k
-    if t.kind == "list":
-        return kids, k
-    return dict(zip(t.meta, kids)), k
+    return make_node(t, kids), k
 
 
 class _BuildContext:
     def __init__(self, builder, arg_names):
         self.builder, self.arg_names, self.graph = builder, arg_names, None
+        self.planes: dict = {}       # id(array) -> the staged plane the builder sees for that argument
+
+    def wrap(self, value):
+        """Arguments (and arrays in tuples, lists and dicts of them) as staged planes."""
+        if staging.is_array(value):
+            p = self.planes.get(id(value))
+            if p is None:
+                p = self.planes[id(value)] = staging.argument_plane(value, self.arg_names.get(id(value)))
+            return p
+        if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+            return type(value)(self.wrap(v) for v in value)
+        if type(value) is dict:
+            return {k: self.wrap(v) for k, v in value.items()}
+        return value
 
 
 _building = ThreadStack()     # this thread's builder calls (_BuildContext), innermost last
@@ -149,13 +159,18 @@ class Graph:
         self._worker: threading.Thread | None = None
         self._worker_error = None
         self._input_names: dict[str, int] = {}
+        self._unread_args: dict = {}   # array arguments of the builder no node reads: bindable all the same
         self._generation = 0
         self._residuals = None
-        self._views: dict = {}       # id(result plane) -> the shape it is seen with (nested vmap)
+        self._views: dict = {}       # id(result plane) -> the shape it is seen with, or a function (transforms)
         if _building and _building[-1].graph is None:
             ctx = _building[-1]
             ctx.graph = self
             self._trace.arg_names = ctx.arg_names
+            for p in ctx.planes.values():
+                p.graph = self
+                self._trace.externs[id(p.key.array)] = p.key
+                self._trace.handles.add(p)
             GRAPH_STAGING.append(self._trace)
             self._builder = ctx.builder
         else:
@@ -207,7 +222,7 @@ class Graph:
         self._has_result = tree is not None
 
     def _leaf_array(self, x, out_var):
-        if isinstance(x, Plane):
+        if isinstance(x, Plane) and x.var is not None:
             return self._array_of_plane(x)
         arr = self._exe.array_of(out_var)         # a user's array in the result: the one bound now
         return x if arr is None else arr
@@ -348,9 +363,19 @@ class Graph:
     def _array_of_plane(self, h: Plane):
         if self._exe is None:
             return None
+        if h.var is None:                 # an argument, or a view of one: read from the arrays bound now
+            return views.array_of(h.key, self._root_array)
         arr = self._exe.array_of(h.var)
-        shape = self._views.get(id(h))
-        return arr if shape is None else arr.reshape(shape)
+        view = self._views.get(id(h))          # a shape, or a function of the array (a Jacobian's axes)
+        if view is None:
+            return arr
+        return view(arr) if callable(view) else arr.reshape(view)
+
+    def _root_array(self, key):
+        if isinstance(key, staging.Extern):
+            return key.array
+        v = self._trace.root.current.get(key)
+        return None if v is None else self._exe.array_of(v)
 
     # -- running -----------------------------------------------------------------------------
     def __call__(self, n: int = 1):
@@ -360,10 +385,26 @@ class Graph:
 
     def launch(self, n: int = 1) -> "Graph":
         """Replay n times and wait."""
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+            raise TypeError(self._replay_refusal(n))
         self.synchronize()
         self.build()._exe.replay(int(n))
+        self._fill_pinned()
         self._generation += 1
         return self
+
+    def _replay_refusal(self, n):
+        """g(x): a Graph replays the arrays bound to it; say how to run it on others."""
+        names = ", ".join(f"{k}=..." for k in self._input_names) or "name=..."
+        b = self._builder.__name__ if self._builder is not None else "the builder"
+        return (f"eagle.Graph: g(n) and g.launch(n) replay the graph n times on its own arrays; got "
+                f"{type(n).__name__}. To run it on new arrays, bind them (g.bind({names}); g()) or call {b}(...) "
+                "again (a transformed function, e.g. eagle_fx.grad(f)(x), caches its graph per layout)")
+
+    def _fill_pinned(self):
+        """Copy each block result handed out as an array (see Builder._call_block) from its plane."""
+        for arr, plane in self._trace.pinned.values():
+            np.copyto(arr, np.asarray(self._array_of_plane(plane)))
 
     def enqueue(self, n: int = 1) -> "Graph":
         """Replay n times on a worker thread and return at once; `synchronize()` waits."""
@@ -379,6 +420,7 @@ class Graph:
         def work():
             try:
                 exe.replay(int(n))
+                self._fill_pinned()
             except BaseException as e:   # surfaced by synchronize()
                 self._worker_error = e
         self._worker = threading.Thread(target=work, daemon=True)
@@ -403,21 +445,32 @@ class Graph:
         self.synchronize()
         self.build()
         for name, arr in arrays.items():
-            if name not in self._input_names:
-                known = ", ".join(self._input_names) or "none"
+            if name not in self._input_names and name not in self._unread_args:
+                known = ", ".join([*self._input_names, *self._unread_args]) or "none"
                 raise KeyError(f"eagle.Graph.bind: {name!r} is not an array argument of the builder (it has: {known})")
-            i = self._input_names[name]
-            old = self._trace.input_planes[i].array
+            if name in self._unread_args:
+                old = self._unread_args[name]
+            else:
+                old = self._trace.input_planes[self._input_names[name]].array
+            if not staging.is_array(arr):
+                raise ValueError(f"eagle.Graph.bind: {name!r} takes an array of shape {old.shape} and dtype {old.dtype}, "
+                                 f"got {type(arr).__name__}: pass np.asarray({name}, dtype=np.{old.dtype.name})")
             if not staging.is_array(arr) or isinstance(arr, np.ndarray) != isinstance(old, np.ndarray) \
                     or arr.shape != old.shape or arr.dtype != old.dtype:
                 got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
                 raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
                                  "call the builder again")
+            if name in self._unread_args:
+                continue
+            i = self._input_names[name]
             entry, v = self._trace.input_planes[i], self._program.inputs[i]
             if not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
                 raise ValueError(f"eagle.Graph.bind: {name!r} is a read-only array, and the graph writes this argument "
                                  "in place (a Mutable or buffer=); pass a writeable array")
         for name, arr in arrays.items():
+            if name in self._unread_args:       # no node reads it: nothing to swap but the record of it
+                self._unread_args[name] = arr
+                continue
             i = self._input_names[name]
             self._trace.input_planes[i].array = arr
             self._exe.rebind(i, arr)
@@ -454,15 +507,23 @@ class Builder:
     def __call__(self, *args, **kwargs):
         if self.graph_param is not None:
             return self._call_block(args, kwargs)
-        bound = self.signature.bind(*args, **kwargs)
+        bound = self._bind(args, kwargs)
         bound.apply_defaults()
         names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
         ctx = _BuildContext(self, names)
         _building.append(ctx)
         staging._source_stack.append(self.source)
         depth = len(GRAPH_STAGING)
+        args = ctx.wrap(tuple(bound.args))
+        kwargs = ctx.wrap(dict(bound.kwargs))
         try:
             ret = self.converted(*args, **kwargs)
+        except TypeError as e:
+            if ctx.graph is not None or not ctx.planes:
+                raise
+            raise TypeError(f"{self.__name__}: its arguments are used before its graph exists ({e}); a builder "
+                            "creates its graph first: g = eagle.Graph(), stages kernel calls into it, declares "
+                            "g.result = ... and ends with `return g`") from None
         finally:
             staging._source_stack.pop()
             _building.pop()
@@ -471,18 +532,51 @@ class Builder:
             raise TypeError(f"{self.__name__}: a builder returns its graph: `return g`; declare the arrays with "
                             "`g.result = ...`" + ("" if ctx.graph is not None else
                                                   " (and create it first: g = eagle.Graph())"))
-        return ret.build()
+        ret.build()
+        ret._unread_args = {k: v for k, v in bound.arguments.items()
+                            if staging.is_array(v) and k not in ret._input_names}
+        return ret
+
+    def _bind(self, args, kwargs):
+        """The call's arguments bound to the builder's parameters; a mismatch names them."""
+        try:
+            return self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            params = ", ".join(self.signature.parameters)
+            unknown = [k for k in kwargs if k not in self.signature.parameters]
+            hint = f"; {', '.join(map(repr, unknown))} is not one of them" if unknown else ""
+            raise TypeError(f"{self.__name__}: {e}; the {'block' if self.graph_param else 'builder'} takes "
+                            f"({params}){hint}") from None
 
     def _call_block(self, args, kwargs):
-        bound = self.signature.bind(*args, **kwargs)
+        bound = self._bind(args, kwargs)
         handle = bound.arguments[self.graph_param]
         graph = handle if isinstance(handle, Graph) else getattr(handle, "graph", None)
         if not isinstance(graph, Graph):
             raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "
                             f"append to, got {type(handle).__name__}")
+        outermost = not staging._source_stack
         staging._source_stack.append(self.source)
         try:
             with graph._staging():
-                return self.converted(*args, **kwargs)
+                ret = self.converted(*args, **kwargs)
         finally:
             staging._source_stack.pop()
+        return _pin_results(graph, ret) if outermost else ret
+
+
+def _pin_results(graph, tree):
+    """A block called from plain code (on a hand-made graph) hands its planes out as NumPy arrays,
+    filled after every launch; staging the array later in the same graph reads the plane itself."""
+    t = graph._trace
+    if graph._backend not in (None, "numpy") or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
+        return tree            # a CUDA graph: its planes stay handles that read the device arrays
+    leaves, treedef = tree_flatten(tree, is_leaf=lambda x: isinstance(x, Plane))
+    out = []
+    for x in leaves:
+        if isinstance(x, Plane) and x.graph is graph:
+            arr = np.zeros(x.aval.shape, x.aval.dtype)
+            t.pinned[id(arr)] = (arr, x)
+            x = arr
+        out.append(x)
+    return tree_unflatten(treedef, out)

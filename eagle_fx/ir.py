@@ -162,3 +162,84 @@ def _read_abstract(stack, turn, *, batched=False, turn_batched=False):
 pp_params_rules[zeros_p] = lambda params: {}
 pp_params_rules[stack_push_p] = lambda params: {"cap": params["cap"]}
 pp_params_rules[stack_read_p] = lambda params: {}
+
+
+# ---------------------------------------------------------------------------------------------
+# array structure: what NumPy indexing, reshape and stack/concatenate on staged planes become
+# (eagle_fx/views.py stages them). All four are linear. Backends copy: a slot the planner reuses
+# would change under a view; the NumPy backend reads a slice of an argument that nothing writes
+# in place as a view of the caller's array.
+#
+#   slice    x[index]: index has one entry per axis of x, an int (the axis goes) or a range
+#   update   base' = base with base[index] = value (in place on base when staged)
+#   reshape  x.reshape(shape), C order
+#   concat   the operands joined along `axis`
+
+slice_p = Primitive("slice")
+update_p = Primitive("update")
+reshape_p = Primitive("reshape")
+concat_p = Primitive("concat")
+STRUCTURE = (slice_p, update_p, reshape_p, concat_p)
+
+
+def index_shape(index) -> tuple:
+    return tuple(len(r) for r in index if isinstance(r, range))
+
+
+def numpy_index(index) -> tuple:
+    """The NumPy index of a normalised one (ints and ranges) that selects the same elements."""
+    out = []
+    for r in index:
+        if isinstance(r, range):
+            if len(r) == 0:
+                out.append(slice(0, 0))
+            else:
+                stop = r[-1] + (1 if r.step > 0 else -1)
+                out.append(slice(r[0], stop if stop >= 0 else None, r.step))
+        else:
+            out.append(r)
+    return tuple(out)
+
+
+@abstract_eval.register(slice_p)
+def _slice_abstract(x, *, index):
+    return [plane_aval(index_shape(index), x.dtype)]
+
+
+@abstract_eval.register(update_p)
+def _update_abstract(base, value, *, index, inplace=()):
+    if value.shape != index_shape(index):
+        raise TypeError(f"update: a value of shape {value.shape} for a region of shape {index_shape(index)}")
+    return [base]
+
+
+@abstract_eval.register(reshape_p)
+def _reshape_abstract(x, *, shape):
+    if int(np.prod(shape)) != int(np.prod(x.shape)):
+        raise TypeError(f"reshape: {x.shape} has {int(np.prod(x.shape))} elements, {tuple(shape)} needs "
+                        f"{int(np.prod(shape))}")
+    return [plane_aval(shape, x.dtype)]
+
+
+@abstract_eval.register(concat_p)
+def _concat_abstract(*xs, axis):
+    shape = list(xs[0].shape)
+    shape[axis] = sum(x.shape[axis] for x in xs)
+    return [plane_aval(shape, xs[0].dtype)]
+
+
+def _pp_index(index):
+    parts = []
+    for r in index:
+        if not isinstance(r, range):
+            parts.append(str(r))
+        else:
+            s = numpy_index((r,))[0]
+            parts.append(f"{'' if s.start in (0, None) else s.start}:{'' if s.stop is None else s.stop}"
+                         + ("" if s.step in (1, None) else f":{s.step}"))
+    return "[" + ",".join(parts) + "]"
+
+
+pp_params_rules[slice_p] = lambda params: {"index": _pp_index(params["index"])}
+pp_params_rules[update_p] = lambda params: {"index": _pp_index(params["index"]),
+                                            **({"inplace": params["inplace"]} if params.get("inplace") else {})}

@@ -13,13 +13,13 @@ import weakref
 
 import numpy as np
 
-from hawk_fx.core import AVal, Eqn, EqnInfo, Literal, Program, Var
+from hawk_fx.core import AVal, Eqn, EqnInfo, LeakedTracerError, Literal, Program, Tracer, Var, abstract_eval
 from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
 from hawk_fx.source import SourceInfo, user_line
 from hawk_fx.trace import UNDEF
 
-from . import ir
+from . import ir, staged_numpy, views
 from .analysis import check_fork_hazards
 
 
@@ -39,14 +39,23 @@ class Extern:
         return f"<array {self.name or ''} {self.array.dtype}{list(self.array.shape)}>"
 
 
+def argument_plane(array, name) -> "Plane":
+    """A builder argument as the builder sees it: a staged plane over the caller's array (its graph is
+    set when the builder makes it), so NumPy on it is staged, never computed once at build."""
+    p = Plane(None, ir.plane_aval(array.shape, array.dtype), key=Extern(array, name))
+    p.label = name
+    return p
+
+
 class PlaneKey:
     """The identity of a staged buffer. Scopes key versions by it, so they do not keep handles alive."""
 
     __slots__ = ("__weakref__",)
 
 
-class Plane:
-    """A staged array in a graph. Once the graph is built it reads as its array (np.asarray, print)."""
+class Plane(staged_numpy.NdarrayProtocol):
+    """A staged array in a graph: NumPy on it is staged or refused (staged_numpy.NdarrayProtocol).
+    Once the graph is built it reads as its array (np.asarray, print)."""
 
     __slots__ = ("graph", "aval", "key", "var", "label", "info", "kept", "__weakref__")
 
@@ -57,25 +66,27 @@ class Plane:
         self.label, self.info, self.kept = None, info, False
 
     # reading the value after the graph is built
+    def _check_use(self, use="eagle: the value read as an array (np.asarray, print, a NumPy or hawk.math function)"):
+        """A plane a builder staged is that builder's: once it has finished, a use elsewhere is a leak."""
+        if self.graph._builder is not None and _finished(self.graph):
+            _refuse_foreign(self, use)
+
     def _array(self):
+        self._check_use()
         arr = self.graph._array_of_plane(self)
         if arr is None:
             raise RuntimeError(f"eagle: plane {self.label or ''!r} has no value yet: build the graph "
                                "(`g.build()`, or call the builder) and launch it first")
         return arr
 
-    def __array__(self, dtype=None, copy=None):
-        a = self._array()
-        return a if dtype is None else a.astype(dtype)
-
     def __repr__(self):
-        arr = self.graph._array_of_plane(self)
+        arr = self.graph._array_of_plane(self) if self.graph is not None else None
         if arr is None:
             return f"<eagle plane {self.label or ''} {self.aval} (not built yet)>"
         return repr(arr)
 
     def __str__(self):
-        arr = self.graph._array_of_plane(self)
+        arr = self.graph._array_of_plane(self) if self.graph is not None else None
         return str(arr) if arr is not None else repr(self)
 
     @property
@@ -93,13 +104,44 @@ class Plane:
     def __len__(self):
         return self.aval.shape[0]
 
+    __hash__ = object.__hash__      # == stages a comparison; identity keeps planes usable in sets
 
-def _arith(*_):
-    raise TypeError("eagle: arithmetic on a staged plane in a builder; do it in a kernel (@hawk.kernel)")
+    def _staging(self, what):
+        """The trace to stage `what` into, or None when the graph is built (the plane reads as its
+        array); refuses a plane whose graph does not exist yet or one leaked into another builder."""
+        if self.graph is None:
+            raise RuntimeError(f"eagle.Graph.builder {_here()}: {what} on a builder argument before the graph "
+                               "exists; create it first: g = eagle.Graph()")
+        if self.graph._exe is not None:
+            other = active_trace()
+            if other is not None and other.graph is not self.graph:
+                raise ValueError(f"eagle.Graph.builder {_here()}: {what} of a plane of a graph that is already built "
+                                 f"({self.label or self.aval}); it leaked out of its builder: pass arrays between "
+                                 "graphs (the built graph's result arrays), not its staged planes")
+            return None
+        return self.graph._trace
+
+    def _derived(self, key, shape):
+        """A view of this plane (views.ViewKey / ReshapeKey): a handle, nothing staged until it is read."""
+        t = self.graph._trace
+        if shape and shape[-1] != self.aval.shape[-1]:
+            t.view_ns.update((shape[-1], self.aval.shape[-1]))
+        h = Plane(self.graph, ir.plane_aval(shape, self.aval.dtype), key=key, info=self.info)
+        t.handles.add(h)
+        return h
+
+    @staticmethod
+    def _where() -> str:
+        return _here()
 
 
-for _op in ("add", "sub", "mul", "truediv", "pow", "neg", "radd", "rsub", "rmul", "rtruediv"):
-    setattr(Plane, f"__{_op}__", _arith)
+def _here() -> str:
+    """`builder:line` of the builder line being staged now."""
+    src = _current_source()
+    if src is None:
+        return "?"
+    line = user_line(src.filename)
+    return src.where(line) if line else src.name
 
 
 class Scope:
@@ -110,8 +152,17 @@ class Scope:
         self.captures: dict = {}       # plane key -> (inner Var, outer Var), in order of first read
         self.written: list = []        # outer planes written here
         self.local: set = set()
+        self.derived: dict = {}        # view key -> (its source's Var, the view's Var): one slice per version
 
     def read(self, key) -> Var:
+        if isinstance(key, views.DERIVED):
+            src = self.read(key.src)
+            hit = self.derived.get(key)
+            if hit is not None and hit[0] is src:
+                return hit[1]
+            v = key.stage_read(src, self.eqns, self.trace.info())
+            self.derived[key] = (src, v)
+            return v
         v = self.current.get(key)
         if v is not None:
             return v
@@ -129,6 +180,11 @@ class Scope:
         self.current[key] = var
 
     def write(self, key, var):
+        if isinstance(key, views.DERIVED):       # a write through a view updates its source, in place
+            src = key.stage_write(self.read(key.src), var, self.eqns, self.trace.info())
+            self.write(key.src, src)
+            self.derived.pop(key, None)          # `var` may live in another plane's buffer: read it back anew
+            return
         if key not in self.local and key not in self.written:
             self.written.append(key)
         self.current[key] = var
@@ -171,16 +227,22 @@ class GraphTrace:
         self.externs: dict[int, Extern] = {}
         self.arg_names: dict[int, str] = {}
         self.n: int | None = None
+        self.view_ns: set = set()          # sample counts of views (x[:2] has 2 samples in a graph of n)
         self.handles = weakref.WeakSet()
         self.buffers: list[Plane] = []     # buffer= planes: nameable for gradients, kept by the graph
         self.accesses: list[Access] = []
         self.waits: list[Wait] = []
+        self.pinned: dict[int, tuple] = {}  # id(array) -> (array, plane): a block's result handed out as an array
         self.branch: tuple = ()
         self.fork_ids = 0
         self.seq = 0
 
     # -- planes ------------------------------------------------------------------------------
-    def extern(self, arr: np.ndarray) -> Extern:
+    def extern(self, arr: np.ndarray):
+        """The plane key of a user's array: its Extern, or the plane a pinned block result stands for."""
+        pin = self.pinned.get(id(arr))
+        if pin is not None and pin[0] is arr:
+            return pin[1].key
         e = self.externs.get(id(arr))
         if e is None or e.array is not arr:
             e = self.externs[id(arr)] = Extern(arr, self.arg_names.get(id(arr)))
@@ -200,8 +262,12 @@ class GraphTrace:
             value._fail()
         if isinstance(value, Plane):
             if value.graph is not self.graph:
-                raise ValueError(f"{api}: {what} belongs to another graph; pass arrays between graphs as NumPy arrays")
+                _refuse_foreign(value, f"{api}: {what}")
             return value.key
+        if isinstance(value, Tracer):
+            if not value.trace.active:
+                value.trace.leaked(value, f"{api}: {what} is a traced value")
+            raise TypeError(f"{api}: {what} is a value traced inside a kernel body; graphs take arrays")
         if is_array(value):
             return self.extern(value)
         if type(value).__module__.split(".")[0] in ("cupy", "jax", "jaxlib"):
@@ -212,6 +278,16 @@ class GraphTrace:
     def new_plane(self, aval, info=None, var=None) -> Plane:
         h = Plane(self.graph, aval, info=info, var=var)
         self.handles.add(h)
+        return h
+
+    def rebind_buffer(self, old: Plane, var: Var, info) -> Plane:
+        """The handle of a buffer's name after device flow rebound it: the buffer's next version,
+        and what the label means from now on (in gradients too)."""
+        h = Plane(self.graph, var.aval, key=old.key, info=info, var=var)
+        h.label, h.kept = old.label, True
+        self.handles.add(h)
+        self.scope.write(h.key, var)
+        self.buffers[:] = [h if b is old else b for b in self.buffers]
         return h
 
     # -- equations ---------------------------------------------------------------------------
@@ -259,7 +335,7 @@ class GraphTrace:
         if any(kind == "sample" for kind, *_ in layout):
             if self.n is None:
                 self.n = n
-            elif n != self.n and n != 1:
+            elif n != self.n and n != 1 and n not in self.view_ns:
                 raise ValueError(f"{api}: called on planes of {n} samples in a graph of {self.n}; "
                                  "every plane of one graph has the same sample count")
         spec = kernel.specialize(layout)
@@ -291,7 +367,9 @@ class GraphTrace:
                 handles[0].kept = True
                 self.handles.add(handles[0])
                 self.buffers[-1] = handles[0]
-        writes = []
+        params = dict(kernel=kernel, spec=spec, n=n, inplace=tuple(inplace))
+        scope.eqns.append(Eqn(ir.call_p, atoms, out_vars, params, info))
+        writes = []          # after the call: a write through a view stages an update that reads its value
         for h, v in zip(handles, out_vars):
             if isinstance(h.key, PlaneKey):
                 scope.define(h.key, v)
@@ -301,8 +379,6 @@ class GraphTrace:
         for key, name, v in commits:
             scope.write(key, v)
             writes.append((key, name))
-        params = dict(kernel=kernel, spec=spec, n=n, inplace=tuple(inplace))
-        scope.eqns.append(Eqn(ir.call_p, atoms, out_vars, params, info))
         self.add_access(info, reads, writes, kernel.name)
         from hawk_fx.tree import tree_unflatten
         result = tree_unflatten(spec.tree, handles)
@@ -332,6 +408,44 @@ class GraphTrace:
         scope.eqns.append(Eqn(ir.opaque_p, atoms, outs, params, info))
         self.add_access(info, reads, writes, getattr(node.fn, "__name__", "opaque"))
 
+    def stage_copy(self, plane) -> Plane:
+        """x.copy(): a new plane holding x's current value (a full slice into its own buffer)."""
+        src = self.scope.read(plane.key)
+        v = views.full_slice(src, self.scope.eqns, self.info())
+        h = self.new_plane(v.aval, self.info(), v)
+        self.scope.define(h.key, v)
+        return h
+
+    def stage_concat(self, operands, axis) -> Plane:
+        """np.concatenate / np.stack of planes and arrays: one concat equation, a new plane."""
+        ins = [self.scope.read(self.key_of(a, "np.concatenate", "an operand")) for a in operands]
+        info = self.info()
+        params = {"axis": axis}
+        v = Var(abstract_eval[ir.concat_p](*[a.aval for a in ins], **params)[0])
+        self.scope.eqns.append(Eqn(ir.concat_p, ins, [v], params, info))
+        if v.aval.shape[-1] != ins[0].aval.shape[-1]:
+            self.view_ns.update([v.aval.shape[-1]] + [a.aval.shape[-1] for a in ins])
+        h = self.new_plane(v.aval, info, v)
+        self.scope.define(h.key, v)
+        return h
+
+    def stage_assign(self, view, value, where) -> None:
+        """`x[idx] = value` in a builder: an in-place update of x, at every replay. A Python number or
+        an array the builder made is a constant (as a Param number or a constant array is)."""
+        scope, info = self.scope, self.info()
+        if isinstance(value, (bool, int, float, np.number)) or (is_array(value) and not isinstance(value, Plane)):
+            value = np.array(np.broadcast_to(np.asarray(value, view.aval.dtype), view.aval.shape))
+        if not isinstance(value, Plane) and not is_array(value):
+            raise TypeError(f"eagle.Graph.builder {where}: x[...] = {type(value).__name__}; assign a plane, an array "
+                            "or a number")
+        if tuple(value.shape) != view.aval.shape or np.dtype(value.dtype) != view.aval.dtype:
+            raise ValueError(f"eagle.Graph.builder {where}: x[...] = a plane of {np.dtype(value.dtype).name}"
+                             f"{list(value.shape)} for a region of {view.aval.dtype.name}{list(view.aval.shape)}; "
+                             "give it the region's shape and dtype (a view, .reshape, .astype)")
+        key = self.key_of(value, "eagle.Graph.builder", "the assigned value")
+        scope.write(view.key, scope.read(key))
+        self.add_access(info, [(key, "value")], [(view.key, view.label or "x")], "assignment")
+
     def stage_cell_op(self, prim, *cells):
         ins = [self.scope.read(c.key) if isinstance(c, Plane) else self.scope.read(self.extern(c)) for c in cells]
         v = Var(ir.U32_CELL)
@@ -349,9 +463,9 @@ class GraphTrace:
         check_fork_hazards(self, fork_id, depth)
 
     def add_wait(self, branch_path, value):
-        key = self.key_of(value, "eagle.Graph.wait", "the plane")
+        key = views.root_key(self.key_of(value, "eagle.Graph.wait", "the plane"))
         for acc in reversed(self.accesses):
-            if any(k is key for k, _ in acc.writes):
+            if any(views.root_key(k) is key for k, _ in acc.writes):
                 self.waits.append(Wait(branch_path, self.seq, acc))
                 return
 
@@ -361,6 +475,30 @@ class GraphTrace:
                    and self.root.current[k] not in self.inputs]
         outs = list(outputs) + [self.root.current[k] for k in written]
         return Program(self.inputs, self.root.eqns, outs)
+
+
+def _buffer_named(trace, value, name) -> bool:
+    """Is `value` the buffer labelled `name` (`name = k(..., buffer=...)`) of this graph?"""
+    return isinstance(value, Plane) and value.graph is trace.graph and value.kept and value.label == name
+
+
+def _finished(graph) -> bool:
+    return graph._exe is not None or graph._trace not in GRAPH_STAGING
+
+
+def _refuse_foreign(plane: Plane, use):
+    """A plane of another graph: leaked from a builder that has finished, or an outer graph's."""
+    g = plane.graph
+    by = f"eagle.Graph.builder {g._builder.__name__}" if getattr(g, "_builder", None) else "another graph"
+    at = f" at {plane.info.where}" if plane.info is not None and plane.info.where else ""
+    name = f" {plane.label!r}" if plane.label else ""
+    if _finished(g):
+        raise LeakedTracerError(
+            f"{use} is the staged value{name} made by {by}{at}, which has finished: it stands for a buffer "
+            "of that graph, not a value. Return it through that graph's g.result and pass the array (after a "
+            "launch), or compute it in this builder")
+    raise ValueError(f"{use} is the staged value{name} of {by}{at}, another graph being built; pass "
+                     "arrays between graphs as NumPy arrays")
 
 
 _source_stack = ThreadStack()     # this thread's builders being staged (SourceInfo), innermost last
@@ -568,22 +706,47 @@ class Runtime:
             for k in s.captures:
                 if k not in operands:
                     operands.append(k)
+        labelled = {j: state[i] for j, (i, _, _) in enumerate(name_outs) if _buffer_named(trace, state[i], names[i])}
+        via_key = {}        # buffers a construct nested in an arm already moved along with their name
+        for j, h0 in list(labelled.items()):
+            if h0.key in written:
+                if any(h0.key in s.written and a[j] is not s.read(h0.key) for s, a in zip(scopes, arm_outs)):
+                    raise TypeError(f"eagle.Graph.builder {self.where(line)}: the buffer {h0.label!r} is rebound in an "
+                                    "arm of this device conditional and also written in place through another name; "
+                                    "use one of the two")
+                w = len(name_outs) + written.index(h0.key)
+                for a in arm_outs:          # the buffer leaves each arm holding the name's value there
+                    a[w] = a[j]
+                via_key[name_outs[j][0]] = labelled.pop(j)
+            elif h0.key not in operands:
+                operands.append(h0.key)
+        if via_key:
+            keep = [j for j, (i, _, _) in enumerate(name_outs) if i not in via_key]
+            name_outs = [name_outs[j] for j in keep]
+            arm_outs = [[o[j] for j in keep] + o[len(keep) + len(via_key):] for o in arm_outs]
+            labelled = {keep.index(j): h0 for j, h0 in labelled.items()}
         progs = []
         for s, o in zip(scopes, arm_outs):
             ins = [s.captures[k][0] if k in s.captures else Var(parent.read(k).aval) for k in operands]
             progs.append(Program(ins, s.eqns, o))
         in_atoms = [pred] + [parent.read(k) for k in operands]
         out_vars = [Var(av) for _, _, av in name_outs] + [Var(parent.read(k).aval) for k in written]
-        inplace = tuple((len(name_outs) + j, 1 + operands.index(k)) for j, k in enumerate(written))
+        inplace = tuple((j, 1 + operands.index(h0.key)) for j, h0 in labelled.items()) \
+            + tuple((len(name_outs) + j, 1 + operands.index(k)) for j, k in enumerate(written))
         info = trace.info()
         parent.eqns.append(Eqn(prim, in_atoms, out_vars, dict(params, branches=tuple(progs), inplace=inplace), info))
-        for (i, _, av), v in zip(name_outs, out_vars):
+        for j, ((i, _, av), v) in enumerate(zip(name_outs, out_vars)):
+            if j in labelled:       # a buffer's name rebound in an arm: its value after the if lands in the buffer
+                new_state[i] = trace.rebind_buffer(labelled[j], v, info)
+                continue
             h = trace.new_plane(av, info, v)
             h.label = names[i]
             parent.define(h.key, v)
             new_state[i] = h
         for k, v in zip(written, out_vars[len(name_outs):]):
             parent.write(k, v)
+        for i, h0 in via_key.items():
+            new_state[i] = trace.rebind_buffer(h0, parent.read(h0.key), info)
         return tuple(new_state)
 
     # -- loops -------------------------------------------------------------------------------
@@ -630,6 +793,9 @@ class Runtime:
                 parent.write(k, v)
 
     def for_stmt(self, iterable, cond_fn, body_fn, state, names, line):
+        if isinstance(iterable, Plane) and len(iterable.shape) < 2 and iterable._staging("iteration") is not None:
+            raise TypeError(f"eagle.Graph.builder {self.where(line)}: iterating over a 1-d plane walks its samples "
+                            "(the last axis); write the per-sample work as a kernel, or slice: x[k:k+1]")
         if isinstance(iterable, DeviceRange):
             return self._stage_loop(cond_fn, body_fn, state, names, line, cap=None, trip=iterable.trip, target=True)
         if isinstance(iterable, range) and len(iterable) and active_trace() is not None:
@@ -675,7 +841,7 @@ class Runtime:
         parent = trace.scope
         carried: list[int] = [i for i, v in enumerate(state) if _is_device(v)]
         inplace: list = []
-        for _ in range(8):
+        while True:     # the carries and in-place planes only grow, so this reaches a fixpoint
             body = Scope(trace, parent)
             counter = Var(ir.U32_CELL, "turn")
             counter_h = trace.new_plane(ir.U32_CELL, var=counter)
@@ -744,7 +910,13 @@ class Runtime:
         base = len(head) + len(consts)
         out_vars = [Var(a.aval) for a in init]
         n_names = len(carried)
-        inplace_pairs = tuple((n_names + j, base + n_names + j) for j in range(len(inplace)))
+        labelled = {j: state[i] for j, i in enumerate(carried) if _buffer_named(trace, state[i], names[i])}
+        for j, h0 in labelled.items():
+            if h0.key in inplace:
+                raise TypeError(f"eagle.Graph.builder {self.where(line)}: the buffer {h0.label!r} is rebound in this "
+                                "device loop and also written in place through another name; use one of the two")
+        inplace_pairs = tuple((j, base + j) for j in labelled) \
+            + tuple((n_names + j, base + n_names + j) for j in range(len(inplace)))
         info = trace.info()
         params = dict(body=body_prog, cond=cond_prog, cap=cap, counted=trip is not None, n_consts=len(consts),
                       inplace=inplace_pairs)
@@ -754,6 +926,9 @@ class Runtime:
             if state[i] is UNDEF and out[i] is not UNDEF:
                 new_state[i] = _LoopLocal(name, self.where(line))
         for j, i in enumerate(carried):
+            if j in labelled:       # a buffer's name rebound in the loop: its final value lands in the buffer
+                new_state[i] = trace.rebind_buffer(labelled[j], out_vars[j], info)
+                continue
             h = trace.new_plane(out_vars[j].aval, info, out_vars[j])
             h.label = names[i]
             parent.define(h.key, out_vars[j])

@@ -1,7 +1,7 @@
 """hawk_fx: per-sample kernels. Write a function for ONE sample, annotate its parameters with
 roles, and `@hawk_fx.kernel` runs it over whole arrays (the sample axis last)."""
 from . import math
-from .core import Program
+from .core import LeakedTracerError, Program
 from .kernel import Kernel, kernel
 from .reductions import max, mean, min, sum
 from .roles import Int32, Matrix, Mutable, Param, Scalar, Terminated, UInt32, Vector
@@ -10,4 +10,5 @@ from .trace import TraceError
 __version__ = "0.1.0"
 
 __all__ = ["kernel", "Kernel", "Program", "sum", "max", "min", "mean", "Scalar", "Param", "Mutable",
-           "UInt32", "Int32", "Vector", "Matrix", "Terminated", "TraceError"]
+           "UInt32", "Int32", "Vector", "Matrix", "Terminated", "TraceError",
+           "LeakedTracerError"]

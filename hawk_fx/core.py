@@ -210,11 +210,24 @@ eager_impl = RuleTable("eager NumPy")             # prim -> fn(*values, **params
 
 
 def eval_eager(prim, args, params):
-    return eager_impl[prim](*args, **params)
+    outs = eager_impl[prim](*args, **params)
+    if args and all(type(a) in _PY_NUMBER for a in args):
+        # Python numbers in: a Python number out where the traced result would be weak (hm.sin(1.0)
+        # in a float32 body is what hm.sin(p) of a Python-number Param is, not a float64 scalar)
+        avals = abstract_eval[prim](*[literal_aval(a) for a in args], **params)
+        outs = [o.item() if av.weak and np.ndim(o) == 0 else o for o, av in zip(outs, avals)]
+    return outs
+
+
+_PY_NUMBER = (bool, int, float, complex)
 
 
 # ---------------------------------------------------------------------------------------------
 # Traces. A Tracer belongs to one trace; binding a primitive on a tracer appends an equation.
+
+class LeakedTracerError(TypeError):
+    """A traced value used after its trace finished: it is a placeholder from that trace, not a number."""
+
 
 class Tracer:
     __slots__ = ("trace", "var")
@@ -279,7 +292,20 @@ class ProgramTrace:
     def info(self) -> EqnInfo:
         return NO_INFO
 
+    def made(self, tracer) -> str:
+        """What traced `tracer` and where, for the refusal of a leaked value."""
+        return "a trace that has finished"
+
+    def leaked(self, tracer, use: str):
+        raise LeakedTracerError(
+            f"hawk: {use}, and it is a leaked value: it was traced by {self.made(tracer)}, a trace that has "
+            "finished, so it is a placeholder the trace recorded, not a number (it was kept outside the trace: "
+            "in a global, a list or a closure). Return it from the kernel and use the returned array instead")
+
     def process(self, prim, args, params):
+        for a in args:
+            if isinstance(a, Tracer) and not a.trace.active:
+                a.trace.leaked(a, f"`{prim}` was applied to a traced value")
         ins = [self.atom(a) for a in args]
         out_avals = abstract_eval[prim](*[a.aval for a in ins], **params)
         outs = [Var(av) for av in out_avals]

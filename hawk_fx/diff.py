@@ -33,7 +33,7 @@ def _w(c, a, b):
 
 # d(out)/d(input_i) as expressions of the inputs and the output; None: no derivative (zero)
 PARTIALS = {
-    "neg": lambda x, y: [-1.0], "abs": lambda x, y: [hm.sign(x)], "sign": None, "floor": None, "ceil": None,
+    "neg": lambda x, y: [-1.0], "abs": lambda x, y: [_w(x >= 0, 1.0, -1.0)], "sign": None, "floor": None, "ceil": None,
     "round": None, "trunc": None, "sqrt": lambda x, y: [0.5 / y], "rsqrt": lambda x, y: [-0.5 * y / x],
     "cbrt": lambda x, y: [y / (3.0 * x)], "exp": lambda x, y: [y], "exp2": lambda x, y: [LN2 * y],
     "expm1": lambda x, y: [y + 1.0], "log": lambda x, y: [1.0 / x], "log2": lambda x, y: [1.0 / (LN2 * x)],
@@ -50,8 +50,13 @@ PARTIALS = {
     "pow": lambda a, b, y: [b * hm.pow(a, b - 1.0), _w(a > 0, hm.log(_w(a > 0, a, 1.0)), 0.0) * y],
     "atan2": lambda a, b, y: [b / (a * a + b * b), -a / (a * a + b * b)],
     "hypot": lambda a, b, y: [a / y, b / y], "fmod": lambda a, b, y: [1.0, -hm.trunc(a / b)],
-    "min": lambda a, b, y: [_w(a <= b, 1.0, 0.0), _w(a <= b, 0.0, 1.0)],
-    "max": lambda a, b, y: [_w(a >= b, 1.0, 0.0), _w(a >= b, 0.0, 1.0)],
+    # JAX's conventions at a kink: a tie of min/max splits the derivative 0.5/0.5; abs'(0) is 1
+    "min": lambda a, b, y: [_w(a < b, 1.0, _w(a == b, 0.5, 0.0)), _w(b < a, 1.0, _w(a == b, 0.5, 0.0))],
+    "max": lambda a, b, y: [_w(a > b, 1.0, _w(a == b, 0.5, 0.0)), _w(b > a, 1.0, _w(a == b, 0.5, 0.0))],
+    "logistic": lambda x, y: [y * (1.0 - y)],
+    "logaddexp": lambda a, b, y: [hm.exp(a - y), hm.exp(b - y)],
+    "xlogy": lambda a, b, y: [hm.log(b), a / b], "xlog1py": lambda a, b, y: [hm.log1p(b), a / (1.0 + b)],
+    "stop_gradient": None,
     "lt": None, "le": None, "gt": None, "ge": None, "eq": None, "ne": None, "and": None, "or": None,
 }
 
@@ -150,6 +155,8 @@ for _p in (prims.transpose_p, prims.broadcast_p):
 jvp_rules[prims.index_p] = _linear_jvp(prims.index_p)
 jvp_rules[P["sample_sum"]] = _linear_jvp(P["sample_sum"])
 jvp_rules[P["sample_mean"]] = _linear_jvp(P["sample_mean"])
+jvp_rules[prims.sample_count_p] = lambda primals, tangents, outs: [None]     # n: no derivative
+vjp_rules[prims.sample_count_p] = lambda cts, primals, outs: [None]
 
 
 @jvp_rules.register(prims.stack_p)
@@ -482,23 +489,21 @@ class KernelVJP:
 def match_tree(value, tree):
     """The leaves of `value` in the order of TreeDef `tree` (a dict matches by its keys, in any
     order), or None when the structures differ."""
+    from .tree import node_children
     leaves = []
-
-    def container(v):
-        return isinstance(v, (list, dict)) or (isinstance(v, tuple) and not hasattr(v, "_fields"))
 
     def go(v, t):
         if t.kind == "leaf":
             leaves.append(v)
-            return not container(v)
+            return node_children(v) is None
         if t.kind == "none":
             return v is None
         if t.kind == "dict":
             return (isinstance(v, dict) and set(v) == set(t.meta)
                     and all(go(v[k], c) for k, c in zip(t.meta, t.children)))
-        kind = tuple if t.kind == "tuple" else list
-        return (isinstance(v, kind) and container(v) and len(v) == len(t.children)
-                and all(go(x, c) for x, c in zip(v, t.children)))
+        node = node_children(v)
+        return (node is not None and node[0] == t.kind and node[1] == t.meta and len(node[2]) == len(t.children)
+                and all(go(x, c) for x, c in zip(node[2], t.children)))
 
     return leaves if go(value, tree) else None
 

@@ -98,7 +98,15 @@ class BodySpec:
         self.n_results = len(prog.outputs) - len(self.commits)
         self.result_kinds = [a.aval.kind for a in prog.outputs[:self.n_results]]
         self.layout = tuple((v.aval.kind, v.aval.dtype, v.aval.shape, v.aval.weak) for v in prog.inputs)
-        self.compiled = NumpyKernel(prog, [a.aval.kind == SAMPLE for a in prog.outputs])
+        self._compiled = None
+
+    @property
+    def compiled(self):
+        """The NumPy code of the body, generated when first run: fusing a chain makes a spec per
+        pair, and only the whole chain's runs."""
+        if self._compiled is None:
+            self._compiled = NumpyKernel(self.prog, [a.aval.kind == SAMPLE for a in self.prog.outputs])
+        return self._compiled
 
     result_shape = Specialization.result_shape
     result_dtype = Specialization.result_dtype
@@ -321,6 +329,11 @@ class Kernel:
                 if v.dtype.kind not in "biuf" or not role.accepts_dtype(v.dtype):
                     raise TypeError(f"{where} has dtype {v.dtype}; it needs {role.describe_dtype()}")
                 return (UNIFORM, v.dtype, (), False)
+            if isinstance(v, Tracer) and not v.trace.active:
+                v.trace.leaked(v, f"{where} is a traced value")
+            check = getattr(v, "_check_use", None)          # a staged plane of a graph: refused when leaked
+            if check is not None:
+                check(where)
             raise TypeError(f"{where} is {type(v).__name__} {v!r:.60}; pass a NumPy array"
                             + ("" if role.mutable or role.shape else " or a Python number"))
         if v.dtype.kind not in "biuf" or not role.accepts_dtype(v.dtype):
@@ -329,8 +342,10 @@ class Kernel:
             raise ValueError(f"{where} is a read-only array; a Mutable is written in place")
         if role.uniform:
             if v.shape != (1,):
+                fix = (" (a 0-d array: pass a.reshape(1), a view read at every call, or float(a), fixed when "
+                       "the graph is built)") if v.ndim == 0 else ""
                 raise ValueError(f"{where} has shape {v.shape}; a Param is a Python number or a one-cell array "
-                                 "of shape (1,), read at every call")
+                                 f"of shape (1,), read at every call{fix}")
             return (UNIFORM, v.dtype, (), False)
         want = role.shape
         if v.ndim != len(want) + 1 or v.shape[:-1] != want:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import opt_einsum
 
+from .core import Tracer
 from .prims import P
+from .trace import current_kernel_trace
 
 __all__ = ["abs", "sign", "floor", "ceil", "round", "trunc", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "expm1",
            "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh",
@@ -16,7 +18,8 @@ __all__ = ["abs", "sign", "floor", "ceil", "round", "trunc", "sqrt", "rsqrt", "c
            "where", "select", "isfinite", "isnan", "isinf", "logical_and", "logical_or", "logical_not",
            "uint32", "int32", "float32", "float64", "real", "vec", "dot", "norm", "cross", "outer", "transpose",
            "matmul", "trace", "einsum", "add", "subtract", "multiply", "divide", "negative", "less", "less_equal",
-           "greater", "greater_equal", "equal", "not_equal"]
+           "greater", "greater_equal", "equal", "not_equal", "sigmoid", "softplus", "log_sigmoid", "logaddexp",
+           "relu", "xlogy", "xlog1py", "logsumexp", "stop_gradient"]
 
 
 _UNARY_DOCS = {"rsqrt": "Elementwise 1 / sqrt(x) (CUDA's rsqrt).",
@@ -150,6 +153,9 @@ def vec(*xs):
     """A Vector from its components: vec(a, b, c)."""
     if len(xs) == 1 and isinstance(xs[0], (list, tuple)):
         xs = tuple(xs[0])
+    trace = current_kernel_trace()
+    if trace is not None and not any(isinstance(x, Tracer) for x in xs):
+        return trace.process(P["stack"], xs, {})[0]     # numbers only: a weak Vector of the body
     return P["stack"].bind(*xs)
 
 
@@ -210,3 +216,50 @@ def matmul(a, b):
 def trace(m):
     """Per-sample trace of a square Matrix."""
     return einsum("ii->", m)
+
+
+# ---------------------------------------------------------------------------------------------
+# optimisation: stable at +-800 in float32 and float64, with JAX's derivatives
+
+sigmoid = _unary("logistic", "sigmoid")
+sigmoid.__doc__ = "Elementwise 1 / (1 + exp(-x)), without overflow; derivative s (1 - s) (jax.nn.sigmoid)."
+logaddexp = _binary("logaddexp", "logaddexp")
+logaddexp.__doc__ = "log(exp(a) + exp(b)) without overflow (numpy.logaddexp); a tie splits the derivative 0.5/0.5."
+xlogy = _binary("xlogy", "xlogy")
+xlogy.__doc__ = "x * log(y), 0 where x is 0 (jax.scipy.special.xlogy); derivatives log(y) and x / y."
+xlog1py = _binary("xlog1py", "xlog1py")
+xlog1py.__doc__ = "x * log1p(y), 0 where x is 0 (jax.scipy.special.xlog1py)."
+stop_gradient = _unary("stop_gradient", "stop_gradient")
+stop_gradient.__doc__ = "x, with a zero derivative (jax.lax.stop_gradient)."
+
+
+def softplus(x):
+    """log(1 + exp(x)) without overflow: logaddexp(x, 0); derivative sigmoid(x), 0.5 at 0."""
+    return logaddexp(x, 0.0)
+
+
+def log_sigmoid(x):
+    """log(sigmoid(x)) = -softplus(-x), finite for large |x|."""
+    return -softplus(-x)
+
+
+def relu(x):
+    """max(x, 0) with derivative 0 at 0 (jax.nn.relu's convention)."""
+    return where(x > 0, x, 0.0)
+
+
+def logsumexp(v):
+    """log(sum(exp(v))) over the components of a Vector, shifted by their largest (held constant
+    for the derivative, as jax.nn.logsumexp), so it neither overflows nor underflows."""
+    shape = _shape(v)
+    if len(shape) != 1:
+        raise TypeError(f"hawk.math.logsumexp: takes a Vector (one axis per sample), got per-sample shape {shape}")
+    comps = [v[i] for i in range(shape[0])]
+    m = comps[0]
+    for c in comps[1:]:
+        m = maximum(m, c)
+    m = stop_gradient(where(isfinite(m), m, 0.0))
+    s = exp(comps[0] - m)
+    for c in comps[1:]:
+        s = s + exp(c - m)
+    return m + log(s)

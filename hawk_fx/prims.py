@@ -38,6 +38,38 @@ def _rsqrt(x, out=None):
     return np.divide(1, r, out=r if out is not None else None)
 
 
+def _written(r, out):
+    if out is None:
+        return r
+    np.copyto(out, r)
+    return out
+
+
+def _logistic(x, out=None):
+    """1 / (1 + exp(-x)) without overflow: exp of -|x| only."""
+    x = np.asarray(x)
+    if x.dtype.kind not in "fc":                # integers: in float64, as np.exp computes them
+        x = x.astype(np.float64)
+    e = np.exp(-np.abs(x))
+    return _written(np.where(x >= 0, 1.0, e) / (1.0 + e), out)
+
+
+def _xlogy(x, y, out=None):
+    """x * log(y), 0 where x is 0 (scipy.special.xlogy)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _written(np.where(np.asarray(x) == 0, 0, x * np.log(y)), out)
+
+
+def _xlog1py(x, y, out=None):
+    """x * log1p(y), 0 where x is 0 (scipy.special.xlog1py)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return _written(np.where(np.asarray(x) == 0, 0, x * np.log1p(y)), out)
+
+
+def _identity(x, out=None):
+    return np.array(x) if out is None else _written(x, out)
+
+
 # name -> (arity, NumPy function). The NumPy function defines values and dtypes.
 ELEMENTWISE_TABLE = {
     "neg": (1, np.negative), "abs": (1, np.absolute), "sign": (1, np.sign), "floor": (1, np.floor),
@@ -56,6 +88,9 @@ ELEMENTWISE_TABLE = {
     "ge": (2, np.greater_equal), "eq": (2, np.equal), "ne": (2, np.not_equal),
     "and": (2, np.logical_and), "or": (2, np.logical_or),
     "select": (3, np.where),
+    # the stable functions of optimisation (hawk_fx.math.sigmoid, softplus, ...) and stop_gradient
+    "logistic": (1, _logistic), "logaddexp": (2, np.logaddexp), "xlogy": (2, _xlogy), "xlog1py": (2, _xlog1py),
+    "stop_gradient": (1, _identity),
 }
 
 ELEMENTWISE: dict[Primitive, tuple[int, object]] = {}
@@ -96,9 +131,21 @@ def _elementwise_abstract(name):
             shapes = ", ".join(str(a.shape) for a in avals)
             raise ValueError(f"hawk.math.{name}: per-sample shapes {shapes} do not broadcast") from None
         dt = _elementwise_dtype(name, tuple((a.dtype, a.weak) for a in avals))
-        weak = all(a.weak for a in avals)
+        # weak when its values are: a choice between two Python numbers is a Python number in
+        # each sample, whatever the condition (so float32 code stays float32, as with a Param)
+        weak = all(a.weak for a in (avals[1:] if name == "select" else avals))
         return [AVal(shape, dt, broadcast_kind(*avals), weak)]
     return rule
+
+
+def promote(avals) -> np.dtype:
+    """The dtype NumPy computes operands of these avals in (Python numbers weak, NEP 50)."""
+    return _promote(tuple((a.dtype, a.weak) for a in avals))
+
+
+@functools.lru_cache(maxsize=1024)
+def _promote(sig):
+    return np.result_type(*[_probe(AVal((), dt, UNIFORM, weak)) for dt, weak in sig])
 
 
 for _name, (_arity, _fn) in ELEMENTWISE_TABLE.items():
@@ -169,9 +216,9 @@ eager_impl[index_p] = lambda x, *, i: [np.asarray(x)[i]]
 @abstract_eval.register(stack_p)
 def _stack_abstract(*xs):
     shape = np.broadcast_shapes(*[a.shape for a in xs])
-    dt = functools.reduce(lambda d, a: _elementwise_dtype("add", ((d, False), (a.dtype, a.weak))), xs[1:],
-                          _elementwise_dtype("add", ((xs[0].dtype, xs[0].weak), (xs[0].dtype, xs[0].weak))))
-    return [AVal((len(xs),) + shape, dt, broadcast_kind(*xs))]
+    # the components promote as one NumPy operation would: Python numbers are weak wherever they
+    # stand (vec(p, a, a) and vec(a, p, a) are float32 alike for a float32 a)
+    return [AVal((len(xs),) + shape, promote(xs), broadcast_kind(*xs), all(a.weak for a in xs))]
 
 
 eager_impl[stack_p] = lambda *xs: [np.stack(np.broadcast_arrays(*xs))]

@@ -66,6 +66,12 @@ class KernelTrace(ProgramTrace):
         line = user_line(self.source.filename)
         return NO_INFO if line is None else EqnInfo(where=where_with_text(self.source, line))
 
+    def made(self, tracer) -> str:
+        var = tracer.var
+        if var in self.inputs:
+            return f"hawk.kernel {self.kernel_name} (its parameter {var.hint!r})"
+        return f"hawk.kernel {self.where_made(tracer)}"
+
     def where_made(self, value) -> str:
         """Where the body computed `value` (a tracer), else just the kernel's name."""
         var = getattr(value, "var", None)
@@ -82,6 +88,8 @@ class KTracer(Tracer):
 
     def _fail(self, what, fix):
         t = self.trace
+        if not t.active:
+            t.leaked(self, what)
         if isinstance(t, KernelTrace) and t.active:
             t.fail(what, fix)
         raise TraceError(f"hawk: {what}; {fix}")
@@ -344,10 +352,14 @@ def trace_body(converted, kernel_name, info: SourceInfo, in_avals, param_names):
     try:
         result, muts = converted(*args)
     except (TypeError, ValueError, IndexError) as exc:
+        trace.active = False        # a failed trace is finished too: values it made and leaked are refused
         located = _locate(exc, info, kernel_name)
         if located is None:
             raise
         raise located from exc
+    except BaseException:
+        trace.active = False
+        raise
     finally:
         _active.pop()
     return trace, args, result, muts

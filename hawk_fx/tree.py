@@ -1,19 +1,25 @@
-"""Trees of values: tuple, list, dict with string keys, nested; None is an empty tree."""
+"""Trees of values: tuple, list, dict with string keys, NamedTuple, dataclass, nested; None is an
+empty tree. Everything else is a leaf."""
 from __future__ import annotations
+
+import dataclasses
 
 
 class TreeDef:
-    __slots__ = ("kind", "meta", "children")
+    __slots__ = ("kind", "meta", "children", "_hash")
 
     def __init__(self, kind, meta=None, children=()):
         self.kind, self.meta, self.children = kind, meta, tuple(children)
+        self._hash = None
 
     def __eq__(self, other):
         return (isinstance(other, TreeDef) and self.kind == other.kind and self.meta == other.meta
                 and self.children == other.children)
 
     def __hash__(self):
-        return hash((self.kind, self.meta, self.children))
+        if self._hash is None:                  # trees are keys of staging caches: hash once
+            self._hash = hash((self.kind, self.meta, self.children))
+        return self._hash
 
     def __repr__(self):
         if self.kind == "leaf":
@@ -22,6 +28,9 @@ class TreeDef:
             return "None"
         if self.kind == "dict":
             return "{" + ", ".join(f"{k!r}: {c!r}" for k, c in zip(self.meta, self.children)) + "}"
+        if self.kind in ("namedtuple", "dataclass"):
+            cls, names = self.meta
+            return f"{cls.__name__}(" + ", ".join(f"{n}={c!r}" for n, c in zip(names, self.children)) + ")"
         inner = ", ".join(map(repr, self.children))
         return f"({inner},)" if self.kind == "tuple" else f"[{inner}]"
 
@@ -33,6 +42,43 @@ class TreeDef:
 LEAF = TreeDef("leaf")
 
 
+def _dataclass_fields(cls):
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def node_children(x):
+    """(kind, meta, children) of a tree node, or None for a leaf or None."""
+    if isinstance(x, tuple):
+        if hasattr(x, "_fields"):
+            return "namedtuple", (type(x), tuple(x._fields)), tuple(x)
+        return "tuple", None, x
+    if isinstance(x, list):
+        return "list", None, x
+    if isinstance(x, dict):
+        return "dict", tuple(x), [x[k] for k in x]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        names = _dataclass_fields(type(x))
+        return "dataclass", (type(x), names), [getattr(x, n) for n in names]
+    return None
+
+
+def make_node(t: TreeDef, kids):
+    """The container of TreeDef node `t` holding `kids`."""
+    if t.kind == "tuple":
+        return tuple(kids)
+    if t.kind == "list":
+        return list(kids)
+    if t.kind == "dict":
+        return dict(zip(t.meta, kids))
+    cls, names = t.meta
+    if t.kind == "namedtuple":
+        return cls(*kids)
+    obj = object.__new__(cls)                   # frozen dataclasses and init=False fields too
+    for n, v in zip(names, kids):
+        object.__setattr__(obj, n, v)
+    return obj
+
+
 def tree_flatten(x, is_leaf=None, where="a result tree"):
     leaves: list = []
 
@@ -42,34 +88,33 @@ def tree_flatten(x, is_leaf=None, where="a result tree"):
             return LEAF
         if x is None:
             return TreeDef("none")
-        if isinstance(x, tuple) and not hasattr(x, "_fields"):
-            return TreeDef("tuple", None, [go(c) for c in x])
-        if isinstance(x, list):
-            return TreeDef("list", None, [go(c) for c in x])
-        if isinstance(x, dict):
-            keys = tuple(x)
-            if not all(isinstance(k, str) for k in keys):
-                raise TypeError(f"{where}: dict keys must be strings, got {[k for k in keys if not isinstance(k, str)]!r}")
-            return TreeDef("dict", keys, [go(x[k]) for k in keys])
-        leaves.append(x)
-        return LEAF
+        node = node_children(x)
+        if node is None:
+            leaves.append(x)
+            return LEAF
+        kind, meta, kids = node
+        if kind == "dict" and not all(isinstance(k, str) for k in meta):
+            raise TypeError(f"{where}: dict keys must be strings, got {[k for k in meta if not isinstance(k, str)]!r}")
+        return TreeDef(kind, meta, [go(c) for c in kids])
 
     return leaves, go(x)
 
 
 def tree_unflatten(treedef: TreeDef, leaves):
-    it = iter(leaves)
+    return _unflatten(treedef, iter(leaves))
 
-    def go(t):
-        if t.kind == "leaf":
-            return next(it)
-        if t.kind == "none":
-            return None
-        kids = [go(c) for c in t.children]
-        if t.kind == "tuple":
-            return tuple(kids)
-        if t.kind == "list":
-            return kids
-        return dict(zip(t.meta, kids))
 
-    return go(treedef)
+def _unflatten(t, it):
+    # a module-level recursion, not a closure: rebuilding a tree leaves no reference cycle
+    if t.kind == "leaf":
+        return next(it)
+    if t.kind == "none":
+        return None
+    return make_node(t, [_unflatten(c, it) for c in t.children])
+
+
+def tree_map(fn, tree, *rest, is_leaf=None):
+    """fn over the leaves of `tree` (and the matching leaves of `rest`), in a tree of the same shape."""
+    leaves, t = tree_flatten(tree, is_leaf=is_leaf)
+    others = [tree_flatten(r, is_leaf=is_leaf)[0] for r in rest]
+    return tree_unflatten(t, [fn(*xs) for xs in zip(leaves, *others)])

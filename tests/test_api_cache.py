@@ -159,3 +159,26 @@ def test_vjp_jvp_vmap_jacobians_are_cached_and_keep_their_arguments():
         xs = xs[::-1].copy()
         x1, x2 = x2, x1
     assert vg.cache_info()[:2] == (1, 1)
+
+
+def test_threads_calling_one_transformed_function_take_turns():
+    import threading
+    f = ef.grad(loss)
+    xs = [np.linspace(-1.0, 1.2, 7) * (1 + 0.1 * w) for w in range(4)]
+    want = [fd_grad(x, 1, 2) for x in xs]
+    f(xs[0], cell(1), cell(2))
+    errors = []
+
+    def work(w):
+        try:
+            for _ in range(40):
+                np.testing.assert_allclose(f(xs[w], cell(1), cell(2)), want[w], rtol=1e-6, atol=1e-8)
+        except Exception as e:          # reported by the main thread
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert f.cache_info().misses == 1

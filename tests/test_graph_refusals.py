@@ -399,9 +399,9 @@ def test_kernel_argument_errors_inside_a_builder():
         return g
 
     @eagle_fx.Graph.builder
-    def arithmetic(x):
+    def unstaged_numpy(x):
         g = eagle_fx.Graph()
-        g.result = inc(x) + 1.0
+        g.result = np.sum(inc(x))
         return g
 
     cases = [
@@ -416,7 +416,8 @@ def test_kernel_argument_errors_inside_a_builder():
     ]
     for exc, b, args, line, fragments in cases:
         message(exc, lambda: b(*args), *fragments, f"eagle.Graph.builder {where(b, line)}")
-    message(TypeError, lambda: arithmetic(X), "arithmetic on a staged plane", "@hawk.kernel")
+    message(TypeError, lambda: unstaged_numpy(X), "np.sum on a staged plane is not staged", "@hawk.kernel",
+            f"eagle.Graph.builder {where(unstaged_numpy, 'np.sum')}")
 
 
 def test_a_refused_builder_leaves_no_graph_open():

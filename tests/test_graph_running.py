@@ -348,7 +348,9 @@ def test_bind_refuses_another_shape_or_dtype_and_unknown_names():
     x0, y0 = np.array([1.0, 2.0, 3.0]), np.zeros(3)
     g = bindable(x0, y0, cell(1), cell(1))
     good = np.array([5.0, 6.0, 7.0])
-    for bad in (np.zeros(4), np.zeros(3, np.float32), np.zeros((3, 1)), [1.0, 2.0, 3.0]):
+    with pytest.raises(ValueError, match=r"'x' takes an array of shape \(3,\) and dtype float64, got list"):
+        g.bind(x=[1.0, 2.0, 3.0])
+    for bad in (np.zeros(4), np.zeros(3, np.float32), np.zeros((3, 1))):
         with pytest.raises(ValueError) as e:
             g.bind(x=bad)
         msg = str(e.value)

@@ -1,6 +1,7 @@
 """Kernels, graphs and staging from several threads at once. Every thread owns its kernel scratch
 and its staging stacks, so concurrent calls, replays and builds each get NumPy's answer.
 The references are plain NumPy, computed per call."""
+import sys
 import threading
 
 import numpy as np
@@ -211,3 +212,31 @@ def test_scratch_kept_for_a_few_chunk_lengths_per_thread():
         np.testing.assert_allclose(poly(x[:n], 0.5), ref_poly(x[:n], 0.5), rtol=1e-12)
     for spec in poly._specs.values():
         assert len(spec.compiled._local.sets) <= emit.SCRATCH_SIZES
+
+
+def test_threads_calling_one_transformed_function_with_a_cached_graph():
+    """grad(f) keeps one staged graph per layout; concurrent calls must not share it mid-call."""
+    from tour_kernels import cell, loss
+
+    def numpy_loss(x, n=3):
+        x = np.sin(x) * x
+        for _ in range(n):
+            x = 1.1 * x + 0.1 * np.tanh(x)
+        return np.sum(x * x)
+
+    def fd_grad(x, eps=1e-6):
+        return np.array([(numpy_loss(x + e) - numpy_loss(x - e)) / (2 * eps) for e in np.eye(x.size) * eps])
+
+    xs = [np.linspace(-1.0, 1.0, 7) * (w + 1) * 0.5 for w in range(4)]
+    wants = [fd_grad(x) for x in xs]
+    f = eagle_fx.grad(loss)
+
+    def job(w, r):
+        got = f(xs[w], cell(1), cell(3))
+        return None if np.allclose(got, wants[w], rtol=1e-6, atol=1e-8) else f"thread {w} round {r}"
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)          # switch threads often: tiny calls otherwise run whole
+    try:
+        assert hammer(4, 30, job) == []
+    finally:
+        sys.setswitchinterval(interval)

@@ -227,10 +227,29 @@ extern "C" __global__ void eagle_switch_index(unsigned int* index, const unsigne
     unsigned int k = count;                        // no case matches: the default, last
     for (unsigned int i = 0; i < count; ++i) { if (cases[i] == v) { k = i; break; } }
     *index = k; }
+// slice / update / concat (ir.STRUCTURE): element i of a C-order walk over `shape` is copied from
+// src + soff + sum(idx * sstride) to dst + doff + sum(idx * dstride); geom = shape[ndim],
+// sstride[ndim], dstride[ndim], soff, doff, all in bytes
+extern "C" __global__ void eagle_strided_copy(unsigned char* dst, const unsigned char* src, const long long* geom,
+                                              unsigned int ndim, unsigned long long count, unsigned int itemsize) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned long long r = i;
+        long long s = geom[3 * ndim], d = geom[3 * ndim + 1];
+        for (int k = (int)ndim - 1; k >= 0; --k) {
+            const unsigned long long e = r % (unsigned long long)geom[k];
+            r /= (unsigned long long)geom[k];
+            s += (long long)e * geom[ndim + k];
+            d += (long long)e * geom[2 * ndim + k];
+        }
+        if (itemsize == 8u) *(unsigned long long*)(dst + d) = *(const unsigned long long*)(src + s);
+        else if (itemsize == 4u) *(unsigned int*)(dst + d) = *(const unsigned int*)(src + s);
+        else for (unsigned int b = 0; b < itemsize; ++b) dst[d + b] = src[s + b];
+    } }
 """ + "".join(_record_kernels(d) for d in range(MAX_RECORD_DEPTH + 1))
 
 _LOWERING_ENTRIES = ("eagle_loop_start", "eagle_loop_step", "eagle_cell_not", "eagle_cell_and", "eagle_cell_or",
-                     "eagle_switch_index") + tuple(f"eagle_record_{w}_d{d}" for d in range(MAX_RECORD_DEPTH + 1)
+                     "eagle_switch_index", "eagle_strided_copy") + tuple(f"eagle_record_{w}_d{d}" for d in range(MAX_RECORD_DEPTH + 1)
                                                    for w in ("copy", "turns"))
 LOWERING = KernelModule("eagle_lowering", _LOWERING_SOURCE, _LOWERING_ENTRIES, "lowering", label="lowering")
 
@@ -255,7 +274,8 @@ def body_module(spec) -> KernelModule:
 class PlanNode:
     """One node of the lowered graph. kind: 'kernel' | 'memset' | 'memcpy' | 'host' | 'join' |
     'if' | 'if_else' | 'switch' | 'while'. role of a kernel: 'body' (a hawk entry), 'init' (a
-    workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic), 'select' (switch index),
+    workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic), 'select' (switch index), 'copy'
+    (eagle_strided_copy: slice, update, concat),
     'record'. For a conditional node `cond` is the condition it reads, `bodies` its body trees."""
 
     __slots__ = ("kind", "role", "label", "handle", "after", "module", "entry", "grid", "block", "args", "cond",
@@ -473,6 +493,22 @@ def _has_records(prog: Program) -> bool:
     return any(_has_records(p) for p in prog.subprograms())
 
 
+def _region(aval, index):
+    """(shape, byte strides, byte offset) of `index` (ints and ranges, None: all) of a C-order array."""
+    strides = _c_strides(aval.shape, aval.dtype.itemsize) if aval.shape else []
+    if index is None:
+        return tuple(aval.shape) or (1,), list(strides) or [aval.dtype.itemsize], 0
+    shape, out, off = [], [], 0
+    for r, st in zip(index, strides):
+        if isinstance(r, range):
+            shape.append(len(r))
+            out.append(st * r.step)
+            off += r.start * st
+        else:
+            off += r * st
+    return tuple(shape), out, off
+
+
 def _c_strides(shape, itemsize):
     strides, acc = [], itemsize
     for d in reversed(shape):
@@ -682,6 +718,8 @@ class _Lowering:
             self._gen_switch(chain, e, outs)
         elif p is ir.while_p:
             self._gen_while(chain, e, outs)
+        elif p in ir.STRUCTURE:
+            self._gen_structure(chain, e, outs)
         else:
             raise NotImplementedError(f"eagle_fx CUDA lowering: no rule for primitive '{p}'")
         seq.close(chain.tail(), reads, writes)
@@ -727,6 +765,38 @@ class _Lowering:
                 continue
             grid, block = (1, 1) if en.launch == "single" else (self._grid(n), BLOCK)
             chain.kernel(mod, en.name, grid, block, args, "body", name)
+
+    def _gen_structure(self, chain, e, outs):
+        """slice/update/concat: strided copies (eagle_strided_copy); reshape: a memcpy (both C order)."""
+        p, out = e.prim, self.slots[outs[0]]
+        if p is ir.reshape_p:
+            chain.memcpy(out, self.buf(e.inputs[0]), label="reshape")
+            return
+        if p is ir.slice_p:
+            self._strided(chain, out, e.inputs[0], _region(e.inputs[0].aval, e.params["index"]),
+                          _region(e.outputs[0].aval, None), "slice")
+        elif p is ir.update_p:
+            base, value = e.inputs
+            if self.buf(base) is not out:          # a functional update: the base is copied first
+                chain.memcpy(out, self.buf(base), label="update")
+            self._strided(chain, out, value, _region(value.aval, None),
+                          _region(base.aval, e.params["index"]), "update")
+        else:
+            axis, start, shape = e.params["axis"], 0, e.outputs[0].aval.shape
+            for a in e.inputs:
+                k = a.aval.shape[axis]
+                index = tuple(range(start, start + k) if i == axis else range(d) for i, d in enumerate(shape))
+                self._strided(chain, out, a, _region(a.aval, None), _region(e.outputs[0].aval, index), "concat")
+                start += k
+
+    def _strided(self, chain, dst, src_atom, src_region, dst_region, label):
+        (shape, sstride, soff), (dshape, dstride, doff) = src_region, dst_region
+        assert shape == dshape, (shape, dshape)
+        count = int(np.prod(shape))
+        geom = self.const(list(shape) + list(sstride) + list(dstride) + [soff, doff], np.int64)
+        args = [dst, self.buf(src_atom), geom, np.uint32(len(shape)), np.uint64(count),
+                np.uint32(src_atom.aval.dtype.itemsize)]
+        chain.kernel(LOWERING, "eagle_strided_copy", self._grid(count), BLOCK, args, "copy", label)
 
     def _gen_opaque(self, chain, e):
         label = e.info.name or getattr(e.params["fn"], "__name__", "fn")

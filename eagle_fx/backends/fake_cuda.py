@@ -97,6 +97,7 @@ _SIGNATURES = {
     "eagle_cell_and": ("u32*", "u32*", "u32*"),
     "eagle_cell_or": ("u32*", "u32*", "u32*"),
     "eagle_switch_index": ("u32*", "u32*", "i64*?", "u32"),
+    "eagle_strided_copy": ("u8*", "u8*", "i64*", "u32", "u64", "u32"),
 }
 for _d in range(8):
     _SIGNATURES[f"eagle_record_copy_d{_d}"] = _record_sig("copy", _d)
@@ -435,10 +436,29 @@ class FakeBuilder:
                     k = i
                     break
             out[0] = k
+        elif entry == "eagle_strided_copy":
+            self._strided_copy(a)
         elif entry.startswith("eagle_record_"):
             self._record(entry, a)
         else:
             raise FakeCudaError(f"fake CUDA: no interpretation for kernel {entry!r}")
+
+    @staticmethod
+    def _strided_copy(a):
+        dst, src, geom, ndim, count, itemsize = a
+        nd, size = int(ndim), int(itemsize)
+        shape, sst, dst_st = geom[:nd], geom[nd:2 * nd], geom[2 * nd:3 * nd]
+        idx = np.indices(tuple(int(d) for d in shape)).reshape(nd, -1)
+        if idx.shape[1] != int(count):
+            raise FakeCudaError(f"fake CUDA: eagle_strided_copy of {int(count)} elements over a shape {shape}")
+        s_off = int(geom[3 * nd]) + sst @ idx
+        d_off = int(geom[3 * nd + 1]) + dst_st @ idx
+        d_bytes, s_bytes = _nbytes_view(dst), _nbytes_view(src)
+        for lo, hi, name in ((s_off, s_bytes, "source"), (d_off, d_bytes, "destination")):
+            if lo.min() < 0 or lo.max() + size > hi.size:
+                raise FakeCudaError(f"fake CUDA: eagle_strided_copy reads/writes outside its {name} array")
+        for b in range(size):
+            d_bytes[d_off + b] = s_bytes[s_off + b]
 
     @staticmethod
     def _record(entry, a):

@@ -1,5 +1,8 @@
 """Kernel fusion for the NumPy backend: consecutive kernel calls that feed each other become one call.
 
+Fused bodies are memoised by their wiring (the kernels and how the pair connects), so building the
+same graph again reuses them and their compiled code instead of generating them anew.
+
 `dbl` then `inc` over a million samples costs two passes over memory; fused, the NumPy emitter
 runs both bodies chunk by chunk with the intermediate in cache, and at small n one call replaces
 two. Only the code the backend generates changes: the Program users print and transform is the
@@ -34,9 +37,58 @@ def _inline(spec_prog: Program, args, eqns):
     return [a if isinstance(a, Literal) else env[a] for a in spec_prog.outputs]
 
 
+_FUSED: dict = {}      # wiring of a pair of calls -> (fused BodySpec, inplace, number of graph inputs)
+
+
+def _wiring(e1, e2, needed_later):
+    """(key, graph inputs, keep1): what decides the fused body of e1 then e2, independent of the
+    graph's Vars, so that building the same graph again reuses the body and its compiled code."""
+    s1, s2 = e1.params["spec"], e2.params["spec"]
+    graph_inputs: list = []
+
+    def slot(atom):
+        if isinstance(atom, Literal):
+            return ("lit", type(atom.value), atom.value, atom.aval)
+        for k, g in enumerate(graph_inputs):
+            if g is atom:
+                return k
+        graph_inputs.append(atom)
+        return len(graph_inputs) - 1
+    n1, n2 = len(s1.kernel.param_names), len(s2.kernel.param_names)
+    sig1 = tuple(slot(a) for a in e1.inputs[:n1])
+    made = {v: j for j, v in enumerate(e1.outputs)}
+    sig2 = tuple(("made", made[a]) if isinstance(a, Var) and a in made else slot(a) for a in e2.inputs[:n2])
+    extra = tuple((slot(e2.inputs[i]), e2.inputs[i].aval) for _, i in e2.params["inplace"])
+    keep1 = tuple(j for j, v in enumerate(e1.outputs) if v in needed_later)
+    return (s1, s2, sig1, sig2, extra, keep1, tuple(e2.params["inplace"])), graph_inputs, keep1
+
+
 def _fuse_pair(e1, e2, needed_later):
     """One call doing e1 then e2. Graph-level inputs become kernel inputs; e1's results that e2 reads
     stay inside; e1's results needed elsewhere stay outputs."""
+    key, graph_inputs, keep1 = _wiring(e1, e2, needed_later)
+    try:
+        hit = _FUSED.get(key)
+    except TypeError:                             # an unhashable literal: fuse without the memo
+        key, hit = None, None
+    if hit is None:
+        hit = _fused_body(e1, e2, keep1)
+        if key is not None:
+            if len(_FUSED) > 4096:
+                _FUSED.clear()
+            _FUSED[key] = hit
+    spec, inplace = hit
+    out_vars = [e1.outputs[j] for j in keep1] + list(e2.outputs)
+    params = dict(kernel=spec.kernel, spec=spec, n=e2.params["n"], inplace=inplace)
+    if e2.params.get("batch"):                    # vmap: batched calls fuse too, each input keeps its flag
+        flag = {id(a): f for q in (e1, e2) for a, f in zip(q.inputs, q.params["in_batched"])}
+        params.update(batch=e2.params["batch"], in_batched=tuple(flag[id(a)] for a in graph_inputs))
+    return Eqn(ir.call_p, graph_inputs, out_vars, params, e2.info)
+
+
+def _fused_body(e1, e2, keep1):
+    """The BodySpec of e1 then e2 (its inputs in the order _wiring lists the graph inputs) and
+    the in-place pairs of the fused call."""
     s1, s2 = e1.params["spec"], e2.params["spec"]
     graph_inputs, kernel_inputs = [], []
 
@@ -59,9 +111,7 @@ def _fuse_pair(e1, e2, needed_later):
     args2 = [made[a] if isinstance(a, Var) and a in made else kin(a, v.aval)
              for a, v in zip(e2.inputs[:n2], s2.prog.inputs)]
     outs2 = _inline(s2.prog, args2, body)
-    keep1 = [j for j, v in enumerate(e1.outputs) if v in needed_later]
     out_atoms = [outs1[j] for j in keep1] + outs2
-    out_vars = [e1.outputs[j] for j in keep1] + list(e2.outputs)
     prog = Program(kernel_inputs, body, [_as_var(a, body) for a in out_atoms])
     names = [s1.kernel.name, s2.kernel.name]
     # e2's in-place writes (Mutable commits, buffer= arrays) stay in place: its output j overwrites
@@ -74,12 +124,7 @@ def _fuse_pair(e1, e2, needed_later):
         return next(k for k, g in enumerate(graph_inputs) if g is atom)
     inplace = tuple((len(keep1) + j, position(e2.inputs[i])) for j, i in e2.params["inplace"])
     commits = [position(e2.inputs[k]) for k in s2.commits]
-    spec = BodySpec(prog, "+".join(names), commits)
-    params = dict(kernel=spec.kernel, spec=spec, n=e2.params["n"], inplace=inplace)
-    if e2.params.get("batch"):                    # vmap: batched calls fuse too, each input keeps its flag
-        flag = {id(a): f for q in (e1, e2) for a, f in zip(q.inputs, q.params["in_batched"])}
-        params.update(batch=e2.params["batch"], in_batched=tuple(flag[id(a)] for a in graph_inputs))
-    return Eqn(ir.call_p, graph_inputs, out_vars, params, e2.info)
+    return BodySpec(prog, "+".join(names), commits), inplace
 
 
 def _as_var(a, body):

@@ -110,6 +110,8 @@ class NumpyExecutable:
         self.keep = set(keep) | {a for a in prog.outputs if isinstance(a, Var)}
         self.pool: dict = {}
         self.pooled: set = set()
+        self.views: list = []           # (slot, input slot, index): slices read straight from a caller's array
+        self.viewable = _viewable_slices(self.plan)
         self._lock = threading.Lock()
         g = _Gen(self)
         self._gen_top(g)
@@ -182,6 +184,11 @@ class NumpyExecutable:
         return k
 
     def _gen_eqn(self, g, d, prog, idx, e, pre, top=False):
+        if top and e in self.viewable:        # no copy: the slot is a NumPy view of the caller's array
+            src, index = self.slot_of[e.inputs[0]], ir.numpy_index(e.params["index"])
+            self.slot_of[e.outputs[0]] = self._new_slot(self.slots[src][index])
+            self.views.append((self.slot_of[e.outputs[0]], src, index))
+            return
         inplace = dict(e.params.get("inplace", ()) or ())
         outs = []
         for j, v in enumerate(e.outputs):
@@ -407,6 +414,12 @@ class NumpyExecutable:
         ctr = self._sub_slot(ir.U32_CELL)
         carries = [self._ref(s, a.aval) for s, a in zip(outs, init)]
         alive = f"{t}_alive"
+        if counted and isinstance(trip, Var):
+            # the trip counts are read once, on entry, as Python's range(k) and the unbatched loop
+            # read them: a body that writes its own trip cell does not change how often it turns
+            trips = self._sub_slot(trip.aval)
+            g.emit(d, f"np.copyto(b{trips}, {self.b(trip)})")
+            trip = self._ref(trips, trip.aval)
         g.emit(d, f"{t} = 0")
         g.emit(d, f"b{live}[...] = True")
         g.emit(d, f"{alive} = {B}")
@@ -449,6 +462,8 @@ class NumpyExecutable:
 
     # -- binding and running ------------------------------------------------------------------
     def _link(self):
+        for k, src, index in self.views:     # after bind, the views look into the new arrays
+            self.slots[k] = self.slots[src][index]
         ns = {"np": np}
         for k, arr in enumerate(self.slots):
             ns[f"b{k}"] = arr
@@ -534,5 +549,59 @@ def _cell_rev(exe, g, d, e, outs):
               "casting='unsafe')")
 
 
-_DERIVATIVE_OPS = {ir.zeros_p: _zeros, ir.add_any_p: _add_any, ir.stack_push_p: _stack_push,
+# -- array structure (ir.STRUCTURE): copies, but for slices of arguments nothing writes ---------------
+
+def _viewable_slices(prog: Program) -> set:
+    """Top-level slices that may be NumPy views instead of copies: of an input whose buffer nothing
+    in the program writes in place (so every read sees the value the slice was taken from), read
+    only by calls and structure ops that do not write them (a view may not be written through).
+    Every other slot can be reused for another value by the planner, so a view of it would change."""
+    buffer_of = {v: v for v in prog.inputs}
+    written = set()
+    for e in prog.eqns:
+        for j, i in e.params.get("inplace", ()) or ():
+            a = e.inputs[i]
+            if isinstance(a, Var):
+                written.add(buffer_of.get(a, a))
+                buffer_of[e.outputs[j]] = buffer_of.get(a, a)
+    out = {}
+    for e in prog.eqns:
+        if e.prim is ir.slice_p and e.inputs[0] in prog.inputs and e.inputs[0] not in written:
+            out[e.outputs[0]] = e
+    for e in prog.eqns:
+        targets = {e.inputs[i] for _, i in e.params.get("inplace", ()) or ()}
+        safe = e.prim in (ir.call_p, ir.slice_p, ir.reshape_p, ir.concat_p, ir.update_p, ir.record_p)
+        for k, a in enumerate(e.inputs):
+            if a in out and (not safe or a in targets or (e.prim is ir.update_p and k == 0)):
+                del out[a]
+    return set(out.values())
+
+
+def _index(exe, index):
+    exe.consts.append(ir.numpy_index(index))
+    return f"k{len(exe.consts) - 1}"
+
+
+def _slice(exe, g, d, e, outs):
+    g.emit(d, f"np.copyto(b{outs[0]}, {exe.b(e.inputs[0])}[{_index(exe, e.params['index'])}])")
+
+
+def _update(exe, g, d, e, outs):
+    base, value = e.inputs
+    if exe.b(base) != f"b{outs[0]}":           # a functional update (derived programs): copy the base first
+        g.emit(d, f"np.copyto(b{outs[0]}, {exe.b(base)})")
+    g.emit(d, f"b{outs[0]}[{_index(exe, e.params['index'])}] = {exe.b(value)}")
+
+
+def _reshape(exe, g, d, e, outs):
+    g.emit(d, f"np.copyto(b{outs[0]}, {exe.b(e.inputs[0])}.reshape({e.params['shape']}))")
+
+
+def _concat(exe, g, d, e, outs):
+    g.emit(d, f"np.concatenate(({''.join(exe.b(a) + ', ' for a in e.inputs)}), axis={e.params['axis']}, "
+              f"out=b{outs[0]})")
+
+
+_DERIVATIVE_OPS = {ir.slice_p: _slice, ir.update_p: _update, ir.reshape_p: _reshape, ir.concat_p: _concat,
+                   ir.zeros_p: _zeros, ir.add_any_p: _add_any, ir.stack_push_p: _stack_push,
                    ir.stack_read_p: _stack_read, ir.cell_inc_p: _cell_inc, ir.cell_rev_p: _cell_rev}

@@ -6,10 +6,13 @@ tangent is that of the function the run computed; kernel calls apply their kerne
 """
 from __future__ import annotations
 
+import numpy as np
+
 from hawk_fx.core import Program, Var
 from hawk_fx.diff import kernel_jvp
 
 from .. import ir
+from . import structure
 from .vjp import Backward
 
 
@@ -43,6 +46,10 @@ class Forward(Backward):
                     _set(tan, v, sub.get(a) if isinstance(a, Var) else None)
             elif e.prim is ir.while_p:
                 self._while_forward(e, ins_t, tan, turn)
+            elif e.prim in ir.STRUCTURE and any(t is not None for t in ins_t):
+                xs = [t if t is not None else np.zeros(a.aval.shape, e.outputs[0].aval.dtype)
+                      for t, a in zip(ins_t, e.inputs)]
+                _set(tan, e.outputs[0], structure.eval_array(e, xs))
         return tan
 
     def _while_forward(self, e, ins_t, tan, turn):

@@ -16,6 +16,7 @@ from hawk_fx.core import Literal, Program, Var
 from hawk_fx.diff import jvp_spec
 
 from .. import ir
+from . import structure
 from .program import Eqns, copy_eqn, copy_program, ct_aval, dce, is_float, refuse_untransformable
 from .vmap import batch_broadcast_p
 
@@ -55,6 +56,11 @@ def _eqn(e, env, tan, eqns):
         _branches(e, env, tan, eqns)
     elif p is ir.while_p:
         _while(e, env, tan, eqns)
+    elif p in ir.STRUCTURE:
+        copy_eqn(e, env, eqns)
+        t = structure.jvp(e, ts, eqns)
+        if t is not None and is_float(e.outputs[0].aval):
+            tan[e.outputs[0]] = t
     else:
         copy_eqn(e, env, eqns)
         if p in _LINEAR:
@@ -104,7 +110,7 @@ def _while(e, env, tan, eqns):
     consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
     const_f = [isinstance(a, Var) and a in tan for a in consts]
     carry_f = [isinstance(a, Var) and a in tan for a in init]
-    for _ in range(len(init) + 1):                     # carries with a tangent: a fixpoint over the body
+    while True:            # carries with a tangent: a fixpoint over the body (the flags only grow)
         out_f = jvp_graph(body, [False] + const_f + carry_f)[1]
         new = [c or o for c, o in zip(carry_f, out_f)]
         if new == carry_f:

@@ -18,6 +18,7 @@ from hawk_fx.core import Eqn, Literal, Program, Var
 from hawk_fx.diff import kernel_vjp
 
 from .. import ir
+from . import structure
 
 
 class Residuals:
@@ -149,6 +150,9 @@ class Backward:
                     _accumulate(ct, a, sub.get(v))
             elif e.prim is ir.while_p:
                 self._while(e, cts, ct, turn)
+            elif e.prim in ir.STRUCTURE and cts[0] is not None:
+                for a, g in zip(e.inputs, structure.transpose_array(e, np.asarray(cts[0]))):
+                    _accumulate(ct, a, g)
             # opaque nodes and cell logic pass no gradient
         return ct
 

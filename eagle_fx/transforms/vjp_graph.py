@@ -17,6 +17,7 @@ from hawk_fx.core import Literal, Program, Var
 from hawk_fx.diff import kernel_vjp, vjp_spec
 
 from .. import ir
+from . import structure
 from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, inline, is_float, \
     refuse_untransformable
 
@@ -69,6 +70,10 @@ class _Vjp:
             elif e.prim is ir.add_any_p:
                 for a in e.inputs:
                     _accumulate(ct, a, cts[0], eqns)
+            elif e.prim in ir.STRUCTURE:
+                if is_float(e.outputs[0].aval):
+                    for a, g in zip(e.inputs, structure.transpose(e, cts[0], eqns)):
+                        _accumulate(ct, a, g, eqns)
             elif e.prim not in (ir.zeros_p, ir.cell_not_p, ir.cell_and_p, ir.cell_or_p, ir.cell_inc_p, ir.cell_rev_p):
                 raise NotImplementedError(f"{self.api}: no reverse rule for primitive '{e.prim}'")
         outs = [a if isinstance(a, Literal) else env[a] for a in prog.outputs]

@@ -19,6 +19,7 @@ from __future__ import annotations
 from hawk_fx.core import Eqn, Literal, Primitive, Program, Var, abstract_eval
 
 from .. import ir
+from . import structure
 
 batch_broadcast_p = Primitive("batch_broadcast")
 
@@ -96,6 +97,8 @@ class _Batcher:
             self.copy(e, atoms, [any(fl)], env, flags, eqns)
         elif p is ir.stack_push_p:
             self.push(e, atoms, fl, env, flags, eqns)
+        elif p in ir.STRUCTURE:
+            self.structure(e, atoms, fl, env, flags, eqns)
         elif p is ir.stack_read_p:
             params = dict(e.params, batched=fl[0], turn_batched=fl[1])
             self.copy(e, atoms, [any(fl)], env, flags, eqns, params)
@@ -136,6 +139,19 @@ class _Batcher:
         batched = stack_b or value_b
         self.copy(e, atoms, [batched], env, flags, eqns, dict(e.params, batched=batched))
 
+    def structure(self, e, atoms, fl, env, flags, eqns):
+        if not any(fl):
+            self.copy(e, atoms, [False], env, flags, eqns)
+            return
+        if e.prim is ir.update_p and not fl[0] and e.params.get("inplace"):
+            raise VmapError(f"eagle_fx.vmap: a write through a view ({e.info.where}) puts per-instance values into "
+                            "an array shared by all instances; batch that array (in_axes=0)")
+        params, broadcast = structure.batch_params(e, fl, self.B)
+        atoms = [self.broadcast(a, eqns) if b else a for a, b in zip(atoms, broadcast)]
+        if e.prim is ir.update_p and not fl[0]:
+            params["inplace"] = ()          # the base was broadcast: a new buffer
+        self.copy(e, atoms, [True], env, flags, eqns, params)
+
     def branches(self, e, atoms, fl, env, flags, eqns):
         pred_b, op_flags = fl[0], fl[1:]
         arms = e.params["branches"]
@@ -157,7 +173,7 @@ class _Batcher:
         const_f = fl[head:head + nc]
         carry_f = list(fl[head + nc:])
         masked = trip_b
-        for _ in range(len(carry_f) + 2):
+        while True:            # batched carries: a fixpoint (the flags only grow)
             _, body_out = self.program(body, [False] + const_f + carry_f)
             guard_b = self.program(cond, const_f + carry_f)[1][0] if cond is not None else False
             new = [c or b for c, b in zip(carry_f, body_out)]

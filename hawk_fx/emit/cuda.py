@@ -188,6 +188,11 @@ _C_OPS_BY_NAME = {
     "eq": _same("({0} == {1})", *_ALL), "ne": _same("({0} != {1})", *_ALL),
     "and": _same("({0} && {1})", *_ALL), "or": _same("({0} || {1})", *_ALL),
     "select": _same("({0} ? {1} : {2})", *_ALL),
+    "logistic": {"f32": "(1.0f / (1.0f + expf(-{0})))", "f64": "(1.0 / (1.0 + exp(-{0})))"},
+    "logaddexp": _same("hawk_logaddexp({0}, {1})", "f32", "f64"),
+    "xlogy": {"f32": "({0} == 0.0f ? 0.0f : {0} * logf({1}))", "f64": "({0} == 0.0 ? 0.0 : {0} * log({1}))"},
+    "xlog1py": {"f32": "({0} == 0.0f ? 0.0f : {0} * log1pf({1}))", "f64": "({0} == 0.0 ? 0.0 : {0} * log1p({1}))"},
+    "stop_gradient": _same("{0}", *_ALL),
 }
 
 C_OPS: dict = {P[name]: cols for name, cols in _C_OPS_BY_NAME.items()}
@@ -207,6 +212,10 @@ template <typename T> __device__ __forceinline__ T hawk_min(T a, T b) { return (
 template <typename T> __device__ __forceinline__ T hawk_sign(T x) {
     return x > T(0) ? T(1) : (x < T(0) ? T(-1) : x); }       // keeps NaN and signed zero
 template <typename T> __device__ __forceinline__ bool hawk_signed() { return T(-1) < T(0); }
+template <typename T> __device__ __forceinline__ T hawk_logaddexp(T a, T b) {      // numpy.logaddexp
+    if (a == b) return a + T(0.6931471805599453);                                  // also +-inf
+    T m = a > b ? a : b;
+    return m + log1p(exp(-fabs(a - b))); }
 template <typename T> __device__ __forceinline__ T hawk_iabs(T x) {
     return (hawk_signed<T>() && x < T(0)) ? T(-x) : x; }
 template <typename T> __device__ __forceinline__ T hawk_ifloordiv(T a, T b) {   // Python's a // b

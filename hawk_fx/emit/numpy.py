@@ -98,7 +98,9 @@ class EmitContext:
 
 
 def _is_weak(v) -> bool:
-    return v.aval.kind == UNIFORM and v.aval.weak
+    """A value held as a Python number at run time: a weak uniform scalar. (A weak Vector, or a
+    per-sample choice between numbers, is an array in its default dtype: see _strong_operands.)"""
+    return v.aval.kind == UNIFORM and v.aval.weak and not v.aval.shape
 
 
 for _p, (_arity, _fn) in prims.ELEMENTWISE.items():
@@ -332,7 +334,10 @@ class NumpyKernel:
             lines = hoisted if v not in depends else body
             if e.prim in view_emit:
                 names[v] = f"t{len(names)}"
-                lines.append(f"{names[v]} = {view_emit[e.prim](ins, e.params)}")
+                view = view_emit[e.prim](ins, e.params)
+                if _is_weak(v) and e.prim is not prims.sample_count_p:
+                    view = f"{view}.item(0)"      # a component of a weak Vector: a Python number
+                lines.append(f"{names[v]} = {view}")
                 continue
             if _is_weak(v):
                 # Python numbers in, a Python number out (NumPy's weak-scalar rules keep float32)
@@ -345,6 +350,8 @@ class NumpyKernel:
                     call = f"np.asarray({f}({', '.join(ins)}))"
                 lines.append(f"{names[v]} = {call}.item()")
                 continue
+            if e.prim is not prims.convert_p and e.prim not in prims.REDUCTION:
+                ins = self._strong_operands(e, ins, lines, hoisted)
             if v in direct:
                 names[v] = f"o{direct[v]}"
             elif v not in depends:
@@ -424,6 +431,32 @@ class NumpyKernel:
         code += ["def run(ins, outs, n):",
                  "    run_flat(*ins, *outs, n)"]
         return "\n".join(code) + "\n"
+
+    def _strong_operands(self, e, ins, lines, hoisted):
+        """A weak value held as an array (a per-sample choice between two Python numbers, a Vector
+        of them) is stored in its default dtype; meeting a float32 operand it is converted first,
+        as NumPy converts a Python number, so the operation computes in float32. The copy goes to
+        scratch of its own (per chunk) or, for a uniform value, to U (once per call)."""
+        first = 1 if e.prim is prims.P["select"] else 0          # select's condition stays as it is
+        values = e.inputs[first:]
+        weak = [k for k, a in enumerate(values, first) if isinstance(a, Var) and a.aval.weak and not _is_weak(a)]
+        if not weak:
+            return ins
+        target = prims.promote([a.aval for a in values])
+        ins = list(ins)
+        for k in weak:
+            a = e.inputs[k]
+            if a.aval.dtype == target:
+                continue
+            if a.aval.kind == SAMPLE:
+                name, into = f"S[{len(self.scratch_specs)}]", lines
+                self.scratch_specs.append((a.aval.shape, target, True))
+            else:
+                name, into = f"U[{len(self.uniform_specs)}]", hoisted
+                self.uniform_specs.append((a.aval.shape, target))
+            into.append(f"np.copyto({name}, {ins[k]}, casting='unsafe')")
+            ins[k] = name
+        return ins
 
     def scratch(self, m: int) -> tuple:
         """This thread's intermediates for a chunk of m samples. A thread keeps them for the

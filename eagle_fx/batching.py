@@ -1,0 +1,205 @@
+"""vmap: B independent instances of a staged graph in one graph (transforms/vmap.py batches the
+Program). in_axes and out_axes are prefix trees, as in JAX: an int or None applies to every leaf
+below it."""
+from __future__ import annotations
+
+import numpy as np
+
+from hawk_fx.core import Eqn, Var
+from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
+
+from . import cache, ir
+from .api import _BATCH_FULL, Transformed, is_array, name_of, sig, stage
+from .staging import Extern
+from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
+
+
+def _axes(in_axes, n, api):
+    if isinstance(in_axes, (int, type(None))):
+        return [in_axes] * n
+    axes = list(in_axes)
+    if len(axes) != n:
+        raise ValueError(f"{api}: in_axes has {len(axes)} entries for {n} positional arguments; give one per "
+                         "argument (an int axis or None)")
+    return axes
+
+
+def _returns_graph(f):
+    from .graph import Builder
+    return isinstance(f, Builder) or (isinstance(f, Transformed) and not f._values)
+
+
+def vmap(f, in_axes=0, out_axes=0):
+    """Batch `f` over an axis of its array arguments: B independent instances in one graph.
+
+    in_axes: per positional argument, the batch axis (usually 0) or None (shared by all instances);
+    for a tree argument, a tree prefix of it ({"w": 0, "b": None}). out_axes: a prefix of the result.
+    Per-sample planes (B, n), Vector planes (B, k, n), cells (B, 1), Params (B,) or (B, 1).
+    A device condition that differs by instance runs every arm (each instance keeps its own) and a
+    loop with per-instance guards runs until every instance is done, finished ones frozen.
+    vmap of a builder is a builder (it returns the Graph); of any other function, it returns values."""
+    api = "eagle_fx.vmap"
+    name = name_of(f)
+    for ax in tree_flatten(out_axes)[0]:
+        if ax not in (0, None):
+            raise ValueError(f"{api}({name}): out_axes {ax!r}: results take the batch axis first (0) or are shared "
+                             "(None); move it afterwards with np.moveaxis")
+
+    def make(*args):
+        axes = _axes(in_axes, len(args), api)
+        if isinstance(f, Transformed) and f._vmap_of is not None:
+            return _nested(f, args, axes, out_axes, api, name)
+        return _batch(f, args, axes, out_axes, api, name)
+    return Transformed(f"vmap({name})", make, values=not _returns_graph(f), vmap_of=(f, in_axes, out_axes),
+                       sig=sig("vmap", f, in_axes, out_axes))
+
+
+def prefix_leaves(prefix, value, api, what):
+    """The axis the prefix tree `prefix` gives each array leaf of `value`, in order."""
+    out = []
+
+    def go(p, v):
+        if p is None or isinstance(p, int):
+            out.extend([p] * len(tree_flatten(v, is_leaf=is_array)[0]))
+            return
+        np_, nv = node_children(p), node_children(v)
+        if np_ is not None and nv is not None and np_[0] == nv[0] == "dict" and set(p) == set(v):
+            for key in v:
+                go(p[key], v[key])
+            return
+        if np_ is None or nv is None or np_[0] != nv[0] or np_[1] != nv[1] or len(np_[2]) != len(nv[2]):
+            raise ValueError(f"{api}: {what}: the axes {p!r} do not match its structure {tree_flatten(v)[1]}; "
+                             "give an int, None, or a tree of the same structure (a prefix of it)")
+        for a, c in zip(np_[2], nv[2]):
+            go(a, c)
+    go(prefix, value)
+    return out
+
+
+def _batch(f, args, axes, out_axes, api, name):
+    B, first = None, None
+    inst, full = [], {}
+    for k, (arg, prefix) in enumerate(zip(args, axes)):
+        leaves, tree = tree_flatten(arg, is_leaf=is_array)
+        leaf_axes = prefix_leaves(prefix, arg, f"{api}({name})", f"in_axes of argument {k}")
+        for j, (a, ax) in enumerate(zip(leaves, leaf_axes)):
+            at = f"argument {k}" if tree.kind == "leaf" else f"argument {k} (leaf {j} of {tree})"
+            if ax is None:
+                continue
+            if not isinstance(a, np.ndarray):
+                raise TypeError(f"{api}({name}): {at} has in_axes {ax} but is {type(a).__name__}; only "
+                                "arrays are batched: give it in_axes None")
+            if not -a.ndim <= ax < a.ndim:
+                raise ValueError(f"{api}({name}): in_axes {ax} for {at} of shape {a.shape}")
+            if a.shape == (1,) and a.dtype == np.uint32:
+                raise ValueError(f"{api}({name}): {at} is a one-cell array of shape {a.shape}; its only "
+                                 "axis is the cell, not a batch: give it in_axes None, or stack B cells as (B, 1)")
+            a = np.moveaxis(a, ax, 0)
+            if B is None:
+                B, first = a.shape[0], at
+            elif a.shape[0] != B:
+                raise ValueError(f"{api}({name}): mismatched batch sizes: {first} has {B} instances "
+                                 f"along its batch axis, {at} has {a.shape[0]}")
+            if a.ndim == 1:                    # a batched Param or cell given as (B,)
+                a = a[:, None]
+            leaves[j] = a[0]
+            full[id(leaves[j])] = a
+        inst.append(tree_unflatten(tree, leaves) if tree.kind != "leaf" else leaves[0] if leaves else arg)
+    if B is None:
+        raise ValueError(f"{api}({name}): no argument is batched; give at least one array an in_axes of 0")
+    _BATCH_FULL.update(full)
+    try:
+        g = stage(f, inst, api)
+    finally:
+        for key in full:
+            _BATCH_FULL.pop(key, None)
+    prog = g.program
+    if any(e.params.get("batch") for e in prog.eqns):
+        raise VmapError(f"{api}({name}): the function returns a graph another vmap made; batch nested vmaps as "
+                        "eagle_fx.vmap(eagle_fx.vmap(f, ...), ...), or reshape both axes into one, (B1 * B2, ...)")
+    flags, planes = [], []
+    for e in g._trace.input_planes:
+        big = full.get(id(e.array))
+        flags.append(big is not None)
+        planes.append(Extern(big if big is not None else e.array, e.name))
+    bprog, out_flags = batch_program(prog, flags, B)
+    leaves, tree = g._result_vars() if g._has_result else ([], None)
+    outs = list(bprog.outputs)
+    nres = len(leaves)
+    oax = _out_axes(out_axes, tree, nres, api, name) if nres else []
+    eqns = list(bprog.eqns)
+    for j in range(nres):
+        if oax[j] is None and out_flags[j]:
+            raise ValueError(f"{api}({name}): result {j} differs by instance but out_axes is None for it; "
+                             "give it out_axes 0")
+        if oax[j] is not None and not out_flags[j]:
+            v = Var(_batched(outs[j].aval, B))
+            eqns.append(Eqn(batch_broadcast_p, [outs[j]], [v], {"size": B}))
+            outs[j] = v
+    bprog = bprog.replace(eqns=eqns, outputs=outs)
+    from .graph import Graph
+    return Graph._from_program(bprog, planes, tree, nres, g._trace.n)
+
+
+def _out_axes(out_axes, tree, nres, api, name):
+    """Per result leaf, its out axis: out_axes is a prefix of the result tree (or, as before, a
+    flat tuple with one entry per leaf)."""
+    try:
+        return prefix_leaves(out_axes, tree_unflatten(tree, [np.zeros(0)] * nres), f"{api}({name})", "out_axes")
+    except ValueError:
+        if isinstance(out_axes, (tuple, list)) and len(out_axes) == nres:
+            return list(out_axes)
+        raise
+
+
+def _nested(f, args, outer_axes, out_axes, api, name):
+    """vmap(vmap(inner, in_axes=ia), in_axes=oa): one vmap over B2 * B1 instances, results seen as
+    (B2, B1, ...). An argument batched by one level only is repeated along the other."""
+    inner, ia, inner_out = f._vmap_of
+    cache.uncacheable()                  # the arguments are repeated into new arrays: stage each call
+    if out_axes != 0 or inner_out != 0:
+        raise ValueError(f"{api}({name}): nested vmap takes out_axes 0 at both levels")
+    B2 = B1 = None
+    moved = []
+    for k, (a, ax) in enumerate(zip(args, outer_axes)):
+        if ax is not None:
+            if not isinstance(a, np.ndarray) or not -a.ndim <= ax < a.ndim:
+                raise ValueError(f"{api}({name}): in_axes {ax} for argument {k} of shape {np.shape(a)}")
+            a = np.moveaxis(a, ax, 0)
+            if B2 is not None and a.shape[0] != B2:
+                raise ValueError(f"{api}({name}): mismatched batch sizes: {B2} and {a.shape[0]} instances (argument {k})")
+            B2 = a.shape[0]
+        moved.append(a)
+    inner_axes = _axes(ia, len(args), api)
+    combined, flat = [], []
+    for k, (a, o, i) in enumerate(zip(moved, outer_axes, inner_axes)):
+        if i is not None:
+            one = a[0] if o is not None else a
+            if not -one.ndim <= i < one.ndim:
+                raise ValueError(f"{api}({name}): inner in_axes {i} for argument {k} of shape {one.shape}")
+            a = np.moveaxis(a, i + (1 if o is not None else 0) if i >= 0 else i, 1 if o is not None else 0)
+            b1 = a.shape[1] if o is not None else a.shape[0]
+            if B1 is not None and b1 != B1:
+                raise ValueError(f"{api}({name}): mismatched inner batch sizes: {B1} and {b1} (argument {k})")
+            B1 = b1
+        combined.append((a, o, i))
+    if B2 is None or B1 is None:
+        raise ValueError(f"{api}({name}): each level of a nested vmap batches at least one argument")
+    for a, o, i in combined:
+        if o is not None and i is not None:
+            flat.append(a.reshape((B2 * B1,) + a.shape[2:]))
+        elif o is not None:
+            flat.append(np.repeat(a, B1, axis=0))
+        elif i is not None:
+            flat.append(np.concatenate([a] * B2, axis=0))
+        else:
+            flat.append(a)
+    axes = [0 if (o is not None or i is not None) else None for _, o, i in combined]
+    g = _batch(inner, flat, axes, 0, api, name)
+    for h in g._result_flat[0]:
+        g._views[id(h)] = (B2, B1) + h.aval.shape[1:]
+    return g
+
+
+def _batched(aval, B):
+    return ir.plane_aval((B,) + aval.shape, aval.dtype)

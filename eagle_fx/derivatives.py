@@ -1,0 +1,311 @@
+"""Forward and reverse mode on staged graphs: jvp, vjp, grad, value_and_grad.
+
+Arguments are trees (tuples, lists, dicts, NamedTuples, dataclasses) of arrays and Python values;
+each floating array leaf is differentiable, and a derivative comes back as a tree of the
+argument's shape (None at leaves that are not floating arrays: cells, integers, Python values).
+A Python float or a 0-d array in a differentiated position is staged as a one-cell array and its
+derivative given back 0-d, as JAX does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hawk_fx.core import Eqn, Var
+from hawk_fx.diff import match_tree
+from hawk_fx.tree import tree_flatten, tree_unflatten
+
+from . import cache, ir
+from .api import (_STAGING, Staged, Transformed, arg_names, argnums_of, float_array, graph_of, is_array, name_of,
+                  run, sig)
+from .staging import Extern
+from .transforms.jvp_graph import jvp_graph
+from .transforms.program import TransformError, ct_aval, is_float
+from .transforms.vjp_graph import vjp_graph
+
+
+def _is_scalar_float(x):
+    return (isinstance(x, (float, np.floating)) and not isinstance(x, bool)) or \
+        (isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype.kind == "f")
+
+
+def _one_cell(x):
+    return np.array([x], dtype=x.dtype if isinstance(x, (np.ndarray, np.generic)) else np.float64)
+
+
+def promote(args, positions):
+    """The arguments with Python floats and 0-d arrays at `positions` (leaf by leaf) made one-cell
+    arrays, and the set of (argument, leaf) promoted."""
+    out, promoted = list(args), set()
+    for k in positions:
+        leaves, t = tree_flatten(args[k], is_leaf=is_array)
+        for j, x in enumerate(leaves):
+            if _is_scalar_float(x):
+                leaves[j] = _one_cell(x)
+                promoted.add((k, j))
+        if any(p[0] == k for p in promoted):
+            out[k] = tree_unflatten(t, leaves)
+    return tuple(out), promoted
+
+
+def _demote(tree, k, promoted):
+    """Argument k's derivative tree with the leaves promoted by `promote` back to 0-d."""
+    if not any(p[0] == k for p in promoted):
+        return tree
+    leaves, t = tree_flatten(tree, is_leaf=lambda x: x is None or is_array(x))
+    return tree_unflatten(t, [x.reshape(()) if (k, j) in promoted and x is not None else x
+                              for j, x in enumerate(leaves)])
+
+
+# ---------------------------------------------------------------------------------------------
+# forward mode
+
+def jvp(f, primals, tangents):
+    """(result, result tangent) for tangents given per argument: a tree like the argument's, or
+    None (no tangent; a cell or integer leaf takes None)."""
+    api = "eagle_fx.jvp"
+    primals, tangents = tuple(primals), tuple(tangents)
+    if len(primals) != len(tangents):
+        raise ValueError(f"{api}: {len(primals)} primals and {len(tangents)} tangents; give one tangent (or None) "
+                         "per argument")
+    names = arg_names(f, len(primals))
+    primals, tangents = _check_tangents(primals, tangents, names, api)
+    if _STAGING:
+        return _jvp_graph(f, primals, tangents, names, api)
+    with cache.staged(sig("jvp", f), (primals, tangents), lambda p, t: _jvp_graph(f, p, t, names, api)) as e:
+        return run(e.graph)
+
+
+def _check_tangents(primals, tangents, names, api):
+    """Primals and tangents with Python-float primals that have a tangent made one-cell arrays."""
+    ps, ts = list(primals), list(tangents)
+    for k, (p, t) in enumerate(zip(primals, tangents)):
+        if t is None:
+            continue
+        p_leaves, p_tree = tree_flatten(p, is_leaf=is_array)
+        t_leaves = match_tree(t, p_tree)
+        if t_leaves is None:
+            raise ValueError(f"{api}: the tangent for argument {names[k]} has structure {tree_flatten(t)[1]}; the "
+                             f"argument has {p_tree}: give a tangent tree of the same structure (None leaves allowed)")
+        for j, (pl, tl) in enumerate(zip(p_leaves, t_leaves)):
+            if tl is None:
+                continue
+            if _is_scalar_float(pl) and np.ndim(tl) == 0:
+                p_leaves[j], t_leaves[j] = _one_cell(pl), _one_cell(np.asarray(tl, dtype=np.asarray(pl).dtype))
+                continue
+            if not float_array(pl) or np.shape(tl) != np.shape(pl) or np.asarray(tl).dtype != pl.dtype:
+                need = f"{np.shape(pl)} {pl.dtype}, or None" if float_array(pl) else \
+                    "None (it is not a floating array)"
+                at = names[k] if p_tree.kind == "leaf" else f"{names[k]} (leaf {j})"
+                raise ValueError(f"{api}: the tangent for argument {at} has shape {np.shape(tl)} and dtype "
+                                 f"{np.asarray(tl).dtype}; it needs {need}")
+        ps[k], ts[k] = tree_unflatten(p_tree, p_leaves), tree_unflatten(p_tree, t_leaves)
+    return tuple(ps), tuple(ts)
+
+
+def _jvp_graph(f, primals, tangents, names, api):
+    s = Staged(f, primals, api)
+    t_leaves = [tree_flatten(t, is_leaf=lambda x: x is None or is_array(x))[0] if t is not None else None
+                for t in tangents]
+
+    def tangent_of(a):
+        return None if a is None or t_leaves[a[0]] is None else t_leaves[a[0]][a[1]]
+    flags = [tangent_of(a) is not None for a in s.arg_of]
+    force = [is_float(v.aval) for v in s.results]
+    jp, out_flags = jvp_graph(s.prog, flags, force)
+    k = len(s.results)
+    outs, eqns = list(jp.outputs[:k]), list(jp.eqns)
+    t_iter = iter(jp.outputs[k:])
+    for v, fl in zip(s.results, out_flags):          # an integer result's tangent: float zeros
+        if fl:
+            outs.append(next(t_iter))
+        else:
+            z = Var(ct_aval(v.aval))
+            eqns.append(Eqn(ir.zeros_p, [], [z], {"aval": z.aval}))
+            outs.append(z)
+    jp = jp.replace(eqns=eqns)
+    t_planes = [Extern(tangent_of(a), f"t_{names[a[0]]}") for a, fl in zip(s.arg_of, flags) if fl]
+    return graph_of(s, jp, (tree_unflatten(s.tree, outs[:k]), tree_unflatten(s.tree, outs[k:])), t_planes)
+
+
+# ---------------------------------------------------------------------------------------------
+# reverse mode
+
+def vjp_program(s: Staged, wrt, api):
+    """The vjp Program of the staged graph: (inputs, a cotangent per float result) -> (results, a
+    cotangent per (argument, leaf) in `wrt`, zeros for one the graph does not read)."""
+    want = set(wrt)
+    flags = [a is not None and a in want for a in s.arg_of]
+    vp = vjp_graph(s.prog, flags, s.capacity, api)
+    k = len(s.results)
+    grads = dict(zip([a for a, w in zip(s.arg_of, flags) if w], vp.outputs[k:]))
+    eqns, outs = list(vp.eqns), list(vp.outputs[:k])
+    for a in wrt:
+        if a not in grads:
+            x = s.leaves[a[0]][a[1]]
+            z = Var(ct_aval(ir.plane_aval(x.shape, x.dtype)))
+            eqns.append(Eqn(ir.zeros_p, [], [z], {"aval": z.aval}))
+            grads[a] = z
+        outs.append(grads[a])
+    return vp.replace(eqns=eqns, outputs=outs)
+
+
+def seed_planes(s, values=None):
+    """Extern planes for the cotangent inputs, one per float result: values[j] for the j-th float
+    result (None, or no values: zeros)."""
+    out = []
+    for j, v in enumerate(r for r in s.results if is_float(r.aval)):
+        a = ct_aval(v.aval)
+        val = values[j] if values is not None and j < len(values) else None
+        out.append(Extern(val if val is not None else np.zeros(a.shape, a.dtype), "ct"))
+    return out
+
+
+def _grad_trees(s, prog, ks, wrt):
+    """Per argument in ks, its tree of gradient Vars (None at leaves that are not floating arrays)."""
+    gvars = dict(zip(wrt, prog.outputs[len(s.results):]))
+    return tuple(tree_unflatten(s.arg_trees[k], [gvars.get((k, j)) for j in range(len(s.leaves[k]))]) for k in ks)
+
+
+def _split_aux(s, has_aux, api):
+    """(the number of primal result leaves, the aux tree or None) of a has_aux function."""
+    if not has_aux:
+        return len(s.results), None
+    t = s.tree
+    if t.kind not in ("tuple", "list") or len(t.children) != 2:
+        raise TypeError(f"{api}: {s.fname} is given has_aux=True but its result is {t}; declare "
+                        "g.result = (value, aux), aux any tree of arrays")
+    return t.children[0].num_leaves, t.children[1]
+
+
+def vjp(f, *args, has_aux=False):
+    """(result, pullback) or, has_aux, (result, pullback, aux): pullback(cotangent tree) -> a
+    cotangent tree per positional argument (None at leaves that are not floating arrays)."""
+    api = "eagle_fx.vjp"
+    if _STAGING:
+        raise TransformError(f"{api}: inside a transformed function, use eagle_fx.grad or eagle_fx.jacrev (they "
+                             "return their graph to the outer transform); vjp returns a Python pullback")
+
+    def make(*args):
+        s = Staged(f, args, api)
+        n_out, aux_tree = _split_aux(s, has_aux, api)
+        wrt = [(k, j) for k, ls in enumerate(s.leaves) for j, x in enumerate(ls) if float_array(x)]
+        prog = vjp_program(s, wrt, api)
+        seeds = seed_planes(s)
+        out_tree = s.tree.children[0] if has_aux else s.tree
+        aux = tree_unflatten(aux_tree, prog.outputs[n_out:len(s.results)]) if has_aux else None
+        # one functional graph gives the result (at zero seeds) and the pullback
+        g = graph_of(s, prog, (tree_unflatten(out_tree, prog.outputs[:n_out]), aux,
+                               _grad_trees(s, prog, range(len(args)), wrt)), seeds)
+        g._vjp = (s, seeds, n_out, out_tree)
+        return g
+    with cache.staged(sig("vjp", f, has_aux), args, make) as e:
+        g = e.graph
+        s, seeds, n_out, out_tree = g._vjp
+        y, aux, _ = run(g)
+        # the cached graph may run other calls before this pullback: it keeps the arguments it saw
+        saved = [None if o is None else np.array(o) for o in e.owned] if e.owned is not None else None
+    float_out = [j for j, v in enumerate(s.results[:n_out]) if is_float(v.aval)]
+
+    def pullback(ct):
+        leaves = match_tree(ct, out_tree)
+        if leaves is None:
+            raise ValueError(f"{api}: the cotangent has structure {tree_flatten(ct)[1]}; {s.fname}'s result is "
+                             f"{out_tree}: give one cotangent array per result array, in the same tree")
+        cs = [np.asarray(leaves[j]) for j in float_out]
+        for c, p, j in zip(cs, seeds, float_out):
+            if c.shape != p.array.shape:
+                raise ValueError(f"{api}: the cotangent of result {j} has shape {c.shape}; the result has "
+                                 f"{p.array.shape}")
+        with e.lock:
+            for c, p in zip(cs, seeds):
+                np.copyto(p.array, c)
+            if saved is not None:
+                e.bind(saved)
+            return run(g)[2]
+    return (y, pullback, aux) if has_aux else (y, pullback)
+
+
+def grad(f, argnums=0, has_aux=False):
+    """The gradient of `f`, whose result is one value (a one-cell array, e.g. from hawk.sum), with
+    respect to argument(s) `argnums` (an int, or a tuple: a tuple of gradients). Each gradient is a
+    tree shaped like its argument. has_aux: `f`'s result is (value, aux); returns (gradient, aux)."""
+    return _gradient(f, argnums, has_aux, False, "eagle_fx.grad")
+
+
+def value_and_grad(f, argnums=0, has_aux=False):
+    """(value, gradient) of `f` in one graph; has_aux: ((value, aux), gradient), as jax.value_and_grad."""
+    return _gradient(f, argnums, has_aux, True, "eagle_fx.value_and_grad")
+
+
+_MADE: dict = {}          # (api, f, argnums, has_aux) -> its Transformed: grad(f) in a loop makes one
+
+
+def _gradient(f, argnums, has_aux, with_value, api):
+    key = (api, f, argnums, has_aux)
+    try:
+        t = _MADE.get(key)
+    except TypeError:                 # an unhashable argnums (a list)
+        key, t = None, None
+    if t is None:
+        t = _new_gradient(f, argnums, has_aux, with_value, api)
+        if key is not None:
+            if len(_MADE) > 256:
+                _MADE.clear()
+            _MADE[key] = t
+    return t
+
+
+def _new_gradient(f, argnums, has_aux, with_value, api):
+    def make(*args):
+        ks, multi = argnums_of(argnums, len(args), api)
+        s = Staged(f, args, api)
+        n_out, aux_tree = _split_aux(s, has_aux, api)
+        v = s.results[0]
+        if n_out != 1 or int(np.prod(v.aval.shape)) != 1 or not is_float(v.aval):
+            shapes = [r.aval.shape for r in s.results[:n_out]]
+            raise TypeError(f"{api}: {s.fname} returns {shapes}; {api.split('.')[-1]} needs one value (a one-cell "
+                            "float result, e.g. from hawk.sum)" + (", then the aux tree: g.result = (value, aux)"
+                                                                    if has_aux else "") +
+                            "; for other results use eagle_fx.vjp or eagle_fx.jacrev")
+        wrt = []
+        for k in ks:
+            here = [(k, j) for j, x in enumerate(s.leaves[k]) if float_array(x)]
+            if not here:
+                raise TypeError(f"{api}: argument {arg_names(f, len(args))[k]} ({type(args[k]).__name__}) holds no "
+                                "floating array; it has no gradient: pick another argnums, or pass a float array")
+            wrt += here
+        prog = vjp_program(s, wrt, api)
+        grads = _grad_trees(s, prog, ks, wrt)
+        grads = grads if multi else grads[0]
+        value = prog.outputs[0]
+        aux = tree_unflatten(aux_tree, prog.outputs[1:len(s.results)]) if has_aux else None
+        if with_value:
+            out = ((value, aux) if has_aux else value, grads)
+        else:
+            out = (grads, aux) if has_aux else grads
+        ones = np.ones(v.aval.shape, ct_aval(v.aval).dtype)
+        return graph_of(s, prog, out, seed_planes(s, [ones]))
+
+    def prepare(args):
+        if type(argnums) is int and -len(args) <= argnums < len(args):
+            a = args[argnums]
+            if type(a) is np.ndarray and a.ndim:          # the common case: nothing to promote
+                return args, None
+        ks, multi = argnums_of(argnums, len(args), api)
+        args, promoted = promote(args, ks)
+        if not promoted:
+            return args, None
+
+        def restore(out):
+            if has_aux or with_value:
+                head, grads = (out[1], out[0]) if not with_value else (out[0], out[1])
+            else:
+                grads = out
+            fixed = tuple(_demote(g, k, promoted) for g, k in zip(grads if multi else (grads,), ks))
+            fixed = fixed if multi else fixed[0]
+            if with_value:
+                return head, fixed
+            return (fixed, head) if has_aux else fixed
+        return args, restore
+    return Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, prepare=prepare,
+                       sig=sig(api, f, argnums, has_aux))
