@@ -366,9 +366,8 @@ class _Lowering(SlotPlanner):
             if tuple(arr.shape) != v.aval.shape or np.dtype(arr.dtype) != v.aval.dtype:
                 raise ValueError(f"eagle_fx CUDA lowering: an input array is {tuple(arr.shape)} {arr.dtype}, the "
                                  f"program's input is {v.aval.shape} {v.aval.dtype}")
-            self.slot_of[v] = self._new_slot(arr)
-            plan.input_slots.append(self.slot_of[v])
-        self.keep = set(keep) | {a for a in prog.outputs if isinstance(a, Var)}
+        self._bind_inputs(prog, input_arrays, keep)
+        plan.input_slots = self.input_slots
         top = _Level(builder, plan.tree)
         sinks = self._gen_top(top)
         plan.end = sinks[0] if len(sinks) == 1 else (self.join(top, sinks) if sinks else None)
@@ -377,15 +376,11 @@ class _Lowering(SlotPlanner):
     def _zeros(self, shape, dtype):
         return self.builder.zeros(tuple(shape), np.dtype(dtype))
 
-    def _alloc_on(self, aval, path=()) -> int:
-        """A top-level slot: a freed one whose users all run in order with `path` (reusing a slot
-        of a sibling branch would serialise the branches), else a new one."""
-        return self._alloc(aval, lambda k: all(_ordered(q, path) for q in self.slot_paths.get(k, ())))
-
-    def _ref(self, slot, aval) -> Var:
-        v = Var(aval)
-        self.slot_of[v] = slot
-        return v
+    def _fits(self, path):
+        """Which freed top-level slots an output of an equation on branch `path` may take: those whose
+        users all run in order with it (reusing a slot of a sibling branch would serialise the
+        branches)."""
+        return lambda k: all(_ordered(q, path) for q in self.slot_paths.get(k, ()))
 
     def const(self, value, dtype, shape=None):
         """A device array holding a constant (uploaded once, shared by equal constants)."""
@@ -472,11 +467,6 @@ class _Lowering(SlotPlanner):
         self._walk_top(prog, lambda i, e: self._gen_eqn(seq, prog, i, e, {}, top=True))
         return seq.finish()
 
-    def _out_slot(self, v, pre, top, path=()):
-        if v in pre:
-            return pre[v]
-        return self._alloc_on(v.aval, path) if top else self._sub_slot(v.aval)
-
     def _gen_eqn(self, seq, prog, idx, e, pre, top=False):
         inplace = dict(e.params.get("inplace", ()) or ())
         outs = []
@@ -484,7 +474,7 @@ class _Lowering(SlotPlanner):
             if j in inplace:
                 self.slot_of[v] = self.slot_of[e.inputs[inplace[j]]]
             else:
-                self.slot_of[v] = self._out_slot(v, pre, top, e.info.branch)
+                self.slot_of[v] = self._out_slot(v, pre, top, self._fits(e.info.branch))
             outs.append(self.slot_of[v])
         reads = {self.slot_of[a] for a in e.inputs if isinstance(a, Var)}
         writes = set(outs)
@@ -621,17 +611,7 @@ class _Lowering(SlotPlanner):
         seq.close(chain.tail(), reads, {dst_slot})
 
     def _gen_copies(self, seq, srcs, out_slots):
-        pending = [(s, a) for a, s in zip(srcs, out_slots) if isinstance(a, Literal) or self.slot_of[a] != s]
-        dests = {s for s, _ in pending}
-        staged = []
-        for s, a in pending:                 # a source that is also a destination: copy it aside first
-            if isinstance(a, Var) and self.slot_of[a] in dests:
-                t = self._sub_slot(a.aval)
-                self._copy_item(seq, t, a)
-                staged.append((s, self._ref(t, a.aval)))
-            else:
-                staged.append((s, a))
-        for s, a in staged:
+        for s, a in self._copy_moves(srcs, out_slots):
             self._copy_item(seq, s, a)
 
     def _copies_seq(self, level, start, srcs, out_slots) -> tuple:
