@@ -186,7 +186,7 @@ class CoreRuntime(KernelRuntime):
         graph.update(builder.definition)
 
 # ---------------------------------------------------------------------------------------------
-# the executable: what eagle_fx.Graph runs (the NumpyExecutable interface)
+# the executable: what eagle_fx.Graph runs (the backend protocol, protocol.py)
 
 class _PlannedMemory:
     """The top-level builder as the lowering sees it: zeros/to_device are recorded, in order (or,
@@ -247,7 +247,7 @@ def _swap(node, old, new):
 
 
 class CudaExecutable:
-    """A Program lowered into ONE CUDA graph and instantiated; the interface of NumpyExecutable:
+    """A Program lowered into ONE CUDA graph and instantiated; the backend protocol (protocol.py):
     replay(times), array_of(var), rebind(input_index, array); plus enqueue(times) and
     synchronize() (asynchronous launches on the runtime's stream: CuPy's current stream).
 

@@ -88,6 +88,11 @@ class _Gen:
 
 
 class NumpyExecutable(SlotPlanner):
+    """The NumPy backend's executable (the protocol of protocol.py): the Program as one generated
+    Python function over buffers planned once."""
+
+    backend_name = "cpu"
+
     def __init__(self, prog: Program, input_arrays, keep: set, n: int):
         self.prog = prog                # the Program as staged (other backends and tools read it)
         # what runs: fused calls

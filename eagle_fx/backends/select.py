@@ -1,10 +1,10 @@
 """Which backend runs a graph: by the arrays' type (NumPy -> numpy, jax.Array -> jax, CuPy -> cuda),
 by `eagle_fx.Graph(backend=...)`, or by `use_backend(...)` around the build.
 
-Every backend is the same small protocol: made from (Program, input arrays, kept Vars, n), an
-executable has `replay(times)`, `rebind(input index, array)` and `array_of(var)` (the array a
-result or argument reads as), and `backend_name`. numpy.py (NumpyExecutable), jax.py
-(JaxExecutable) and cuda.py (CudaExecutable) implement it.
+Every backend is the same small protocol (protocol.py): made from (Program, input arrays, kept
+Vars, n), an executable has `replay(times)`, `rebind(input index, array)`, `array_of(var)` and
+`backend_name`. numpy.py (NumpyExecutable), jax.py (JaxExecutable) and cuda_graph.py
+(CudaExecutable) implement it.
 """
 from __future__ import annotations
 
