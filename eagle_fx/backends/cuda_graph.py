@@ -55,7 +55,7 @@ import numpy as np
 
 from hawk_fx.cuda_runtime import KernelRuntime, core_arg, ptr
 
-from .cuda_lower import lower
+from .cuda_lower import alias_pairs, lower
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,8 +257,10 @@ class CudaExecutable:
     cuda.core, or a node inside a conditional body the driver will not update), the same Program
     is lowered again into a new definition over the same buffers, which has the same topology, and
     the instantiated graph is updated from it as a whole (cuGraphExecUpdate). Only if that fails
-    too is the new definition instantiated. `last_bind` says which happened: 'nodes', 'graph' or
-    'instantiate'."""
+    too is the new definition instantiated. Where the new array overlaps the other arguments
+    differently than the old one did, the copies the lowering made for overlapping inputs change:
+    the Program is lowered and instantiated again. `last_bind` says which happened: 'nodes',
+    'graph' or 'instantiate'."""
 
     def __init__(self, prog, input_arrays, keep, n: int, runtime=None, names=None):
         if runtime is None:
@@ -268,15 +270,19 @@ class CudaExecutable:
         self.prog, self.n, self.keep = prog, n, set(keep)
         self.names = list(names) if names is not None else [None] * len(self.prog.inputs)
         self.inputs = runtime.device_arrays(list(input_arrays), self.names)
-        memory = _PlannedMemory(runtime.builder())
-        self.plan = lower(prog, self.inputs, self.keep, n, memory)
-        self._memory = memory.made
-        self.graph = runtime.instantiate(memory._builder)
-        self._definitions = [memory]          # definitions stay alive with the graph made from them
+        self._lower()
         self._pending: list = []
         self.last_bind = None
         self.last_bind_reason = None          # why per-node updates were refused, when they were
         self.launches = 0
+
+    def _lower(self):
+        """Lower the Program over self.inputs into a new graph and instantiate it."""
+        memory = _PlannedMemory(self.runtime.builder())
+        self.plan = lower(self.prog, self.inputs, self.keep, self.n, memory)
+        self._memory = memory.made
+        self.graph = self.runtime.instantiate(memory._builder)
+        self._definitions = [memory]          # definitions stay alive with the graph made from them
 
     def array_of(self, var):
         return self.plan.array_of(var)
@@ -313,6 +319,14 @@ class CudaExecutable:
             raise ValueError(f"eagle_fx CUDA: rebind of input {input_index}: {tuple(new.shape)} {new.dtype} for "
                              f"{tuple(old.shape)} {old.dtype}")
         self.synchronize()
+        inputs = list(self.inputs)
+        inputs[input_index] = new
+        if alias_pairs(inputs) != plan.aliasing:     # copies of overlapping inputs come or go: lower again
+            self.inputs = inputs
+            self._lower()
+            self.last_bind = "instantiate"
+            self.last_bind_reason = "the arguments overlap one another differently than the arrays bound before"
+            return
         nodes = [nd for _, nd in plan.walk() if _refers(nd, old)]
         plan.slots[slot] = new
         self.inputs[input_index] = new

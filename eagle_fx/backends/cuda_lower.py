@@ -38,13 +38,19 @@ What a Program becomes
              (eqn.info.branch paths) are independent chains; an equation after the region joins
              them. Edges for buffer hazards (read-after-write, write-after-read, write-after-write
              on one slot) are added too, so a `wait`, or a slot reused across branches, is ordered.
+    overlap  an input array that shares memory with a Mutable output of the same call without being
+             that very view (`k(buf[:-1], buf[1:])`) is copied into a buffer of its own before the
+             call, every replay: the kernel's threads would otherwise read samples other threads
+             have written. Every input is read before any write, as NumPy's `y[1:] = f(y[:-1],
+             y[1:])` does. `CudaPlan.aliasing` records which inputs overlapped; a bind that changes
+             it lowers again.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from hawk_fx.core import Literal, Program, Var
-from hawk_fx.cuda_runtime import BLOCK, KernelModule, body_module, grid_for
+from hawk_fx.cuda_runtime import BLOCK, KernelModule, body_module, grid_for, overlaps, same_view
 from hawk_fx.emit import cuda as hcuda
 
 from .. import ir
@@ -144,6 +150,7 @@ class CudaPlan:
         self.slots: list = []
         self.slot_of: dict = {}
         self.input_slots: list[int] = []
+        self.aliasing: frozenset = frozenset()    # (i, j): inputs i < j overlap without being one view
         self.modules: dict[str, KernelModule] = {}
         self.conditions: list = []
         self.constants: list = []
@@ -318,6 +325,13 @@ class _Chain:
 # ---------------------------------------------------------------------------------------------
 # the lowering
 
+def alias_pairs(arrays) -> frozenset:
+    """(i, j), i < j, for the arrays that share memory without being the very same view (two views
+    of one caller's buffer, shifted or strided): what a node must not read while it writes."""
+    return frozenset((i, j) for j in range(len(arrays)) for i in range(j)
+                     if overlaps(arrays[i], arrays[j]) and not same_view(arrays[i], arrays[j]))
+
+
 def lower(program: Program, input_arrays, keep, n: int, builder) -> CudaPlan:
     """Lower `program` into a CUDA graph through `builder` (the protocol in the module docstring).
     input_arrays: the device arrays of program.inputs (they are used in place); keep: Vars whose
@@ -368,6 +382,12 @@ class _Lowering(SlotPlanner):
                                  f"program's input is {v.aval.shape} {v.aval.dtype}")
         self._bind_inputs(prog, input_arrays, keep)
         plan.input_slots = self.input_slots
+        plan.aliasing = alias_pairs(input_arrays)
+        self.aliases: dict = {}          # input slot -> the input slots it overlaps (not as one view)
+        for i, j in plan.aliasing:
+            a, b = self.input_slots[i], self.input_slots[j]
+            self.aliases.setdefault(a, set()).add(b)
+            self.aliases.setdefault(b, set()).add(a)
         top = _Level(builder, plan.tree)
         sinks = self._gen_top(top)
         plan.end = sinks[0] if len(sinks) == 1 else (self.join(top, sinks) if sinks else None)
@@ -401,6 +421,21 @@ class _Lowering(SlotPlanner):
             aval = aval or atom.aval
             return self.const(atom.value, aval.dtype, aval.shape if aval.shape else None)
         return self.slots[self.slot_of[atom]]
+
+    def read(self, chain, atom, writes, private):
+        """The array a node that writes the slots `writes` reads `atom` from: its buffer, or a copy of
+        it made first (on `chain`, once per node: `private`) where that buffer overlaps one the node
+        writes without being that very view. Every input is then read before any write."""
+        if isinstance(atom, Literal):
+            return self.buf(atom)
+        s = self.slot_of[atom]
+        if not self.aliases.get(s, set()) & set(writes):
+            return self.slots[s]
+        if s not in private:
+            t = self._sub_slot(atom.aval)
+            chain.memcpy(self.slots[t], self.slots[s], label="overlapping input")
+            private[s] = self.slots[t]
+        return private[s]
 
     # -- nodes -------------------------------------------------------------------------------
     def _add(self, level, node):
@@ -512,10 +547,10 @@ class _Lowering(SlotPlanner):
         if ek.workspace_bytes:
             ws = self._zeros((ek.workspace_bytes,), np.uint8)
             self.plan.workspaces.append(ws)
-        args = []
+        args, private = [], {}
         for prm in ek.params:
             if prm.role in ("in_plane", "in_cell"):
-                args.append(self.buf(ins[prm.index]))
+                args.append(self.read(chain, ins[prm.index], outs, private))
             elif prm.role == "in_value":
                 a = ins[prm.index]
                 if not isinstance(a, Literal):
@@ -544,34 +579,38 @@ class _Lowering(SlotPlanner):
 
     def _gen_structure(self, chain, e, outs):
         """slice/update/concat: strided copies (eagle_strided_copy); reshape: a memcpy (both C order)."""
-        p, out = e.prim, self.slots[outs[0]]
+        p, out, private = e.prim, self.slots[outs[0]], {}
+
+        def src(atom):
+            return self.read(chain, atom, outs, private)
         if p is ir.reshape_p:
-            chain.memcpy(out, self.buf(e.inputs[0]), label="reshape")
+            chain.memcpy(out, src(e.inputs[0]), label="reshape")
             return
         if p is ir.slice_p:
-            self._strided(chain, out, e.inputs[0], _region(e.inputs[0].aval, e.params["index"]),
+            a = e.inputs[0]
+            self._strided(chain, out, src(a), a.aval, _region(a.aval, e.params["index"]),
                           _region(e.outputs[0].aval, None), "slice")
         elif p is ir.update_p:
             base, value = e.inputs
             if self.buf(base) is not out:          # a functional update: the base is copied first
-                chain.memcpy(out, self.buf(base), label="update")
-            self._strided(chain, out, value, _region(value.aval, None),
+                chain.memcpy(out, src(base), label="update")
+            self._strided(chain, out, src(value), value.aval, _region(value.aval, None),
                           _region(base.aval, e.params["index"]), "update")
         else:
             axis, start, shape = e.params["axis"], 0, e.outputs[0].aval.shape
             for a in e.inputs:
                 k = a.aval.shape[axis]
                 index = tuple(range(start, start + k) if i == axis else range(d) for i, d in enumerate(shape))
-                self._strided(chain, out, a, _region(a.aval, None), _region(e.outputs[0].aval, index), "concat")
+                self._strided(chain, out, src(a), a.aval, _region(a.aval, None), _region(e.outputs[0].aval, index),
+                              "concat")
                 start += k
 
-    def _strided(self, chain, dst, src_atom, src_region, dst_region, label):
+    def _strided(self, chain, dst, src, aval, src_region, dst_region, label):
         (shape, sstride, soff), (dshape, dstride, doff) = src_region, dst_region
         assert shape == dshape, (shape, dshape)
         count = int(np.prod(shape))
         geom = self.const(list(shape) + list(sstride) + list(dstride) + [soff, doff], np.int64)
-        args = [dst, self.buf(src_atom), geom, np.uint32(len(shape)), np.uint64(count),
-                np.uint32(src_atom.aval.dtype.itemsize)]
+        args = [dst, src, geom, np.uint32(len(shape)), np.uint64(count), np.uint32(aval.dtype.itemsize)]
         chain.kernel(LOWERING, "eagle_strided_copy", grid_for(count), BLOCK, args, "copy", label)
 
     def _gen_opaque(self, chain, e):
@@ -604,8 +643,8 @@ class _Lowering(SlotPlanner):
         dst = self.slots[dst_slot]
         reads = {self.slot_of[src]} if isinstance(src, Var) else set()
         chain = _Chain(self, seq.level, seq.open((), reads, {dst_slot}))
-        if isinstance(src, Var):
-            chain.memcpy(dst, self.slots[self.slot_of[src]], label="copy")
+        if isinstance(src, Var):            # (through a copy where src overlaps dst: memcpy must not)
+            chain.memcpy(dst, self.read(chain, src, {dst_slot}, {}), label="copy")
         else:
             chain.memcpy(dst, self.const(src.value, dst.dtype, tuple(dst.shape)), label="constant")
         seq.close(chain.tail(), reads, {dst_slot})

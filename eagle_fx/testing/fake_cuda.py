@@ -10,7 +10,10 @@ goes, the rules a real driver enforces or that a wrong lowering would break sile
   * kernel arguments match the kernel's C signature (pointer dtypes, scalar dtypes, handles),
     launch shapes match the entry (one thread for `single` entries, warps for grid-stride ones);
   * a hawk body's entries are launched in order, and a body with a sample reduction has its
-    workspace initialised (memset or `_init`) before it runs.
+    workspace initialised (memset or `_init`) before it runs;
+  * at launch, no kernel reads an array that overlaps one it writes without being that very view,
+    and no memcpy's source overlaps its destination: on a GPU, threads would read what others
+    already wrote (the answer would depend on their order).
 
 `validate()` checks the whole tree once built: every condition is used by exactly one node and is
 set by a guard kernel that precedes the node in its graph; every WHILE body ends with a guard that
@@ -370,6 +373,8 @@ class FakeBuilder:
             if node.value == 0:
                 self.root._fresh.add(id(node.dst))
         elif kind == "memcpy":
+            if np.shares_memory(node.dst, node.src):
+                raise FakeCudaError(f"fake CUDA: a memcpy ({node!r}) whose source overlaps its destination")
             _nbytes_view(node.dst)[:] = _nbytes_view(node.src)
         elif kind == "host":
             node.fn()
@@ -430,6 +435,7 @@ class FakeBuilder:
                     break
             out[0] = k
         elif entry == "eagle_strided_copy":
+            _no_race(node, [a[1]], [a[0]])
             self._strided_copy(a)
         else:
             raise FakeCudaError(f"fake CUDA: no interpretation for kernel {entry!r}")
@@ -489,6 +495,7 @@ class FakeBuilder:
                 ins[prm.index] = a.item() if weak else a
             elif prm.role in ("out_plane", "out_cell"):
                 outs[prm.index] = a
+        _no_race(node, [a for a in ins if isinstance(a, np.ndarray)], outs)
         # hawk's NumPy code takes uniform inputs as (*shape, 1) arrays: a one-cell pointer is one
         for i, v in enumerate(spec.prog.inputs):
             if isinstance(ins[i], np.ndarray) and v.aval.kind != SAMPLE:
@@ -726,6 +733,17 @@ class FakeRuntime:
                 last = (fb.kernel(module, entry, grid, block, args, after=last),)
         fb.validate().launch(1, self.order)
         self.eager.append(fb)
+
+
+def _no_race(node, reads, writes):
+    """Refuse a kernel that reads an array overlapping one it writes, unless it is that very view
+    (each thread then reads the sample it writes): on a GPU its threads race."""
+    for r in reads:
+        for w in writes:
+            if np.shares_memory(r, w) and not (r.shape == w.shape and r.strides == w.strides
+                                               and r.__array_interface__["data"][0] == w.__array_interface__["data"][0]):
+                raise FakeCudaError(f"fake CUDA: {node.entry} reads an {_describe(r)} that overlaps an {_describe(w)} it "
+                                    "writes (not as the same view): on a GPU its threads race")
 
 
 def _acc_view(ws, red):
