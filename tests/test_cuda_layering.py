@@ -13,20 +13,23 @@ import hawk_fx
 ROOT = pathlib.Path(hawk_fx.__file__).resolve().parent.parent
 
 
-def _imported_names(path: pathlib.Path):
-    """Every module an import statement in `path` names (at any depth: lazy imports included)."""
+def _imports(path: pathlib.Path):
+    """(line, absolute module name) of every import statement in `path`, at any depth (lazy
+    imports included), relative imports resolved."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             for a in node.names:
                 yield node.lineno, a.name
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            yield node.lineno, node.module
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            yield node.lineno, ".".join(base + ([node.module] if node.module else []))
 
 
 def test_no_hawk_fx_source_imports_eagle_fx():
     found = [f"{p.relative_to(ROOT)}:{line} imports {name}"
              for p in sorted((ROOT / "hawk_fx").rglob("*.py"))
-             for line, name in _imported_names(p) if name.split(".")[0] == "eagle_fx"]
+             for line, name in _imports(p) if name.split(".")[0] == "eagle_fx"]
     assert not found, found
 
 
@@ -98,6 +101,15 @@ assert not bad, bad
 """)
 
 
+def test_the_package_proper_names_the_fake_only_to_offer_the_fake_cuda_backend():
+    """eagle_fx.testing is imported by select.py when `backend="fake-cuda"` is asked for, by nothing
+    else of the package (lazily: the import above checks nothing loads it to build and run)."""
+    found = [f"{p.relative_to(ROOT)}:{line}" for p in sorted((ROOT / "eagle_fx").rglob("*.py"))
+             if "testing" not in p.relative_to(ROOT).parts
+             for line, name in _imports(p) if name.startswith("eagle_fx.testing")]
+    assert [f.split(":")[0] for f in found] == ["eagle_fx/backends/select.py"], found
+
+
 def test_only_the_cuda_modules_import_the_gpu_packages():
     """cupy and cuda.core are named by the runtimes (hawk_fx.cuda_runtime, backends/cuda_graph.py)
     and NVRTC by the emitter; the lowering speaks the builder protocol only."""
@@ -105,7 +117,7 @@ def test_only_the_cuda_modules_import_the_gpu_packages():
     found = [f"{p.relative_to(ROOT)}:{line} imports {name}"
              for pkg in ("hawk_fx", "eagle_fx") for p in sorted((ROOT / pkg).rglob("*.py"))
              if str(p.relative_to(ROOT)) not in allowed and "testing" not in p.parts
-             for line, name in _imported_names(p) if name.split(".")[0] in ("cupy", "cuda")]
+             for line, name in _imports(p) if name.split(".")[0] in ("cupy", "cuda")]
     assert not found, found
 
 
