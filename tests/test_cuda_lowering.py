@@ -1,4 +1,4 @@
-"""The CUDA graph lowering (eagle_fx.backends.cuda) against the recording fake (fake_cuda): for the
+"""The CUDA graph lowering (eagle_fx.backends.cuda_lower) against the recording fake (fake_cuda): for the
 builder tour's graphs, the node tree has the shape CUDA conditional nodes need, and the fake's
 interpretation of it equals the NumPy backend's result, for several cell values and node orders.
 No GPU is needed; the NVRTC checks skip without NVRTC (as in test_cuda_emit)."""
