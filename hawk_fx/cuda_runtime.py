@@ -47,10 +47,10 @@ class GpuUnavailableError(NotImplementedError):
     device arrays always were."""
 
 
-def require_gpu(what: str = "CuPy arrays run as CUDA graphs") -> int:
+def require_gpu(what: str = "eagle_fx: CuPy arrays run as CUDA graphs") -> int:
     """Check that CuPy, cuda.core and a CUDA device (driver >= 12.8) are usable; return the driver
     version (e.g. 12080). Raises GpuUnavailableError (a RuntimeError) naming what is missing and how
-    to install it; `what` starts the message (what needed the GPU)."""
+    to install it; `what` starts the message (the API, and what needed the GPU)."""
     missing = []
     try:
         import cupy
@@ -62,21 +62,21 @@ def require_gpu(what: str = "CuPy arrays run as CUDA graphs") -> int:
     except Exception as exc:
         missing.append(f"cuda.core (the cuda-core wheel; import failed: {exc})")
     if missing:
-        raise GpuUnavailableError(f"eagle_fx: {what}, which needs " + " and ".join(missing)
+        raise GpuUnavailableError(f"{what}, which needs " + " and ".join(missing)
                                   + f"; install the CUDA extra: {INSTALL_HINT}; or pass NumPy arrays to run on the CPU")
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
         driver = int(cupy.cuda.runtime.driverGetVersion())
     except Exception as exc:
-        raise GpuUnavailableError(f"eagle_fx: {what}, which needs a CUDA device and its driver; "
+        raise GpuUnavailableError(f"{what}, which needs a CUDA device and its driver; "
                                   f"none is usable here ({type(exc).__name__}: {exc}); run on a machine with an NVIDIA "
                                   "GPU (the packages come with: " + INSTALL_HINT + "), or pass NumPy arrays to run on "
                                   "the CPU") from exc
     if count < 1:
-        raise GpuUnavailableError(f"eagle_fx: {what}, which needs a CUDA device; the driver reports none; pass "
+        raise GpuUnavailableError(f"{what}, which needs a CUDA device; the driver reports none; pass "
                                   "NumPy arrays to run on the CPU")
     if driver < MIN_DRIVER:
-        raise GpuUnavailableError(f"eagle_fx: CUDA graphs with IF-ELSE and SWITCH nodes need a CUDA driver >= 12.8; "
+        raise GpuUnavailableError(f"{what}, which needs a CUDA driver >= 12.8 (IF-ELSE and SWITCH graph nodes); "
                                   f"this one is {driver // 1000}.{driver % 1000 // 10}; update the NVIDIA driver, or "
                                   "pass NumPy arrays to run on the CPU")
     return driver
@@ -189,7 +189,7 @@ class KernelRuntime:
     _lock = threading.Lock()
 
     @classmethod
-    def get(cls, what: str = "CuPy arrays run hawk kernels on the GPU"):
+    def get(cls, what: str = "hawk_fx: CuPy arrays run hawk kernels on the GPU"):
         try:
             import cupy
             dev = int(cupy.cuda.runtime.getDevice())

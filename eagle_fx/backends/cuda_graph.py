@@ -149,7 +149,7 @@ class CoreRuntime(KernelRuntime):
     _instances: dict = {}
 
     @classmethod
-    def get(cls, what: str = "CuPy arrays run as CUDA graphs") -> "CoreRuntime":
+    def get(cls, what: str = "eagle_fx: CuPy arrays run as CUDA graphs") -> "CoreRuntime":
         return super().get(what)
 
     def builder(self):
