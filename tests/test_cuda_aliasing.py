@@ -234,3 +234,4 @@ def test_overlapping_views_compute_as_numpy(n, shift, path, order):
             g = smooth_graph(s, y) if path == "graph" else smooth_loop(s, y, np.array([2], np.uint32))
         g()
     np.testing.assert_array_equal(buf, want)
+

@@ -378,6 +378,40 @@ def test_use_backend_nests_and_restores():
         cuda.choose([np.zeros(2)])
 
 
+def test_threads_calling_one_kernel_on_the_fake_device_at_once():
+    """Each eager call has its own workspace and results: threads sharing one runtime do not mix
+    (a kernel with a sample reduction, whose workspace would be the shared state)."""
+    import threading
+
+    @hawk.kernel
+    def centre(x: Scalar) -> Scalar:
+        return x - hawk.mean(x)
+
+    rt = FakeRuntime()
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(5000) for _ in range(8)]
+    layout, n = centre.layout_of([inputs[0]])
+    spec = centre.specialize(layout)
+    got, errors = {}, []
+
+    def work(k):
+        try:
+            for rep in range(5):
+                (out,) = cuda.call_kernel(spec, [inputs[k]], n, runtime=rt)
+                got[(k, rep)] = out
+        except Exception as exc:          # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for (k, rep), out in got.items():
+        np.testing.assert_allclose(out, inputs[k] - inputs[k].mean(), rtol=0, atol=1e-12)
+
+
 # ---------------------------------------------------------------------------------------------
 # the real CoreRuntime / CoreGraphBuilder over stand-ins for cupy and cuda.core (tests/gpu/mock_core.py)
 
