@@ -236,3 +236,20 @@ def test_versions_of_a_written_argument_read_as_it(backend):
     np.testing.assert_array_equal(y, [2.0, 2.0, 2.0])            # the final value, in the caller's array
     np.testing.assert_array_equal(mid, y)                       # every version lives in that one buffer
     np.testing.assert_array_equal(last, y)
+
+
+def test_no_array_a_caller_holds_is_donated():
+    # the caller's arguments, an earlier replay's written argument and results: all stay valid
+    x0, y0, on = jnp.array([0.5, 1.0, 2.0, 40.0]), jnp.zeros(4), jnp.asarray(cell(1))
+    g = climb(x0, on, y0)
+    first = g()
+    y1 = g.argument("y")
+    for _ in range(3):
+        g()
+    for a in (x0, y0, on, y1, first["x"], first["sq"]):
+        assert not a.is_deleted()
+    want, _, wy = ref_climb(np.asarray(x0), 1, np.zeros(4))
+    np.testing.assert_allclose(first["x"], want, rtol=1e-13)
+    np.testing.assert_allclose(y1, wy, rtol=1e-13)
+    np.testing.assert_array_equal(y0, np.zeros(4))
+    np.testing.assert_array_equal(on, cell(1))

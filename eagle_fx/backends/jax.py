@@ -116,6 +116,7 @@ class JaxExecutable:
         if mesh is not None and not self.on_jax:
             shardings = [plane_sharding(mesh, np.shape(a), n, self.names, k) for k, a in enumerate(self.arrays)]
         self.shardings = shardings
+        self.fn = fn                # the pure function of the Program (bench_jax.py jits it with donation)
         self._jit = jax.jit(lambda *xs: fn(*xs), in_shardings=shardings)
         self._compiled = None
         self._lean = False
