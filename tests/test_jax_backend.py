@@ -179,6 +179,23 @@ def test_an_opaque_node_on_jax_arrays_is_refused_at_build():
             "the builder reads by closure", untouched=[src])
 
 
+def test_an_opaque_node_on_a_plane_the_graph_makes_is_refused_writing_nothing():
+    seen = []
+    y = np.zeros(4)
+
+    @eagle_fx.Graph.builder
+    def hosted(x, y):
+        g = eagle_fx.Graph(backend="jax")
+        v = inc(x)                                # a plane the graph makes: no caller's array behind it
+        g.add_node(eagle_fx.opaque(lambda: seen.append(1), reads={"v": v}), name="peek")
+        accumulate(v, y)
+        g.result = dbl(v)
+        return g
+    refused(eagle_fx.backends.jax.LoweringError, lambda: hosted(np.ones(4), y), "opaque node '<lambda>'",
+            "touches a plane the graph makes", "declare builder arguments", untouched=[y])
+    assert not seen
+
+
 def test_a_host_node_runs_in_order_on_numpy_arguments():
     log = []
     x, y = np.arange(4.0), np.zeros(4)
