@@ -232,6 +232,8 @@ class Graph:
         if self._exe is None or not self._has_result:
             return self._result_tree
         leaves, tree = self._result_flat          # flattened once, at build: a replay's g() allocates little
+        if tree.kind == "leaf":                   # one array: no tree to rebuild
+            return self._leaf_array(leaves[0], self._program.outputs[0])
         return _rebuild(tree, [self._leaf_array(x, v) for x, v in zip(leaves, self._program.outputs)], 0)[0]
 
     @result.setter
@@ -416,6 +418,8 @@ class Graph:
     def _replay_count(self, n, verb: str) -> int:
         """A replay count: a whole number >= 0 (launch(2.5) does not run twice, g(-1) does not run);
         an array is the user meaning to run on new arrays: say how."""
+        if type(n) is int and n >= 0:          # the common case, checked first: a replay is short
+            return n
         if getattr(n, "ndim", 0) > 0:
             raise TypeError(self._replay_refusal(n))
         if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
@@ -432,6 +436,8 @@ class Graph:
 
     def _fill_pinned(self):
         """Copy each block result handed out as an array (see Builder._call_block) from its plane."""
+        if not self._trace.pinned:
+            return
         for arr, plane in self._trace.pinned.values():
             np.copyto(arr, np.asarray(self._array_of_plane(plane)))
 
