@@ -61,16 +61,22 @@ class _BuildContext:
 
     def wrap(self, value):
         """Arguments (and arrays in tuples, lists and dicts of them) as staged planes."""
-        if staging.is_array(value):
-            p = self.planes.get(id(value))
-            if p is None:
-                p = self.planes[id(value)] = staging.argument_plane(value, self.arg_names.get(id(value)))
-            return p
-        if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
-            return type(value)(self.wrap(v) for v in value)
-        if type(value) is dict:
-            return {k: self.wrap(v) for k, v in value.items()}
-        return value
+        return _wrap_arrays(value, self.planes, lambda a: staging.argument_plane(a, self.arg_names.get(id(a))))
+
+
+def _wrap_arrays(value, planes: dict, make):
+    """`value` with each array in it (and in tuples, lists and dicts of them) replaced by its staged
+    plane, made once per array by `make` and kept in `planes` (id(array) -> plane)."""
+    if staging.is_array(value):
+        p = planes.get(id(value))
+        if p is None:
+            p = planes[id(value)] = make(value)
+        return p
+    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+        return type(value)(_wrap_arrays(v, planes, make) for v in value)
+    if type(value) is dict:
+        return {k: _wrap_arrays(v, planes, make) for k, v in value.items()}
+    return value
 
 
 _building = ThreadStack()     # this thread's builder calls (_BuildContext), innermost last
@@ -635,22 +641,32 @@ class Builder:
             raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "
                             f"append to, got {type(handle).__name__}")
         outermost = not staging._source_stack
+        given: dict = {}        # id(plane) -> the caller's array it stands for
+
+        def enter(arr):
+            p = graph._trace.block_argument(arr)
+            given[id(p)] = arr
+            return p
         staging._source_stack.append(self.source)
         try:
             with graph._staging():
+                if outermost:   # called from plain code (a hand-made graph): its arrays enter as planes
+                    args, kwargs = _wrap_arrays((args, kwargs), {}, enter)
                 ret = self.converted(*args, **kwargs)
         finally:
             staging._source_stack.pop()
-        return _pin_results(graph, ret) if outermost else ret
+        return _pin_results(graph, ret, given) if outermost else ret
 
 
-def _pin_results(graph, tree):
+def _pin_results(graph, tree, given):
     """A block called from plain code (on a hand-made graph) hands its planes out as NumPy arrays,
-    filled after every launch; staging the array later in the same graph reads the plane itself."""
+    filled after every launch; staging the array later in the same graph reads the plane itself.
+    An argument it returns untouched is the caller's array itself (given: id(plane) -> array)."""
     t = graph._trace
-    if graph._backend not in (None, "numpy") or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
-        return tree            # a CUDA graph: its planes stay handles that read the device arrays
     leaves, treedef = tree_flatten(tree, is_leaf=lambda x: isinstance(x, Plane))
+    leaves = [given.get(id(x), x) for x in leaves]
+    if graph._backend not in (None, "numpy") or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
+        return tree_unflatten(treedef, leaves)    # a CUDA graph: its planes stay handles that read the device arrays
     out = []
     for x in leaves:
         if isinstance(x, Plane) and x.graph is graph:
