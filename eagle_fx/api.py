@@ -38,6 +38,7 @@ _STAGING = ThreadStack()     # non-empty: a transform is staging a plain functio
 TRACED = ThreadStack()       # non-empty: eagle_fx.to_jax is staging on stand-ins for traced arrays (no values)
 _BATCH_FULL = ThreadDict()   # id(instance array) -> its batched array, while vmap stages an instance
 MADE = weakref.WeakSet()     # the input planes transforms add (seeds, tangents, batched arguments)
+DERIVED = weakref.WeakSet()  # input planes of arrays a plain function made while staging (x * 2.0)
 
 
 class Transformed:
@@ -142,6 +143,12 @@ def _stage(f, args, api):
             g = f(*args)
         finally:
             _STAGING.pop()
+    if not isinstance(g, Graph) and isinstance(g, (np.ndarray, np.generic, float, int)):
+        raise TypeError(f"{api}: {name_of(f)!r} returned {type(g).__name__}, not a Graph: a transform stages the "
+                        "function once, so NumPy math on its arguments (or a kernel called on them, or a replayed "
+                        "graph's values) would be computed in Python for the arrays it was staged with. Write it as "
+                        "a builder (@eagle_fx.Graph.builder: kernel calls and NumPy on its arguments are staged "
+                        "into its graph) and transform that, or return a builder's graph (lambda x: f(x))")
     if not isinstance(g, Graph):
         raise TypeError(f"{api}: {name_of(f)!r} returned {type(g).__name__}; a transform takes a graph builder "
                         "(@eagle_fx.Graph.builder on a function that returns its graph), a transformed function, "
@@ -170,6 +177,7 @@ def _check_plain(f, args, g, api):
             made.append(e)
     if made:
         cache.uncacheable()
+        DERIVED.update(made)
     g._made = made
 
 

@@ -61,27 +61,42 @@ class Entry:
     """A staged graph, the arrays it owns, and a lock: binding and running it is one step, so two
     threads calling with one layout take turns. `staged` returns it locked; `with entry:` releases."""
 
-    __slots__ = ("graph", "owned", "caps", "lock")
+    __slots__ = ("graph", "owned", "caps", "lock", "writes", "back")
 
     def __init__(self, graph, owned, caps):
         self.graph, self.owned, self.caps = graph, owned, caps
         self.lock = threading.RLock()
+        self.writes = _written_owned(graph, owned)   # owned arrays the graph writes in place
+        self.back = ()                                # (caller's array, owned array) to copy after the run
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.lock.release()
+    def __exit__(self, exc_type, *exc):
+        try:
+            if exc_type is None:
+                for dst, src in self.back:        # a Mutable argument: the caller's array is written, as a loop would
+                    np.copyto(dst, src)
+        finally:
+            self.back = ()
+            self.lock.release()
         return False
 
     def bind(self, leaves):
         """Copy the call's arrays into the graph's own; False when a trip count outgrew the graph."""
+        back = [(leaves[i], self.owned[i]) for i in self.writes]
+        for dst, _ in back:
+            if not dst.flags.writeable:
+                raise ValueError("eagle_fx: the transformed function writes an argument in place (a Mutable or "
+                                 f"buffer=), and the array given for it (shape {dst.shape}) is read-only; pass a "
+                                 "writeable array")
         for dst, src in zip(self.owned, leaves):
             if dst is not None:
                 np.copyto(dst, src)
         for view, cap in self.caps:
             if view.max() > cap:
                 return False
+        self.back = back
         return True
 
 
@@ -124,6 +139,16 @@ class FunctionCache:
             self.entries[key] = entry
             while len(self.entries) > self.maxsize:
                 self.entries.popitem(last=False)
+
+
+def _written_owned(graph, owned):
+    """Indices of the owned arrays (copies of the caller's) that `graph` writes in place."""
+    if owned is None:
+        return ()
+    from .transforms.program import written_inputs
+    planes = graph._trace.input_planes
+    arrays = [planes[i].array for i in written_inputs(graph.program)]
+    return tuple(k for k, o in enumerate(owned) if o is not None and any(np.may_share_memory(o, a) for a in arrays))
 
 
 def layout_key(args):
@@ -196,6 +221,11 @@ def staged(sig, args, stage):
     finally:
         _RECORDING.pop()
     e = _locked(Entry(g, owned, rec.caps))
+    try:
+        e.bind(leaves)
+    except BaseException:
+        e.lock.release()
+        raise
     if c is not None and rec.cacheable:
         c.store(key, e)
     return e
