@@ -11,6 +11,7 @@ from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from . import cache, ir
 from .api import _BATCH_FULL, DERIVED, MADE, Transformed, is_array, name_of, sig, stage
+from .closed import Closed
 from .staging import Extern
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
 
@@ -115,7 +116,7 @@ def _batch(f, args, axes, out_axes, api, name):
                         "eagle_fx.vmap(eagle_fx.vmap(f, ...), ...), or reshape both axes into one, (B1 * B2, ...)")
     flags, planes = _batched_planes(f, split, g, full, B, api, name)
     bprog, out_flags = batch_program(prog, flags, B)
-    leaves, tree = g._result_vars() if g._has_result else ([], None)
+    leaves, tree = g.result_vars()
     outs = list(bprog.outputs)
     nres = len(leaves)
     oax = _out_axes(out_axes, tree, nres, api, name) if nres else []
@@ -129,8 +130,7 @@ def _batch(f, args, axes, out_axes, api, name):
             eqns.append(Eqn(batch_broadcast_p, [outs[j]], [v], {"size": B}))
             outs[j] = v
     bprog = bprog.replace(eqns=eqns, outputs=outs)
-    from .graph import Graph
-    return Graph._from_program(bprog, planes, tree, nres, g._trace.n, *g._backend_of())
+    return Closed(bprog, planes, tree, nres, g.n, g.backend, g.mesh)
 
 
 def _stage_instance(f, split, b, api):
@@ -158,7 +158,7 @@ def _batched_planes(f, split, g, full, B, api, name):
     made the same values, else stacked, one per instance (what a loop over instances computes)."""
     insts = [(a[0], a) for _, _, _, big in split for a in big.values()]
     flags, planes, derived = [], [], []
-    for p, e in enumerate(g._trace.input_planes):
+    for p, e in enumerate(g.planes):
         big = full.get(id(e.array))
         if big is None and e not in MADE and isinstance(e.array, np.ndarray):
             big = _view_of_instance(e.array, insts, api, name)
@@ -171,10 +171,10 @@ def _batched_planes(f, split, g, full, B, api, name):
     if derived and B > 1:
         cache.uncacheable()
         text = str(g.program)
-        made = [[g._trace.input_planes[p].array] for p in derived]
+        made = [[g.planes[p].array] for p in derived]
         for b in range(1, B):
             gb, _ = _stage_instance(f, split, b, api)
-            ins = gb._trace.input_planes
+            ins = gb.planes
             if len(ins) != len(planes) or str(gb.program) != text or \
                     any(ins[p].array.shape != m[0].shape or ins[p].array.dtype != m[0].dtype
                         for p, m in zip(derived, made)):
@@ -265,8 +265,7 @@ def _nested(f, args, outer_axes, out_axes, api, name):
             flat.append(a)
     axes = [0 if (o is not None or i is not None) else None for _, o, i in combined]
     g = _batch(inner, flat, axes, 0, api, name)
-    for h in g._result_flat[0]:
-        g._views[id(h)] = (B2, B1) + h.aval.shape[1:]
+    g.views = [(B2, B1) + v.aval.shape[1:] for v in g.result_vars()[0]]
     return g
 
 

@@ -58,15 +58,17 @@ def uncacheable():
 
 
 class Entry:
-    """A staged graph, the arrays it owns, and a lock: binding and running it is one step, so two
-    threads calling with one layout take turns. `staged` returns it locked; `with entry:` releases."""
+    """A staged closed Program, its graph (lowered here, once), the arrays it owns, and a lock:
+    binding and running it is one step, so two threads calling with one layout take turns.
+    `staged` returns it locked; `with entry:` releases."""
 
-    __slots__ = ("graph", "owned", "caps", "lock", "writes", "back")
+    __slots__ = ("closed", "graph", "owned", "caps", "lock", "writes", "back")
 
-    def __init__(self, graph, owned, caps):
-        self.graph, self.owned, self.caps = graph, owned, caps
+    def __init__(self, closed, owned, caps):
+        self.closed, self.owned, self.caps = closed, owned, caps
+        self.graph = closed.lower()
         self.lock = threading.RLock()
-        self.writes = _written_owned(graph, owned)   # owned arrays the graph writes in place
+        self.writes = _written_owned(closed, owned)  # owned arrays the graph writes in place
         self.back = ()                                # (caller's array, owned array) to copy after the run
 
     def __enter__(self):
@@ -141,13 +143,12 @@ class FunctionCache:
                 self.entries.popitem(last=False)
 
 
-def _written_owned(graph, owned):
-    """Indices of the owned arrays (copies of the caller's) that `graph` writes in place."""
+def _written_owned(closed, owned):
+    """Indices of the owned arrays (copies of the caller's) that the Program writes in place."""
     if owned is None:
         return ()
     from .transforms.program import written_inputs
-    planes = graph._trace.input_planes
-    arrays = [planes[i].array for i in written_inputs(graph.program)]
+    arrays = [closed.planes[i].array for i in written_inputs(closed.program)]
     return tuple(k for k, o in enumerate(owned) if o is not None and any(np.may_share_memory(o, a) for a in arrays))
 
 
@@ -198,9 +199,9 @@ def _locked(e):
 
 
 def staged(sig, args, stage):
-    """The Entry whose graph runs `stage` for these arguments, locked (`with staged(...) as e:`):
-    a cached one with the arrays bound, or a new one, staged on copies of the arguments that it
-    keeps."""
+    """The Entry whose graph runs what `stage` (returning a closed Program) makes for these
+    arguments, locked (`with staged(...) as e:`): a cached one with the arrays bound, or a new one,
+    staged on copies of the arguments that it keeps."""
     key, leaves, tree = layout_key(args)
     if key is None:
         return _locked(Entry(stage(*args), None, ()))

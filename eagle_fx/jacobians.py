@@ -96,7 +96,7 @@ def _jacobian(f, argnums, api, forward):
 
             def one(t):
                 return select_result(jvp(f, args, tuple(t if k == argnums else None for k in range(len(args)))), 1)
-            g = vmap(one, in_axes=0).graph(basis)
+            g = vmap(one, in_axes=0).closed(basis)
         else:
             basis = np.eye(int(np.prod(out.shape)), dtype=ct_aval(out).dtype).reshape((-1,) + out.shape)
 
@@ -104,9 +104,9 @@ def _jacobian(f, argnums, api, forward):
                 s2 = Staged(f, args, api)
                 prog = vjp_program(s2, [(argnums % len(args), 0)], api)
                 return graph_of(s2, prog, prog.outputs[len(s2.results)], seed_planes(s2, [ct]))
-            g = vmap(Transformed(f"vjp({name_of(f)})", one), in_axes=0).graph(basis)
+            g = vmap(Transformed(f"vjp({name_of(f)})", one), in_axes=0).closed(basis)
         # the graph's own result has JAX's shape (make_graph shows it too)
-        g._views[id(g._result_flat[0][0])] = lambda j: _jacobian_shape(j, forward, out.shape, x.shape)
+        g.views = [lambda j: _jacobian_shape(j, forward, out.shape, x.shape)]
         return g
     t = Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, sig=sig(api, f, argnums),
                     prepare=_prepare([argnums]))
@@ -146,9 +146,9 @@ def _second(f, a, b, api, squeeze):
             vjp_row = Transformed(f"vjp({name_of(f)})", row)
             tangents = tuple(t if k == b % len(args) else None for k in range(len(args)))
             return select_result(jvp(vjp_row, args, tangents), 1)
-        g = vmap(one, in_axes=(0, 0)).graph(cts, tans)
+        g = vmap(one, in_axes=(0, 0)).closed(cts, tans)
         lead = () if squeeze and m == 1 else out.shape
-        g._views[id(g._result_flat[0][0])] = lambda t: _second_shape(t, m, nb, lead, xa.shape, xb.shape)
+        g.views = [lambda t: _second_shape(t, m, nb, lead, xa.shape, xb.shape)]
         return g
     return Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, sig=sig(api + "2", f, a, b, squeeze),
                        prepare=_prepare([a, b]))
