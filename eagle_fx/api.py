@@ -31,7 +31,7 @@ import numpy as np
 
 from hawk_fx.core import Var
 from hawk_fx.perthread import ThreadDict, ThreadStack
-from hawk_fx.tree import tree_flatten, tree_unflatten
+from hawk_fx.tree import tree_flatten
 
 from . import cache
 from .closed import Closed, closed_of

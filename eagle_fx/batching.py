@@ -4,7 +4,11 @@ below it."""
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.array_utils import byte_bounds
+
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:                      # NumPy < 2
+    byte_bounds = np.byte_bounds
 
 from hawk_fx.core import Eqn, Var
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
