@@ -172,6 +172,7 @@ class Graph:
         self._unread_args: dict = {}   # array arguments of the builder no node reads: bindable all the same
         self._generation = 0
         self._views: dict = {}       # id(result plane) -> the shape it is seen with, or a function (transforms)
+        self._tree_args: dict = {}   # builder argument name -> (tree, leaves) of a tree argument, for bind
         self._pending = None         # a transform's graph not lowered yet: its backend (see _from_program)
         self._closed_src = None      # the closed Program a transform made this graph from
         if _building and _building[-1].graph is None:
@@ -533,41 +534,65 @@ class Graph:
         return self
 
     def bind(self, **arrays) -> "Graph":
-        """Swap the arrays of builder arguments (same shape, dtype and device); no re-trace."""
+        """Swap the arrays of builder arguments (same shape, dtype and device; a tree argument, such
+        as a dict of arrays, takes a tree of the same structure); no re-trace."""
         self.synchronize()
         self.build()
+        swaps = []                  # (plane index or None for an argument no node reads, array)
         for name, arr in arrays.items():
-            if name not in self._input_names and name not in self._unread_args:
-                known = ", ".join([*self._input_names, *self._unread_args]) or "none"
-                raise KeyError(f"eagle.Graph.bind: {name!r} is not an array argument of the builder (it has: {known})")
-            if name in self._unread_args:
-                old = self._unread_args[name]
-            else:
-                old = self._trace.input_planes[self._input_names[name]].array
-            if not staging.is_array(arr):
-                raise ValueError(f"eagle.Graph.bind: {name!r} takes an array of shape {old.shape} and dtype {old.dtype}, "
-                                 f"got {type(arr).__name__}: pass np.asarray({name}, dtype=np.{old.dtype.name})")
-            if not staging.is_array(arr) or isinstance(arr, np.ndarray) != isinstance(old, np.ndarray) \
-                    or tuple(arr.shape) != tuple(old.shape) or arr.dtype != old.dtype:
-                got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
-                raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
-                                 "call the builder again")
-            if name in self._unread_args:
+            if name in self._tree_args:
+                swaps += self._tree_swaps(name, arr)
                 continue
-            i = self._input_names[name]
-            entry, v = self._trace.input_planes[i], self._program.inputs[i]
-            if isinstance(arr, np.ndarray) and not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
-                raise ValueError(f"eagle.Graph.bind: {name!r} is a read-only array, and the graph writes this argument "
-                                 "in place (a Mutable or buffer=); pass a writeable array")
+            if name not in self._input_names and name not in self._unread_args:
+                known = ", ".join([*self._input_names, *self._unread_args, *self._tree_args]) or "none"
+                raise KeyError(f"eagle.Graph.bind: {name!r} is not an array argument of the builder (it has: {known})")
+            i = self._input_names.get(name)
+            old = self._unread_args[name] if i is None else self._trace.input_planes[i].array
+            self._check_swap(name, old, arr, i)
+            swaps.append((i, arr))
         for name, arr in arrays.items():
             if name in self._unread_args:       # no node reads it: nothing to swap but the record of it
                 self._unread_args[name] = arr
-                continue
-            i = self._input_names[name]
-            self._trace.input_planes[i].array = arr
-            self._exe.rebind(i, arr)
+        for i, arr in swaps:
+            if i is not None:
+                self._trace.input_planes[i].array = arr
+                self._exe.rebind(i, arr)
         self._generation += 1 if self._generation else 0
         return self
+
+    def _check_swap(self, name, old, arr, i):
+        if not staging.is_array(arr):
+            raise ValueError(f"eagle.Graph.bind: {name!r} takes an array of shape {old.shape} and dtype {old.dtype}, "
+                             f"got {type(arr).__name__}: pass np.asarray({name}, dtype=np.{old.dtype.name})")
+        if isinstance(arr, np.ndarray) != isinstance(old, np.ndarray) \
+                or tuple(arr.shape) != tuple(old.shape) or arr.dtype != old.dtype:
+            got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
+            raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
+                             "call the builder again")
+        if i is None:
+            return
+        entry, v = self._trace.input_planes[i], self._program.inputs[i]
+        if isinstance(arr, np.ndarray) and not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
+            raise ValueError(f"eagle.Graph.bind: {name!r} is a read-only array, and the graph writes this argument "
+                             "in place (a Mutable or buffer=); pass a writeable array")
+
+    def _tree_swaps(self, name, value):
+        """(plane index or None, new array) for each array leaf of tree argument `name`, checked."""
+        from hawk_fx.diff import match_tree
+        tree, where = self._tree_args[name]
+        leaves = match_tree(value, tree)
+        if leaves is None:
+            raise ValueError(f"eagle.Graph.bind: {name!r} takes a tree of structure {tree}, got "
+                             f"{tree_flatten(value)[1]}: give the same keys and nesting (or call the builder again)")
+        swaps = []
+        for j, (w, new) in enumerate(zip(where, leaves)):
+            if w is None:             # a Python value: static, kept from the build
+                continue
+            i, old = w
+            self._check_swap(f"{name} (leaf {j} of {tree})", old if i is None else self._trace.input_planes[i].array,
+                             new, i)
+            swaps.append((i, new))
+        return swaps
 
     def argument(self, name: str):
         """The array bound to builder argument `name` now. With jax.Arrays (immutable), a graph that
@@ -658,6 +683,13 @@ class Builder:
             ret.build()
         ret._unread_args = {k: v for k, v in bound.arguments.items()
                             if staging.is_array(v) and k not in ret._input_names}
+        for k, v in bound.arguments.items():       # tree arguments: bind takes them leaf by leaf
+            if isinstance(v, (tuple, list, dict)):
+                leaves, tree = tree_flatten(v, is_leaf=staging.is_array)
+                if any(staging.is_array(x) for x in leaves):
+                    at = {id(e.array): i for i, e in enumerate(ret._trace.input_planes)}
+                    ret._tree_args[k] = (tree, [None if not staging.is_array(x) else (at.get(id(x)), x)
+                                                for x in leaves])
         return ret
 
     def _bind(self, args, kwargs):
