@@ -24,6 +24,7 @@ from ..analysis import direct_outputs
 from ..transforms.vmap import batch_broadcast_p
 from .fusion import fuse
 from .memory import SlotPlanner
+from .numpy_stack import Stack
 
 
 _CELL_UFUNC = {ir.cell_not_p: "np.logical_not", ir.cell_and_p: "np.logical_and", ir.cell_or_p: "np.logical_or"}
@@ -118,6 +119,14 @@ class NumpyExecutable(SlotPlanner):
     def _zeros(shape, dtype):
         return np.zeros(shape, dtype)
 
+    def _alloc(self, aval, fits=None) -> int:
+        if ir.is_stack(aval):          # saved loop turns: storage that grows as they are pushed
+            return self._new_slot(Stack(aval))
+        return super()._alloc(aval, fits)
+
+    def _sub_slot(self, aval) -> int:
+        return self._new_slot(Stack(aval)) if ir.is_stack(aval) else super()._sub_slot(aval)
+
     def _ref(self, slot, aval) -> Var:
         """A stand-in Var for a slot (a loop's carry buffer), to bind a sub-program's inputs to."""
         v = Var(aval)
@@ -170,7 +179,7 @@ class NumpyExecutable(SlotPlanner):
         elif p in _CELL_UFUNC and e.outputs[0].aval.shape != (1,):     # batched cells: one per instance
             g.emit(d, f"{_CELL_UFUNC[p]}({', '.join(self.b(a) for a in e.inputs)}, out=b{outs[0]})")
         elif p is batch_broadcast_p:
-            g.emit(d, f"np.copyto(b{outs[0]}, {self.b(e.inputs[0])})")
+            g.emit(d, _copy(f"b{outs[0]}", self.b(e.inputs[0]), e.outputs[0].aval))
         elif p is ir.cell_not_p:
             g.emit(d, f"b{outs[0]}[0] = {self.b(e.inputs[0])}[0] == 0")
         elif p is ir.cell_and_p:
@@ -250,12 +259,12 @@ class NumpyExecutable(SlotPlanner):
         for s, a in pending:                     # a source that is also a destination: copy it aside first
             if isinstance(a, Var) and self.slot_of[a] in dests:
                 t = self._sub_slot(a.aval)
-                g.emit(d, f"np.copyto(b{t}, b{self.slot_of[a]})")
+                g.emit(d, _copy(f"b{t}", f"b{self.slot_of[a]}", a.aval))
                 staged.append((s, f"b{t}"))
             else:
                 staged.append((s, self.b(a)))
-        for s, src in staged:
-            g.emit(d, f"np.copyto(b{s}, {src})")
+        for (s, a), (_, src) in zip(pending, staged):
+            g.emit(d, _copy(f"b{s}", src, a.aval))
 
     def _gen_while(self, g, d, e, outs):
         body, cond = e.params["body"], e.params["cond"]
@@ -321,6 +330,8 @@ class NumpyExecutable(SlotPlanner):
         return ops
 
     def _gen_masked_branches(self, g, d, e, outs):
+        if any(ir.is_stack(v.aval) for v in e.outputs):
+            raise NotImplementedError("eagle numpy backend: a stack of saved loop turns leaving a batched arm")
         pred, operands = e.inputs[0], list(e.inputs[1:])
         written = [i - 1 for _, i in e.params["inplace"]]
         arms = e.params["branches"]
@@ -399,7 +410,10 @@ class NumpyExecutable(SlotPlanner):
         g.emit(d + 1, f"{t}_k = np.count_nonzero(b{mask})")
         g.emit(d + 1, f"if {t}_k != {alive}:")           # some instances finished on this turn
         g.emit(d + 2, f"r = np.flatnonzero(np.not_equal(b{live}, b{mask}, out=b{done}))")
-        for o, k in zip(outs, kept):
+        # a stack of saved turns is not kept: the turns an instance runs past its end are pushed
+        # after all of its own, and its backward reads only its own (its turn count is kept)
+        kept = [(o, k) for o, k, v in zip(outs, kept, e.outputs) if not ir.is_stack(v.aval)]
+        for o, k in kept:
             g.emit(d + 2, f"b{k}[r] = b{o}[r]")
         g.emit(d + 2, f"np.copyto(b{live}, b{mask})")
         g.emit(d + 2, f"{alive} = {t}_k")
@@ -412,7 +426,7 @@ class NumpyExecutable(SlotPlanner):
         g.emit(d + 1, f"{t} += 1")
         g.emit(d, f"np.logical_not(b{live}, out=b{done})")       # every instance but those the cap stopped
         g.emit(d, f"r = np.flatnonzero(b{done})")
-        for o, k in zip(outs, kept):
+        for o, k in kept:
             g.emit(d, f"b{o}[r] = b{k}[r]")
 
     # -- binding and running ------------------------------------------------------------------
@@ -460,8 +474,12 @@ class NumpyExecutable(SlotPlanner):
 
 # -- the primitives of derivative programs (ir.py): one line each ------------------------------------
 
+def _copy(dst, src, aval):
+    return f"{dst}.assign({src})" if ir.is_stack(aval) else f"np.copyto({dst}, {src})"
+
+
 def _zeros(exe, g, d, e, outs):
-    g.emit(d, f"b{outs[0]}.fill(0)")
+    g.emit(d, f"b{outs[0]}.clear()" if ir.is_stack(e.outputs[0].aval) else f"b{outs[0]}.fill(0)")
 
 
 def _add_any(exe, g, d, e, outs):
@@ -469,26 +487,16 @@ def _add_any(exe, g, d, e, outs):
 
 
 def _stack_push(exe, g, d, e, outs):
-    stack, turn, value = e.inputs
-    cap = e.params["cap"]
-    i = f"i{len(g.lines)}"
-    g.emit(d, f"{i} = int({exe.b(turn)}[0])")
-    g.emit(d, f"if {i} >= {cap}: raise RuntimeError('eagle: a differentiated counted loop runs more than {cap} "
-              f"turns; its stack of saved turns holds {cap} (the trip count when the derivative was built): build "
-              "it again with the larger count')")
-    g.emit(d, f"b{outs[0]}[{':, ' if e.params['batched'] else ''}{i}] = {exe.b(value)}")
+    stack, turn, value = e.inputs          # in place: outs[0] is the stack's slot (numpy_stack.Stack)
+    g.emit(d, f"b{outs[0]}.push(int({exe.b(turn)}[0]), {exe.b(value)})")
 
 
 def _stack_read(exe, g, d, e, outs):
     stack, turn = exe.b(e.inputs[0]), exe.b(e.inputs[1])
-    if e.params["turn_batched"]:             # a turn per instance: gather row by row
-        if e.params["batched"]:
-            rows = exe._const(np.arange(exe.slots[outs[0]].shape[0]))
-            src = f"{stack}[{rows}, {turn}[:, 0]]"
-        else:
-            src = f"{stack}[{turn}[:, 0]]"
+    if e.params["turn_batched"]:             # a turn per instance
+        src = f"{stack}.gather({turn})"
     else:
-        src = f"{stack}[{':, ' if e.params['batched'] else ''}int({turn}[0])]"
+        src = f"{stack}.read(int({turn}[0]))"
     g.emit(d, f"np.copyto(b{outs[0]}, {src})")
 
 

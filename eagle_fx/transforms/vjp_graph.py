@@ -6,10 +6,11 @@ The result is one functional Program: the forward, then the backward reading the
   * cond/switch: a cond on the same predicate whose arms are the vjp of each arm (an arm's
     forward runs again inside its backward: nothing of the arm needs saving);
   * while: the forward loop also pushes each turn's carries onto a stack (a carry of its own,
-    `cap` deep: the loop's cap, or the trip count when the derivative is built) and counts its
-    turns; the backward is a counted loop over those turns, last first, that reads the turn's
-    carries back, runs the body's vjp, and carries the cotangents of the carries (and sums those
-    of the consts). An uncapped `while` has no bound for its stack and is refused.
+    of type ir.stack_aval: it grows with the turns run; its `cap`, the loop's cap or the trip
+    count when the derivative is built, is what backends with static shapes allocate, and an
+    uncapped loop has none) and counts its turns; the backward is a counted loop over those turns,
+    last first, that reads the turn's carries back, runs the body's vjp, and carries the
+    cotangents of the carries (and sums those of the consts).
 """
 from __future__ import annotations
 
@@ -28,8 +29,10 @@ def vjp_graph(prog: Program, wrt, capacity, api=API) -> Program:
     """Program over (inputs..., a cotangent per float output...) -> (outputs..., a cotangent per
     input flagged in `wrt`). `capacity(trip, eqn)`: the most turns of the counted loop `eqn`,
     whose trip count is the top-level input `trip` (a Var of the Program given to the outermost
-    call)."""
-    return _Vjp(capacity, api).program(prog, wrt)
+    call): what a backend with static shapes allocates for its stack."""
+    v = _Vjp(capacity, api)
+    v.top = set(prog.inputs)
+    return v.program(prog, wrt)
 
 
 class _Vjp:
@@ -37,6 +40,7 @@ class _Vjp:
         self.capacity, self.api = capacity, api
         self.alias: dict = {}       # a sub-program's input -> the outer atom it reads (for trip counts)
         self.in_loop = 0            # > 0: building the vjp of a loop body (its values come from saved turns)
+        self.top: set = set()       # the inputs of the outermost Program
 
     def program(self, prog, wrt):
         inputs = [Var(v.aval, v.hint) for v in prog.inputs]
@@ -122,11 +126,10 @@ class _Vjp:
         if e.params["cap"] is not None:
             return e.params["cap"]
         if e.params["counted"]:
-            trip = e.inputs[0]
-            return max(1, self.capacity(self.alias.get(trip, trip), e))
-        raise TransformError(f"{self.api}: reverse mode through the uncapped device loop at {e.info.where} needs a "
-                             "bound on its turns to save them: cap it (`for _ in range(N): if not cond: break`) "
-                             "or count it (`for i in range(n):`); forward mode (eagle_fx.jvp) takes it as it is")
+            trip = self.alias.get(e.inputs[0], e.inputs[0])
+            cap = self.capacity(trip, e) if trip in self.top else None
+            return None if cap is None else max(1, cap)
+        return None                 # no known bound: the stack grows as the loop runs
 
     def forward_loop(self, e, env, eqns):
         """The loop, also stacking each turn's carries and counting its turns."""
@@ -134,13 +137,13 @@ class _Vjp:
         head = 1 if e.params["counted"] else 0
         consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
         cap = self._cap(e)
-        stack_avals = [ir.plane_aval((cap,) + a.aval.shape, a.aval.dtype) for a in init]
+        stack_avals = [ir.stack_aval(cap, a.aval.shape, a.aval.dtype) for a in init]
         b_ins = [Var(v.aval, v.hint) for v in body.inputs]
         stacks = [Var(a) for a in stack_avals]
         turns = Var(ir.U32_CELL)
         b_eqns = Eqns()
-        pushed = [b_eqns.bind(ir.stack_push_p, [s, b_ins[0], c], {"cap": cap, "batched": False, "inplace": ((0, 0),)})[0]
-                  for s, c in zip(stacks, b_ins[1 + nc:])]
+        pushed = [b_eqns.bind(ir.stack_push_p, [s, b_ins[0], c], {"cap": cap, "batched": False, "inplace": ((0, 0),)},
+                              e.info)[0] for s, c in zip(stacks, b_ins[1 + nc:])]
         outs = inline(body, b_ins, b_eqns)
         counted = b_eqns.bind(ir.cell_inc_p, [b_ins[0]], {})[0]
         new_body = Program(b_ins + stacks + [turns], b_eqns, outs + pushed + [counted])

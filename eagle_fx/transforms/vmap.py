@@ -26,7 +26,7 @@ batch_broadcast_p = Primitive("batch_broadcast")
 
 @abstract_eval.register(batch_broadcast_p)
 def _broadcast_abstract(x, *, size):
-    return [ir.plane_aval((size,) + x.shape, x.dtype)]
+    return [_batched_aval(x, size)]
 
 
 class VmapError(ValueError):
@@ -34,6 +34,8 @@ class VmapError(ValueError):
 
 
 def _batched_aval(aval, B):
+    if ir.is_stack(aval):
+        return aval.replace(shape=(B,) + aval.shape, kind=ir.BATCHED_STACK)
     return ir.plane_aval((B,) + aval.shape, aval.dtype)
 
 
