@@ -169,6 +169,25 @@ def _read_abstract(stack, turn, *, batched=False, turn_batched=False, **_):
     return [plane_aval(shape, stack.dtype)]
 
 
+# revolve: the reverse of a loop that keeps at most `checkpoints` of its states and runs the
+# others again (transforms/checkpoint.py: the binomial schedule), where the stored reverse reads
+# a stack of every turn. Operands (turns, consts..., carries on entry..., carry cotangents...,
+# const cotangent sums...) -> (cotangents of the carries on entry..., const cotangent sums...).
+# `forward` is the loop body (turn, consts..., carries...) -> carries; `backward` is one reverse
+# step (turn, consts..., carries of that turn..., carry cts..., sums...) -> (carry cts..., sums...).
+# Under vmap with a turn count per instance (`masked`), each instance's turns past its own count
+# leave its cotangents as they are.
+revolve_p = Primitive("revolve", multiple_results=True)
+
+
+@abstract_eval.register(revolve_p)
+def _revolve_abstract(*avals, forward, backward, checkpoints, n_consts, masked=False):
+    return list(backward.out_avals)
+
+
+pp_params_rules[revolve_p] = lambda params: {"checkpoints": params["checkpoints"],
+                                             **({"masked": True} if params.get("masked") else {}),
+                                             "forward": params["forward"], "backward": params["backward"]}
 pp_params_rules[zeros_p] = lambda params: {}
 pp_params_rules[stack_push_p] = lambda params: {"cap": params["cap"]} if params["cap"] is not None else {}
 pp_params_rules[stack_read_p] = lambda params: {}

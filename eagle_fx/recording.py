@@ -31,7 +31,7 @@ API = "eagle.Graph(record=True)"
 class Halves:
     """The record=True Program `prog` as named outputs, and the forward and backward of its vjp."""
 
-    def __init__(self, prog, seedable, shown, buffers, capacity):
+    def __init__(self, prog, seedable, shown, buffers, capacity, checkpoints=None):
         top = set(prog.inputs) | {v for e in prog.eqns for v in e.outputs}
         probed = [b for b in dict.fromkeys(buffers) if b in top and b not in prog.inputs and is_float(b.aval)]
         self.q, self.probe_of, sub = _probe(prog, probed)
@@ -62,7 +62,7 @@ class Halves:
         for k, w in enumerate(self.wrt):
             if w:
                 self.grad_of[k] = len(self.grad_of)
-        v = vjp_graph(self.q, self.wrt, capacity, API)
+        v = vjp_graph(self.q, self.wrt, capacity, API, checkpoints)
         self.forward, backward, self.residuals = split(v, len(self.q.inputs), len(outs))
         unseeded = [backward.inputs[len(self.residuals) + j] for k, j in self.ct_of.items() if k >= n_seedable]
         self.backward = without_zero_inputs(backward, unseeded)
@@ -163,5 +163,5 @@ def recorded_executable(g, keep, arrays, n) -> RecordedExecutable:
     labelled = [h.var for h in t.buffers if h.label and h.var is not None]
     # a record runs on NumPy, whose stacks of saved turns grow with the turns run: no capacity
     halves = Halves(prog, [f for _, f in written] + labelled, list(keep) + list(t.root.current.values()), labelled,
-                    lambda trip, e: None)
+                    lambda trip, e: None, g._checkpoints)
     return RecordedExecutable(halves, arrays, written, n)

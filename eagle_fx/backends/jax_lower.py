@@ -315,6 +315,13 @@ def _stack_push(lw, e, ins):
     return [stack.at[i].set(value)]
 
 
+@graph_rules.register(ir.revolve_p)
+def _revolve(lw, e, ins):
+    raise LoweringError(f"eagle_fx jax backend: the reverse pass through the device loop at {e.info.where} is "
+                        "checkpointed (checkpoints=), which runs on the NumPy backend; on JAX, take the gradient "
+                        "without checkpoints")
+
+
 @graph_rules.register(ir.stack_read_p)
 def _stack_read(lw, e, ins):
     jnp = _jnp()

@@ -21,6 +21,7 @@ from hawk_fx.emit.numpy import NumpyKernel, overlapping_inputs
 
 from .. import ir
 from ..analysis import direct_outputs
+from ..transforms import checkpoint
 from ..transforms.vmap import batch_broadcast_p
 from .fusion import fuse
 from .memory import SlotPlanner
@@ -208,6 +209,8 @@ class NumpyExecutable(SlotPlanner):
             self._gen_sub(g, d + 1, default, e.inputs[1:], outs)
         elif p is ir.while_p:
             self._gen_while(g, d, e, outs)
+        elif p is ir.revolve_p:
+            self._gen_revolve(g, d, e, outs)
         elif p in _DERIVATIVE_OPS:
             _DERIVATIVE_OPS[p](self, g, d, e, outs)
         else:
@@ -300,6 +303,48 @@ class NumpyExecutable(SlotPlanner):
         self._gen_sub(g, d + 1, body, refs, outs)
         g.loops.pop()
         g.emit(d + 1, f"{t} += 1")
+
+    def _gen_revolve(self, g, d, e, outs):
+        """A checkpointed reverse (ir.revolve_p): the loop body and its reverse step become local
+        functions over a working state, driven by the binomial schedule (transforms/checkpoint.py);
+        the kept states are stacks indexed by slot, so they too grow only as they are used."""
+        fwd, bwd, K, nc = e.params["forward"], e.params["backward"], e.params["checkpoints"], e.params["n_consts"]
+        nk = len(fwd.outputs)
+        turns, consts, init, start = e.inputs[0], e.inputs[1:1 + nc], e.inputs[1 + nc:1 + nc + nk], e.inputs[1 + nc + nk:]
+        self._gen_copies(g, d, start, outs)                  # the seeds and zero sums: what the steps update
+        work = [self._sub_slot(a.aval) for a in init]
+        kept = [self._new_slot(Stack(ir.stack_aval(K, a.aval.shape, a.aval.dtype))) for a in init]
+        k = g.turns
+        g.turns += 1
+        ctr = self._sub_slot(ir.U32_CELL)
+        state = [self._ref(s, a.aval) for s, a in zip(work, init)]
+        g.loop_header(d, consts)
+        g.emit(d, f"def fa{k}(t):")                         # one turn forward on the working state
+        g.emit(d + 1, f"b{ctr}[0] = t")
+        self._gen_sub(g, d + 1, fwd, [self._ref(ctr, ir.U32_CELL)] + list(consts) + state, work)
+        g.emit(d, f"def fr{k}(t):")                         # the reverse step of turn t
+        g.emit(d + 1, f"b{ctr}[0] = t")
+        if e.params.get("masked"):                           # instances whose own turns end before t keep theirs
+            done = self._new_slot(np.zeros(turns.aval.shape, bool))
+            before = [self._sub_slot(v.aval) for v in e.outputs]
+            g.emit(d + 1, f"np.less_equal({self.b(turns)}, t, out=b{done})")
+            for o, b in zip(outs, before):
+                g.emit(d + 1, f"np.copyto(b{b}, b{o})")
+        cts = [self._ref(s, v.aval) for s, v in zip(outs, e.outputs)]
+        self._gen_sub(g, d + 1, bwd, [self._ref(ctr, ir.U32_CELL)] + list(consts) + state + cts, outs)
+        if e.params.get("masked"):
+            self._merge(g, d + 1, done, outs, before)
+        g.loops.pop()
+        g.emit(d, f"def fs{k}(j):")                         # keep the working state in slot j
+        for w, s in zip(work, kept):
+            g.emit(d + 1, f"b{s}.push(j, b{w})")
+        g.emit(d, f"def fl{k}(j):")                         # and back
+        for w, s in zip(work, kept):
+            g.emit(d + 1, f"np.copyto(b{w}, b{s}.read(j))")
+        self._gen_copies(g, d, init, work)
+        for s in kept:
+            g.emit(d, f"b{s}.clear()")
+        g.emit(d, f"revolve(int(np.max({self.b(turns)})), {K}, fa{k}, fr{k}, fs{k}, fl{k})")
 
     # -- batched (vmap) control flow: every arm runs, each instance keeps its own ---------------
     def _merge(self, g, d, mask_slot, outs, srcs):
@@ -433,7 +478,7 @@ class NumpyExecutable(SlotPlanner):
     def _link(self):
         for k, src, index in self.views:     # after bind, the views look into the new arrays
             self.slots[k] = self.slots[src][index]
-        ns = {"np": np}
+        ns = {"np": np, "revolve": checkpoint.run}
         for k, arr in enumerate(self.slots):
             ns[f"b{k}"] = arr
         for k, c in enumerate(self.consts):
