@@ -150,19 +150,30 @@ class Graph:
         g = chain(np.arange(4.0))      # build
         g()                            # replay: the result arrays (the graph's own; copy to keep)
 
-    `record=True` keeps what `eagle_fx.diff.reverse` needs; `backend=` names a backend ("numpy", "cuda")
-    instead of choosing by the arrays' type.
+    `record=True` keeps what `eagle_fx.diff.reverse` needs (`checkpoints=K`: of each device loop, at
+    most K states, the other turns run again in the reverse); `backend=` names a backend ("numpy",
+    "cuda") instead of choosing by the arrays' type.
     """
 
-    def __new__(cls, record: bool = False, backend=None, mesh=None):
+    _checkpoints = None             # record=True, checkpoints=K: loops keep at most K states (recording.py)
+
+    def __new__(cls, record: bool = False, backend=None, mesh=None, checkpoints=None):
         if cls is Graph and eager._runs:       # the graph of a builder running with staging disabled
             g = eager.new_graph(record, backend)
             if g is not None:
                 return g
         return super().__new__(cls)
 
-    def __init__(self, record: bool = False, backend=None, mesh=None):
+    def __init__(self, record: bool = False, backend=None, mesh=None, checkpoints=None):
         self._record = bool(record)
+        if checkpoints is not None:
+            if not record:
+                raise ValueError("eagle.Graph: checkpoints= is for record=True graphs (how many states of each "
+                                 "device loop the record keeps)")
+            if type(checkpoints) is not int or checkpoints < 1:
+                raise ValueError(f"eagle.Graph: checkpoints={checkpoints!r}; give the number of loop states to "
+                                 "keep, an int >= 1")
+            self._checkpoints = checkpoints
         self._backend = backend      # None: by the arrays (NumPy -> numpy, CuPy -> cuda, jax.Array -> jax)
         self._mesh = mesh            # backend 'jax': a jax.sharding.Mesh the sample axis is split over
         if mesh is not None and backend not in ("jax", None):
