@@ -468,8 +468,10 @@ def test_core_runtime_refusals(mock_gpu):
     cupy, mc, device = mock_gpu
     with pytest.raises(ValueError, match=r"'hi' is a NumPy array"):
         cuda_cases.control.jumps(cupy.zeros(3), cupy.asarray(cell(1)), np.array([10.0]))
-    with pytest.raises(ValueError, match="not C-contiguous"):
+    with pytest.raises(ValueError, match=r"^eagle_fx: the array argument 'x' is not C-contiguous"):
         tour.first(cupy.asarray(np.arange(8.0))[::2])
+    with pytest.raises(ValueError, match=r"^hawk.kernel affine: argument 'x' is not C-contiguous"):
+        tour.affine(cupy.asarray(np.arange(8.0))[::2], 2.0, 1.0)
     with pytest.raises(ValueError, match=r"Mutable written on the GPU"):
         tour.accumulate(cupy.asarray(np.arange(3.0)), np.zeros(3))
     g = tour.first(cupy.asarray(np.arange(4.0)))
