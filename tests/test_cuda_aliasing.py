@@ -235,3 +235,12 @@ def test_overlapping_views_compute_as_numpy(n, shift, path, order):
         g()
     np.testing.assert_array_equal(buf, want)
 
+
+
+def test_alias_pairs_are_overlaps_that_are_not_one_view():
+    from eagle_fx.backends.cuda_lower import alias_pairs
+    buf, other = np.arange(10.0), np.arange(10.0)
+    arrays = [buf[:-1], buf[1:], buf[1:], other, buf[5:6]]     # 1 and 2: the same view, twice
+    assert alias_pairs(arrays) == {(0, 1), (0, 2), (0, 4), (1, 4), (2, 4)}
+    assert alias_pairs(arrays, 4) == {(0, 4), (1, 4), (2, 4)}
+    assert alias_pairs(arrays, 3) == set()

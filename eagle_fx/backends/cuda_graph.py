@@ -322,7 +322,8 @@ class CudaExecutable:
         self.synchronize()
         inputs = list(self.inputs)
         inputs[input_index] = new
-        if alias_pairs(inputs) != plan.aliasing:     # copies of overlapping inputs come or go: lower again
+        if alias_pairs(inputs, input_index) != {p for p in plan.aliasing if input_index in p}:
+            # the copies the lowering made for overlapping inputs come or go: lower again
             self.inputs = inputs
             self._lower()
             self.last_bind = "instantiate"

@@ -325,11 +325,13 @@ class _Chain:
 # ---------------------------------------------------------------------------------------------
 # the lowering
 
-def alias_pairs(arrays) -> frozenset:
+def alias_pairs(arrays, of=None) -> frozenset:
     """(i, j), i < j, for the arrays that share memory without being the very same view (two views
-    of one caller's buffer, shifted or strided): what a node must not read while it writes."""
-    return frozenset((i, j) for j in range(len(arrays)) for i in range(j)
-                     if overlaps(arrays[i], arrays[j]) and not same_view(arrays[i], arrays[j]))
+    of one caller's buffer, shifted or strided): what a node must not read while it writes. `of`:
+    only the pairs that hold array `of`."""
+    pairs = ((i, j) for j in range(len(arrays)) for i in range(j)) if of is None else \
+        ((min(i, of), max(i, of)) for i in range(len(arrays)) if i != of)
+    return frozenset((i, j) for i, j in pairs if overlaps(arrays[i], arrays[j]) and not same_view(arrays[i], arrays[j]))
 
 
 def lower(program: Program, input_arrays, keep, n: int, builder) -> CudaPlan:
