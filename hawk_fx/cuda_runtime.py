@@ -6,12 +6,12 @@ entries are launched one after another on CuPy's current stream (`call_kernel`).
 
     KernelModule   CUDA C compiled as one module (a hawk body, or guard/lowering kernels)
     body_module    the module of a hawk Specialization: `hawk_<sha256 of its source[:16]>`
-    CoreRuntime    CuPy device memory, NVRTC-compiled kernels (cuda.core), CuPy's current stream;
-                   eagle_fx's CUDA graph runtime extends it with graphs
+    KernelRuntime  CuPy device memory, NVRTC-compiled kernels (cuda.core), CuPy's current stream;
+                   eagle_fx's CUDA graph runtime (backends/cuda_graph.py) extends it with graphs
     call_kernel    a kernel's entries launched directly on device arrays
     require_gpu    the refusal where the GPU stack (CuPy, cuda.core, a device, driver >= 12.8) is missing
 
-The runtime protocol call_kernel needs (CoreRuntime here; a recording fake in eagle_fx.testing):
+The runtime protocol call_kernel needs (KernelRuntime here; a recording fake in eagle_fx.testing):
     is_device(a), device_arrays(arrays, names, api), check_array(a, what), empty(shape, dtype),
     to_device(host), overlaps(a, b), and run_now(steps): ('kernel', module, entry, grid, block,
     args) and ('memset', array, value) steps, launched in order on the current stream.
@@ -82,7 +82,6 @@ def require_gpu(what: str = "eagle_fx: CuPy arrays run as CUDA graphs") -> int:
     return driver
 
 
-
 # ---------------------------------------------------------------------------------------------
 # kernel modules
 
@@ -103,7 +102,6 @@ class KernelModule:
         return f"<KernelModule {self.name} {self.kind}{' ' + self.label if self.label else ''}>"
 
 
-
 _body_modules: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # Specialization -> KernelModule
 
 
@@ -117,7 +115,6 @@ def body_module(spec) -> KernelModule:
         mod = KernelModule(ek.name, ek.source, tuple(ek.entry_names()), "body", ek, spec, spec.kernel.name)
         _body_modules[spec] = mod
     return mod
-
 
 
 # ---------------------------------------------------------------------------------------------

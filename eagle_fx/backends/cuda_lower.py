@@ -123,7 +123,8 @@ class PlanNode:
     """One node of the lowered graph. kind: 'kernel' | 'memset' | 'memcpy' | 'host' | 'join' |
     'if' | 'if_else' | 'switch' | 'while'. role of a kernel: 'body' (a hawk entry), 'init' (a
     workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic), 'select' (switch index), 'copy'
-    (eagle_strided_copy: slice, update, concat). For a conditional node `cond` is the condition it reads, `bodies` its body trees."""
+    (eagle_strided_copy: slice, update, concat). For a conditional node `cond` is the condition it
+    reads, `bodies` its body trees."""
 
     __slots__ = ("kind", "role", "label", "handle", "after", "module", "entry", "grid", "block", "args", "cond",
                  "bodies", "dst", "src")
