@@ -629,12 +629,8 @@ class _Lowering(SlotPlanner):
         """Lower `sub` on `level` after `start`, its inputs bound to the operands' slots and its
         outputs landing in out_slots; returns its tails."""
         seq = _Seq(self, level, start)
-        for v, a in zip(sub.inputs, operands):
-            if isinstance(a, Literal):
-                self.slot_of[v] = self._sub_slot(v.aval)
-                self._copy_item(seq, self.slot_of[v], a)
-            else:
-                self.slot_of[v] = self.slot_of[a]
+        for s, a in self._bind_operands(sub, operands):
+            self._copy_item(seq, s, a)
         pre = direct_outputs(sub, out_slots, self.slot_of)
         for i, e in enumerate(sub.eqns):
             self._gen_eqn(seq, sub, i, e, pre)
