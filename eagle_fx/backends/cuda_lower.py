@@ -435,8 +435,9 @@ class _Lowering(SlotPlanner):
         if not self.aliases.get(s, set()) & set(writes):
             return self.slots[s]
         if s not in private:
-            t = self._sub_slot(atom.aval)
-            chain.memcpy(self.slots[t], self.slots[s], label="overlapping input")
+            src = self.slots[s]
+            t = self._new_slot(self._zeros(src.shape, src.dtype))
+            chain.memcpy(self.slots[t], src, label="overlapping input")
             private[s] = self.slots[t]
         return private[s]
 
