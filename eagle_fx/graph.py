@@ -638,7 +638,7 @@ class Builder:
         given: dict = {}        # id(plane) -> the caller's array it stands for
 
         def enter(arr):
-            p = graph._trace.block_argument(arr)
+            p = graph._trace.plane_of_array(arr)
             given[id(p)] = arr
             return p
         staging._source_stack.append(self.source)
