@@ -178,8 +178,7 @@ REDUCTION: dict[Primitive, object] = {}
 
 def _reduction_abstract(fn):
     def rule(x):
-        dt = np.asarray(fn(np.ones(1, x.dtype))).dtype if not x.weak else np.asarray(fn(np.ones(1, x.dtype))).dtype
-        return [AVal(x.shape, dt, UNIFORM)]
+        return [AVal(x.shape, np.asarray(fn(np.ones(1, x.dtype))).dtype, UNIFORM)]
     return rule
 
 
@@ -247,9 +246,8 @@ def parse_einsum(spec: str, shapes):
 @abstract_eval.register(einsum_p)
 def _einsum_abstract(*xs, spec):
     _, out, dims = parse_einsum(spec, [a.shape for a in xs])
-    sig = tuple((a.dtype, a.weak) for a in xs)
-    dt = sig[0][0] if len(sig) == 1 else _elementwise_dtype("mul", sig[:2])
-    return [AVal(tuple(dims[c] for c in out), dt, broadcast_kind(*xs))]
+    # every operand promotes (Python numbers weak): an einsum of Python numbers only is weak
+    return [AVal(tuple(dims[c] for c in out), promote(xs), broadcast_kind(*xs), all(a.weak for a in xs))]
 
 
 def sample_spec(spec: str) -> str:
@@ -265,8 +263,7 @@ eager_impl[einsum_p] = lambda *xs, spec: [np.einsum(spec, *xs)]
 def _cross_abstract(a, b):
     if a.shape != (3,) or b.shape != (3,):
         raise ValueError(f"hawk.math.cross: needs two Vector[3] values, got per-sample shapes {a.shape} and {b.shape}")
-    dt = _elementwise_dtype("mul", ((a.dtype, a.weak), (b.dtype, b.weak)))
-    return [AVal((3,), dt, broadcast_kind(a, b))]
+    return [AVal((3,), promote((a, b)), broadcast_kind(a, b), a.weak and b.weak)]
 
 
 eager_impl[cross_p] = lambda a, b: [np.cross(a, b, axis=0)]

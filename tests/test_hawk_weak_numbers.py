@@ -40,6 +40,25 @@ def test_a_vector_of_numbers_is_weak():
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_products_of_numbers_only_are_weak_too():
+    """dot, norm, outer, cross and einsum of Vectors of Python numbers are Python numbers: a float32
+    body stays float32 (NumPy: the same numbers as Python floats, added to the float32 plane)."""
+    @hawk.kernel
+    def f(x: Scalar) -> Scalar:
+        a, b = hm.vec(1.0, 2.0, 0.5), hm.vec(3.0, -4.0, 2.0)
+        m = hm.outer(a, b)
+        return x * hm.dot(a, b) + hm.norm(b) + hm.cross(a, b)[2] + m[1][0] + hm.einsum("i,i,i->", a, b, a)
+    got = f(X)
+    assert got.dtype == np.float32
+    a, b = [1.0, 2.0, 0.5], [3.0, -4.0, 2.0]
+    dot = sum(p * q for p, q in zip(a, b))
+    norm = sum(q * q for q in b) ** 0.5
+    cross_z = a[0] * b[1] - a[1] * b[0]
+    triple = sum(p * q * p for p, q in zip(a, b))
+    want = X * np.float32(dot) + np.float32(norm) + np.float32(cross_z) + np.float32(a[1] * b[0]) + np.float32(triple)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_where_between_two_numbers_in_a_float32_body():
     @hawk.kernel
     def f(x: Scalar) -> Scalar:
