@@ -287,8 +287,8 @@ class GraphTrace:
             return
         raise TypeError(f"eagle.Graph.builder {_here()}: {what} of a value that the device if/match/loop at "
                         f"{entry[0]} gave its name. In NumPy the name may still be the array it held before (an "
-                        "arm that keeps it, a loop of 0 turns), which another name, view or result still sees; "
-                        "staged, it is always a new array, so the update cannot mean the same. Make a new array "
+                        "arm that keeps it, a loop of 0 turns, the first turn of a loop), which another name, view "
+                        "or result still sees; staged, it is a new array, so the update cannot mean the same. Make a new array "
                         "(y = y + 1.0 rather than y += 1.0), or update the array before the if/loop")
 
     def _observable(self, origin, root, collected=False) -> bool:
@@ -946,7 +946,6 @@ class Runtime:
                 if i in carried or v1 is v0 or v0 is UNDEF or isinstance(v0, _LoopLocal):
                     continue
                 if _is_device(v1) or isinstance(v1, (bool, int, np.bool_)):
-                    self._check_rebound_after_write(trace, body, v0, names[i], line)
                     new_carried.append(i)
                 elif not callable(v1):
                     raise TypeError(f"eagle.Graph.builder {self.where(line)}: {names[i]!r} is a Python value that "
@@ -1033,19 +1032,6 @@ class Runtime:
             parent.write(k, v)
         return tuple(new_state)
 
-    def _check_rebound_after_write(self, trace, body, v0, name, line):
-        """A name the loop body rebinds is a carry: each turn starts from the last turn's value. If the
-        body also writes the array the name held on entry (y += 1; y = k(y)), NumPy would update that
-        array on the first turn only and the new one after: refused, rather than staged otherwise."""
-        if not _is_device(v0) or _buffer_named(trace, v0, name):     # a buffer holds its name's last value
-            return
-        key = views.root_key(trace.key_of(v0, "eagle", name))
-        if any(views.root_key(k) is key for k in body.written):
-            raise TypeError(f"eagle.Graph.builder {self.where(line)}: {name!r} is rebound in this device loop and "
-                            "the array it names on entry is also written in place in the body (an in-place operator, "
-                            "x[...] = or a Mutable); NumPy would write that array on the first turn only. Give the "
-                            f"new value another name, or update {name!r} in place only ({name} += ..., no rebinding)")
-
     @staticmethod
     def _seed(trace, scope, state, carried, inplace, where=None):
         """Fresh carry inputs: carried names become new planes, in-place planes are pre-seeded."""
@@ -1056,8 +1042,8 @@ class Runtime:
             var = Var(aval)
             h = trace.new_plane(aval, var=var)
             scope.define(h.key, var)
-            if where is not None:       # on the first turn, the carry is the array the name held on entry
-                trace.note_phi(h, [(v, None)], where, _aliased(state, i, carried))
+            if where is not None:       # on the first turn, the carry is the array the name held on entry,
+                trace.note_phi(h, [(v, None)], where, True)     # which the builder's frame still holds
             st[i] = h
             seeded.append(var)
         for k in inplace:
