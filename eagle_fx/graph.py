@@ -425,7 +425,8 @@ class Graph:
                 names[e.name] = ("written" if final is not v else "arg", (v, final))
         for h in t.buffers:
             if h.label and h.label not in names and h.var is not None:
-                names[h.label] = ("buffer", (h.var, h.var))
+                final = t.buffer_value(h)
+                names[h.label] = ("buffer", (final, final))
         names["result"] = ("result", (None, None))
         return names
 

@@ -349,6 +349,11 @@ class GraphTrace:
         self.buffers[:] = [h if b.key is old.key and b.label == old.label else b for b in self.buffers]
         return h
 
+    def buffer_value(self, h: Plane) -> Var:
+        """The Var a buffer label means in gradients: the buffer's last version at the top level (after
+        in-place updates that followed its kernel), or its own Var for one made inside device flow."""
+        return self.root.current.get(h.key, h.var)
+
     # -- equations ---------------------------------------------------------------------------
     def info(self, name=None) -> EqnInfo:
         src = _current_source()

@@ -267,3 +267,33 @@ def test_a_name_device_flow_rebound_may_be_updated_when_nothing_else_sees_its_ol
         return g
     for c, n in ((0, 0), (1, 2)):
         _agree(unseen, (np.arange(3.0), cell(c), cell(n)), replays=2)
+
+
+def test_a_buffer_label_means_its_value_after_later_in_place_updates_in_gradients():
+    """Found by the fuzzer: a label seeded `reverse` at the buffer's first version."""
+    @eagle.Graph.builder
+    def f(x, record=False):
+        g = eagle.Graph(record=record)
+        a = inc(x, buffer=True)
+        a[1:] += a[:-1] * 0.5
+        b = inc(x, buffer=True)
+        put(dbl(x), b)                  # a Mutable write into a buffer: b is 2x after it
+        g.result = total(a)
+        return g
+
+    x = np.array([0.5, -1.0, 2.0])
+
+    def a_final(x):
+        a = x + 1.0
+        a[1:] += a[:-1] * 0.5
+        return a
+    eps = 1e-6
+    jac = np.stack([(a_final(x + eps * e) - a_final(x - eps * e)) / (2 * eps) for e in np.eye(3)])  # [i, j] = da_j/dx_i
+    g = f(x, record=True)
+    g()
+    r = eagle.diff.reverse(g.record, {"a": np.ones(3)}, wrt=("x",))
+    np.testing.assert_allclose(r["x"], jac.sum(axis=1), rtol=1e-6)
+    r = eagle.diff.reverse(g.record, {"b": np.ones(3)}, wrt=("x",))
+    np.testing.assert_allclose(r["x"], 2.0 * np.ones(3))
+    r = eagle.diff.reverse(g.record, {"result": np.ones(1)}, wrt=("a",))
+    np.testing.assert_allclose(r["a"], 2.0 * a_final(x))          # d sum(a^2) / d a, at a's final value
