@@ -426,7 +426,8 @@ class Graph:
                 names[e.name] = ("written" if final is not v else "arg", (v, final))
         for h in t.buffers:
             if h.label and h.label not in names and h.var is not None:
-                names[h.label] = ("buffer", (h.var, h.var))
+                final = t.buffer_value(h)
+                names[h.label] = ("buffer", (final, final))
         names["result"] = ("result", (None, None))
         return names
 
@@ -748,7 +749,7 @@ class Builder:
         given: dict = {}        # id(plane) -> the caller's array it stands for
 
         def enter(arr):
-            p = graph._trace.block_argument(arr)
+            p = graph._trace.plane_of_array(arr)
             given[id(p)] = arr
             return p
         staging._source_stack.append(self.source)
