@@ -1,19 +1,32 @@
-"""Reverse mode of a recorded graph against its plain forward, with JAX beside it.
+"""Reverse mode of a recorded graph against its plain forward, with JAX beside it; and the
+time/memory trade of checkpointed reverse mode through a long loop.
 
-    python bench/bench_reverse.py              # n = 1e6
-    python bench/bench_reverse.py 1e5          # another n
+    python bench/bench_reverse.py                    # n = 1e6, then the checkpointing table
+    python bench/bench_reverse.py 1e5                # another n
+    python bench/bench_reverse.py --only ratio       # one part: ratio or checkpoints
+    python bench/bench_reverse.py --turns 2000       # a shorter loop for the checkpointing table
 
 Per function (sin(x)·x and exp(-x²), one kernel each): the median over repeats of the plain
 forward `g.launch()`, of the recorded forward `gr.launch()` plus `eagle_fx.diff.reverse(gr.record,
 ...)`, and the ratio (recorded forward + reverse) / forward (target <= 2.5). Beside it, in the same
 process: jax.jit(jax.value_and_grad(sum of f)) / jax.jit(f).
+
+Checkpointing: grad of T turns of x + 0.001 sin(x) at n = 1000 (T = 20 000), with
+checkpoints = 8, 32, 128 and without (every turn stored): the peak memory of a first run
+(tracemalloc) and the median time of a replay, each as a ratio to the stored reverse, and the
+turns the schedule runs again per turn of the loop.
 """
-import sys
+import argparse
 import timeit
+import tracemalloc
 
 import numpy as np
 
 import eagle_fx as eagle
+import hawk_fx as hawk
+from eagle_fx.transforms import checkpoint
+from hawk_fx import Scalar
+from hawk_fx import math as hm
 from workloads import k1, k2
 
 TARGET = 2.5
@@ -53,7 +66,53 @@ def jax_ratio(f, x, number, repeat):
     return tv / tf
 
 
-def main(n, number=5, repeat=11):
+@hawk.kernel
+def relax(x: Scalar) -> Scalar:
+    return x + 0.001 * hm.sin(x)
+
+
+@hawk.kernel
+def total(x: Scalar) -> Scalar:
+    return hawk.sum(x * x)
+
+
+@eagle.Graph.builder
+def long_loop(x, n):
+    g = eagle.Graph()
+    for i in range(n):
+        x = relax(x)
+    g.result = total(x)
+    return g
+
+
+def first_run_peak(g):
+    tracemalloc.start()
+    try:
+        g()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def checkpoints_table(turns=20_000, n=1000, repeat=3):
+    x = np.linspace(0.1, 3.0, n)
+    trip = np.array([turns], np.uint32)
+    rows = []
+    for K in (None, 8, 32, 128):
+        peak = first_run_peak(eagle.grad(long_loop, checkpoints=K).graph(x, trip))   # a fresh graph
+        g = eagle.grad(long_loop, checkpoints=K).graph(x, trip)
+        t = median_time(g, 1, repeat)
+        rows.append((K, peak, t))
+    _, peak0, t0 = rows[0]
+    print(f"checkpointed reverse through T = {turns} turns at n = {n} (stored: every turn; peak {peak0 / 1e6:.1f} MB)")
+    print("  checkpoints   peak / stored   time / stored   turns run again per turn (most per turn)")
+    for K, peak, t in rows[1:]:
+        again = checkpoint.cost(turns, K) / turns
+        print(f"  {K:>11}   {peak / peak0:13.4f}   {t / t0:13.2f}   {again:6.2f} ({checkpoint.repetitions(turns, K)})"
+              f"   peak {peak / 1e6:.2f} MB")
+
+
+def ratio_table(n, number=5, repeat=11):
     import jax.numpy as jnp
     x = np.linspace(-2.0, 2.0, n)
     ones = np.ones(n)
@@ -75,4 +134,12 @@ def main(n, number=5, repeat=11):
 
 
 if __name__ == "__main__":
-    main(int(float(sys.argv[1])) if len(sys.argv) > 1 else 1_000_000)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("n", nargs="?", default="1e6", help="samples for the ratio table")
+    ap.add_argument("--only", choices=("ratio", "checkpoints"))
+    ap.add_argument("--turns", type=int, default=20_000, help="loop turns for the checkpointing table")
+    a = ap.parse_args()
+    if a.only != "checkpoints":
+        ratio_table(int(float(a.n)))
+    if a.only != "ratio":
+        checkpoints_table(a.turns)

@@ -134,14 +134,15 @@ def _jvp_graph(f, primals, tangents, names, api):
 # ---------------------------------------------------------------------------------------------
 # reverse mode
 
-def vjp_program(s: Staged, wrt, api):
+def vjp_program(s: Staged, wrt, api, checkpoints=None):
     """The vjp Program of the staged graph: (inputs, a cotangent per float result) -> (results, a
-    cotangent per (argument, leaf) in `wrt`, zeros for one the graph does not read)."""
+    cotangent per (argument, leaf) in `wrt`, zeros for one the graph does not read). checkpoints=K:
+    each device loop keeps at most K of its states and recomputes the others (binomial schedule)."""
     s.refuse_views(wrt)
     s.refuse_made(wrt)
     want = set(wrt)
     flags = [a is not None and a in want for a in s.arg_of]
-    vp = vjp_graph(s.prog, flags, s.capacity, api)
+    vp = vjp_graph(s.prog, flags, s.capacity, api, checkpoints)
     k = len(s.results)
     grads = dict(zip([a for a, w in zip(s.arg_of, flags) if w], vp.outputs[k:]))
     eqns, outs = list(vp.eqns), list(vp.outputs[:k])
@@ -184,10 +185,11 @@ def _split_aux(s, has_aux, api):
     return t.children[0].num_leaves, t.children[1]
 
 
-def vjp(f, *args, has_aux=False):
+def vjp(f, *args, has_aux=False, checkpoints=None):
     """(result, pullback) or, has_aux, (result, pullback, aux): pullback(cotangent tree) -> a
     cotangent tree per positional argument (None at leaves that are not floating arrays; 0-d for
-    a Python float)."""
+    a Python float). checkpoints=K: the reverse through a device loop keeps at most K of its
+    states and runs the loop again from them (less memory, more time; see docs, Checkpointing)."""
     api = "eagle_fx.vjp"
     if _STAGING:
         raise TransformError(f"{api}: inside a transformed function, use eagle_fx.grad or eagle_fx.jacrev (they "
@@ -197,7 +199,7 @@ def vjp(f, *args, has_aux=False):
         s = Staged(f, args, api)
         n_out, aux_tree = _split_aux(s, has_aux, api)
         wrt = [(k, j) for k, ls in enumerate(s.leaves) for j, x in enumerate(ls) if float_array(x)]
-        prog = vjp_program(s, wrt, api)
+        prog = vjp_program(s, wrt, api, checkpoints)
         seeds = seed_planes(s)
         out_tree = s.tree.children[0] if has_aux else s.tree
         aux = tree_unflatten(aux_tree, prog.outputs[n_out:len(s.results)]) if has_aux else None
@@ -207,7 +209,7 @@ def vjp(f, *args, has_aux=False):
         c.extra = (s, seeds, n_out, out_tree)
         return c
     args, promoted = promote(args, range(len(args)))     # Python floats are differentiable, as in JAX
-    with cache.staged(sig("vjp", f, has_aux), args, make) as e:
+    with cache.staged(sig("vjp", f, has_aux, *_opt(checkpoints)), args, make) as e:
         g = e.graph
         s, seeds, n_out, out_tree = e.closed.extra
         y, aux, _ = run(g)
@@ -235,29 +237,36 @@ def vjp(f, *args, has_aux=False):
     return (y, pullback, aux) if has_aux else (y, pullback)
 
 
-def grad(f, argnums=0, has_aux=False):
+def grad(f, argnums=0, has_aux=False, checkpoints=None):
     """The gradient of `f`, whose result is one value (a one-cell array, e.g. from hawk.sum), with
     respect to argument(s) `argnums` (an int, or a tuple: a tuple of gradients). Each gradient is a
-    tree shaped like its argument. has_aux: `f`'s result is (value, aux); returns (gradient, aux)."""
-    return _gradient(f, argnums, has_aux, False, "eagle_fx.grad")
+    tree shaped like its argument. has_aux: `f`'s result is (value, aux); returns (gradient, aux).
+    checkpoints=K: the reverse through a device loop keeps at most K of its states and runs the
+    loop again from them (less memory, more time; see docs, Checkpointing)."""
+    return _gradient(f, argnums, has_aux, False, "eagle_fx.grad", checkpoints)
 
 
-def value_and_grad(f, argnums=0, has_aux=False):
+def value_and_grad(f, argnums=0, has_aux=False, checkpoints=None):
     """(value, gradient) of `f` in one graph; has_aux: ((value, aux), gradient), as jax.value_and_grad."""
-    return _gradient(f, argnums, has_aux, True, "eagle_fx.value_and_grad")
+    return _gradient(f, argnums, has_aux, True, "eagle_fx.value_and_grad", checkpoints)
 
 
-_MADE: dict = {}          # (api, f, argnums, has_aux) -> its Transformed: grad(f) in a loop makes one
+_MADE: dict = {}          # (api, f, argnums, has_aux, checkpoints) -> its Transformed: grad(f) in a loop makes one
 
 
-def _gradient(f, argnums, has_aux, with_value, api):
-    key = (api, f, argnums, has_aux)
+def _opt(checkpoints):
+    """The checkpoints option as extra cache-key parts (none when not given)."""
+    return () if checkpoints is None else (("checkpoints", checkpoints),)
+
+
+def _gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
+    key = (api, f, argnums, has_aux, checkpoints)
     try:
         t = _MADE.get(key)
     except TypeError:                 # an unhashable argnums (a list)
         key, t = None, None
     if t is None:
-        t = _new_gradient(f, argnums, has_aux, with_value, api)
+        t = _new_gradient(f, argnums, has_aux, with_value, api, checkpoints)
         if key is not None:
             if len(_MADE) > 256:
                 _MADE.clear()
@@ -265,7 +274,7 @@ def _gradient(f, argnums, has_aux, with_value, api):
     return t
 
 
-def _new_gradient(f, argnums, has_aux, with_value, api):
+def _new_gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
     def make(*args):
         ks, multi = argnums_of(argnums, len(args), api)
         s = Staged(f, args, api)
@@ -284,7 +293,7 @@ def _new_gradient(f, argnums, has_aux, with_value, api):
                 raise TypeError(f"{api}: argument {arg_names(f, len(args))[k]} ({type(args[k]).__name__}) holds no "
                                 "floating array; it has no gradient: pick another argnums, or pass a float array")
             wrt += here
-        prog = vjp_program(s, wrt, api)
+        prog = vjp_program(s, wrt, api, checkpoints)
         grads = _grad_trees(s, prog, ks, wrt)
         grads = grads if multi else grads[0]
         value = prog.outputs[0]
@@ -318,4 +327,4 @@ def _new_gradient(f, argnums, has_aux, with_value, api):
             return (fixed, head) if has_aux else fixed
         return args, restore
     return Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, prepare=prepare,
-                       sig=sig(api, f, argnums, has_aux))
+                       sig=sig(api, f, argnums, has_aux, *_opt(checkpoints)))

@@ -62,16 +62,22 @@ class _BuildContext:
 
     def wrap(self, value):
         """Arguments (and arrays in tuples, lists and dicts of them) as staged planes."""
-        if staging.is_array(value):
-            p = self.planes.get(id(value))
-            if p is None:
-                p = self.planes[id(value)] = staging.argument_plane(value, self.arg_names.get(id(value)))
-            return p
-        if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
-            return type(value)(self.wrap(v) for v in value)
-        if type(value) is dict:
-            return {k: self.wrap(v) for k, v in value.items()}
-        return value
+        return _wrap_arrays(value, self.planes, lambda a: staging.argument_plane(a, self.arg_names.get(id(a))))
+
+
+def _wrap_arrays(value, planes: dict, make):
+    """`value` with each array in it (and in tuples, lists and dicts of them) replaced by its staged
+    plane, made once per array by `make` and kept in `planes` (id(array) -> plane)."""
+    if staging.is_array(value):
+        p = planes.get(id(value))
+        if p is None:
+            p = planes[id(value)] = make(value)
+        return p
+    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+        return type(value)(_wrap_arrays(v, planes, make) for v in value)
+    if type(value) is dict:
+        return {k: _wrap_arrays(v, planes, make) for k, v in value.items()}
+    return value
 
 
 _building = ThreadStack()     # this thread's builder calls (_BuildContext), innermost last
@@ -145,19 +151,30 @@ class Graph:
         g = chain(np.arange(4.0))      # build
         g()                            # replay: the result arrays (the graph's own; copy to keep)
 
-    `record=True` keeps what `eagle_fx.diff.reverse` needs; `backend=` names a backend ("numpy", "cuda")
-    instead of choosing by the arrays' type.
+    `record=True` keeps what `eagle_fx.diff.reverse` needs (`checkpoints=K`: of each device loop, at
+    most K states, the other turns run again in the reverse); `backend=` names a backend ("numpy",
+    "cuda") instead of choosing by the arrays' type.
     """
 
-    def __new__(cls, record: bool = False, backend=None, mesh=None):
+    _checkpoints = None             # record=True, checkpoints=K: loops keep at most K states (recording.py)
+
+    def __new__(cls, record: bool = False, backend=None, mesh=None, checkpoints=None):
         if cls is Graph and eager._runs:       # the graph of a builder running with staging disabled
             g = eager.new_graph(record, backend)
             if g is not None:
                 return g
         return super().__new__(cls)
 
-    def __init__(self, record: bool = False, backend=None, mesh=None):
+    def __init__(self, record: bool = False, backend=None, mesh=None, checkpoints=None):
         self._record = bool(record)
+        if checkpoints is not None:
+            if not record:
+                raise ValueError("eagle.Graph: checkpoints= is for record=True graphs (how many states of each "
+                                 "device loop the record keeps)")
+            if type(checkpoints) is not int or checkpoints < 1:
+                raise ValueError(f"eagle.Graph: checkpoints={checkpoints!r}; give the number of loop states to "
+                                 "keep, an int >= 1")
+            self._checkpoints = checkpoints
         self._backend = backend      # None: by the arrays (NumPy -> numpy, CuPy -> cuda, jax.Array -> jax)
         self._mesh = mesh            # backend 'jax': a jax.sharding.Mesh the sample axis is split over
         if mesh is not None and backend not in ("jax", None):
@@ -266,6 +283,8 @@ class Graph:
         if self._exe is None or not self._has_result:
             return self._result_tree
         leaves, tree = self._result_flat          # flattened once, at build: a replay's g() allocates little
+        if tree.kind == "leaf":                   # one array: no tree to rebuild
+            return self._leaf_array(leaves[0], self._program.outputs[0])
         return _rebuild(tree, [self._leaf_array(x, v) for x, v in zip(leaves, self._program.outputs)], 0)[0]
 
     @result.setter
@@ -467,6 +486,8 @@ class Graph:
     def _replay_count(self, n, verb: str) -> int:
         """A replay count: a whole number >= 0 (launch(2.5) does not run twice, g(-1) does not run);
         an array is the user meaning to run on new arrays: say how."""
+        if type(n) is int and n >= 0:          # the common case, checked first: a replay is short
+            return n
         if getattr(n, "ndim", 0) > 0:
             raise TypeError(self._replay_refusal(n))
         if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
@@ -483,6 +504,8 @@ class Graph:
 
     def _fill_pinned(self):
         """Copy each block result handed out as an array (see Builder._call_block) from its plane."""
+        if not self._trace.pinned:
+            return
         for arr, plane in self._trace.pinned.values():
             np.copyto(arr, np.asarray(self._array_of_plane(plane)))
 
@@ -715,22 +738,32 @@ class Builder:
             raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "
                             f"append to, got {type(handle).__name__}")
         outermost = not staging._source_stack
+        given: dict = {}        # id(plane) -> the caller's array it stands for
+
+        def enter(arr):
+            p = graph._trace.block_argument(arr)
+            given[id(p)] = arr
+            return p
         staging._source_stack.append(self.source)
         try:
             with graph._staging():
+                if outermost:   # called from plain code (a hand-made graph): its arrays enter as planes
+                    args, kwargs = _wrap_arrays((args, kwargs), {}, enter)
                 ret = self.converted(*args, **kwargs)
         finally:
             staging._source_stack.pop()
-        return _pin_results(graph, ret) if outermost else ret
+        return _pin_results(graph, ret, given) if outermost else ret
 
 
-def _pin_results(graph, tree):
+def _pin_results(graph, tree, given):
     """A block called from plain code (on a hand-made graph) hands its planes out as NumPy arrays,
-    filled after every launch; staging the array later in the same graph reads the plane itself."""
+    filled after every launch; staging the array later in the same graph reads the plane itself.
+    An argument it returns untouched is the caller's array itself (given: id(plane) -> array)."""
     t = graph._trace
-    if graph._backend not in (None, "numpy") or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
-        return tree            # a CUDA graph: its planes stay handles that read the device arrays
     leaves, treedef = tree_flatten(tree, is_leaf=lambda x: isinstance(x, Plane))
+    leaves = [given.get(id(x), x) for x in leaves]
+    if graph._backend not in (None, "numpy") or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
+        return tree_unflatten(treedef, leaves)    # a CUDA graph: its planes stay handles that read the device arrays
     out = []
     for x in leaves:
         if isinstance(x, Plane) and x.graph is graph:

@@ -124,8 +124,26 @@ pp_params_rules[switch_p] = _pp_branches
 #   add_any     the sum of two planes of one type (cotangents meeting at a value)
 #   stack_push  stack' = stack with stack[turn] = value (in place): a loop's carries, per turn
 #   stack_read  stack[turn] (the backward loop reads the turn it undoes)
+#
+# A stack's type (`stack_aval`) has kind STACK, shape (cap, *value shape), or BATCHED_STACK,
+# (B, cap, *value shape) under vmap. `cap` is the most turns it may hold: the loop's cap, the trip
+# count when the derivative was built, or 0 for a loop with no known bound. Backends that allocate
+# as they run (NumPy) grow a stack with the turns pushed and ignore `cap`; backends with static
+# shapes (JAX) allocate `cap` turns and refuse cap 0.
 #   cell_inc    turn + 1 (a loop counting its turns)
 #   cell_rev    max(turns - 1 - turn, 0) (the turn the backward loop's turn-th turn undoes)
+
+STACK, BATCHED_STACK = "stack", "stack_b"
+
+
+def stack_aval(cap, shape, dtype) -> AVal:
+    """The type of a stack of `cap` saved values of `shape` (cap None: no known bound)."""
+    return AVal((cap or 0,) + tuple(shape), dtype, STACK)
+
+
+def is_stack(aval) -> bool:
+    return aval.kind in (STACK, BATCHED_STACK)
+
 
 zeros_p = Primitive("zeros")
 add_any_p = Primitive("add_any")
@@ -146,13 +164,32 @@ def _push_abstract(stack, turn, value, *, cap, batched=False, inplace=((0, 0),))
 
 
 @abstract_eval.register(stack_read_p)
-def _read_abstract(stack, turn, *, batched=False, turn_batched=False):
+def _read_abstract(stack, turn, *, batched=False, turn_batched=False, **_):
     shape = stack.shape[:1] + stack.shape[2:] if batched else stack.shape[1:]
     return [plane_aval(shape, stack.dtype)]
 
 
+# revolve: the reverse of a loop that keeps at most `checkpoints` of its states and runs the
+# others again (transforms/checkpoint.py: the binomial schedule), where the stored reverse reads
+# a stack of every turn. Operands (turns, consts..., carries on entry..., carry cotangents...,
+# const cotangent sums...) -> (cotangents of the carries on entry..., const cotangent sums...).
+# `forward` is the loop body (turn, consts..., carries...) -> carries; `backward` is one reverse
+# step (turn, consts..., carries of that turn..., carry cts..., sums...) -> (carry cts..., sums...).
+# Under vmap with a turn count per instance (`masked`), each instance's turns past its own count
+# leave its cotangents as they are.
+revolve_p = Primitive("revolve", multiple_results=True)
+
+
+@abstract_eval.register(revolve_p)
+def _revolve_abstract(*avals, forward, backward, checkpoints, n_consts, masked=False):
+    return list(backward.out_avals)
+
+
+pp_params_rules[revolve_p] = lambda params: {"checkpoints": params["checkpoints"],
+                                             **({"masked": True} if params.get("masked") else {}),
+                                             "forward": params["forward"], "backward": params["backward"]}
 pp_params_rules[zeros_p] = lambda params: {}
-pp_params_rules[stack_push_p] = lambda params: {"cap": params["cap"]}
+pp_params_rules[stack_push_p] = lambda params: {"cap": params["cap"]} if params["cap"] is not None else {}
 pp_params_rules[stack_read_p] = lambda params: {}
 
 

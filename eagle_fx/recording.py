@@ -5,8 +5,8 @@ buffer= labels) and a zero probe added to each float top-level buffer (the cotan
 a buffer is the gradient with respect to its probe), goes through vjp_graph and is split at the
 residual boundary (transforms/split.py):
 
-  * the forward half (inputs -> outputs and residuals: the stacks of loop carries, the values the
-    kernels' backwards read) is what the graph runs on launch; it is functional, so an argument
+  * the forward half (inputs -> outputs and residuals: the stacks of loop carries, which grow with
+    the turns run, the values the kernels' backwards read) is what the graph runs on launch; it is functional, so an argument
     the graph writes is copied back after each run, its value on entry kept for the derivatives;
   * the backward half (residuals, cotangents -> input cotangents) is lowered once, on the first
     `eagle_fx.diff.reverse`, and replayed with the record's residuals and the seeds bound;
@@ -31,7 +31,7 @@ API = "eagle.Graph(record=True)"
 class Halves:
     """The record=True Program `prog` as named outputs, and the forward and backward of its vjp."""
 
-    def __init__(self, prog, seedable, shown, buffers, capacity):
+    def __init__(self, prog, seedable, shown, buffers, capacity, checkpoints=None):
         top = set(prog.inputs) | {v for e in prog.eqns for v in e.outputs}
         probed = [b for b in dict.fromkeys(buffers) if b in top and b not in prog.inputs and is_float(b.aval)]
         self.q, self.probe_of, sub = _probe(prog, probed)
@@ -62,7 +62,7 @@ class Halves:
         for k, w in enumerate(self.wrt):
             if w:
                 self.grad_of[k] = len(self.grad_of)
-        v = vjp_graph(self.q, self.wrt, capacity, API)
+        v = vjp_graph(self.q, self.wrt, capacity, API, checkpoints)
         self.forward, backward, self.residuals = split(v, len(self.q.inputs), len(outs))
         unseeded = [backward.inputs[len(self.residuals) + j] for k, j in self.ct_of.items() if k >= n_seedable]
         self.backward = without_zero_inputs(backward, unseeded)
@@ -110,8 +110,8 @@ class RecordedExecutable:
     """Runs the forward half for a record=True graph, as the graph's executable: array_of answers
     for the graph's own Vars, and the arguments it writes are written back after each run."""
 
-    def __init__(self, halves: Halves, arrays, written, n, caps=()):
-        self.h, self.n, self.caps = halves, n, list(caps)
+    def __init__(self, halves: Halves, arrays, written, n):
+        self.h, self.n = halves, n
         # a written argument: the forward reads a private copy of it on entry (what the derivatives
         # read, views included), and its value on exit is copied into the caller's array
         self.user = {i: arrays[i] for i, _ in written}
@@ -128,12 +128,6 @@ class RecordedExecutable:
         return getattr(self.exe, name)
 
     def replay(self, times: int = 1):
-        for i, cap, e in self.caps:
-            turns = int(np.max(self.exe.array_of(self.exe.prog.inputs[i])))
-            if turns > cap:
-                raise RuntimeError(f"{API}: the counted loop at {e.info.where} asks for {turns} turns; its record "
-                                   f"holds {cap} (the trip count at build): call the builder again with the larger "
-                                   "count")
         for _ in range(times):
             for i, out in self.written:
                 np.copyto(self.entry[i], self.user[i])
@@ -163,17 +157,11 @@ class RecordedExecutable:
 
 def recorded_executable(g, keep, arrays, n) -> RecordedExecutable:
     """The executable of record=True graph `g` (its Program staged, `keep` the Vars it shows)."""
-    from .api import loop_capacity
     t, prog = g._trace, g._program
     written = [(i, final) for i, (v, e) in enumerate(zip(prog.inputs, t.input_planes))
                if (final := t.root.current.get(e, v)) is not v]
-    caps = []                   # (input place, turns its stacks hold, loop): checked before each run
-
-    def capacity(trip, e):
-        cap = loop_capacity(API, trip, e, prog.inputs, arrays)
-        caps.append((prog.inputs.index(trip), cap, e))
-        return cap
     labelled = [h.var for h in t.buffers if h.label and h.var is not None]
+    # a record runs on NumPy, whose stacks of saved turns grow with the turns run: no capacity
     halves = Halves(prog, [f for _, f in written] + labelled, list(keep) + list(t.root.current.values()), labelled,
-                    capacity)
-    return RecordedExecutable(halves, arrays, written, n, caps)
+                    lambda trip, e: None, g._checkpoints)
+    return RecordedExecutable(halves, arrays, written, n)

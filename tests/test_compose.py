@@ -411,7 +411,7 @@ def test_grad_graph_replays_to_the_same_numbers():
     np.testing.assert_array_equal(first, second)
 
 
-def test_grad_graph_replay_follows_its_cells_and_refuses_more_turns_than_it_saved():
+def test_grad_graph_replay_follows_its_cells_and_more_turns_than_at_build(backend_heavy):
     x = np.linspace(-1.0, 1.2, N)
     c, n = cell(1), cell(2)
     g = ef.grad(loss).graph(x, c, n)
@@ -420,9 +420,12 @@ def test_grad_graph_replay_follows_its_cells_and_refuses_more_turns_than_it_save
     close(g(), jloss_grad(x, 0, 2))
     n[0] = 1                                       # fewer turns than when it was built
     close(g(), jloss_grad(x, 0, 1))
-    n[0] = 4                                       # more turns than it saved: refused, not wrong
-    with pytest.raises(RuntimeError, match="turns"):
-        g()
+    n[0] = 4                                       # more turns than at build
+    if backend_heavy == "numpy":                   # its stacks grow with the turns run
+        close(g(), jloss_grad(x, 0, 4))
+    else:                                          # static shapes: refused, not wrong
+        with pytest.raises(RuntimeError, match="turns"):
+            g()
     n[0] = 2
     close(g(), jloss_grad(x, 0, 2))
 
@@ -679,7 +682,7 @@ def test_grad_of_vector_planes_and_float32():
     np.testing.assert_allclose(g32, gv, rtol=1e-5)
 
 
-def test_forward_mode_takes_an_uncapped_loop():
+def test_forward_mode_takes_an_uncapped_loop_and_reverse_mode_on_numpy(backend_heavy):
     @hawk.kernel
     def step(x: Scalar) -> Scalar:
         return 0.5 * x + 0.01 * x * x
@@ -705,9 +708,13 @@ def test_forward_mode_takes_an_uncapped_loop():
     x = np.linspace(0.5, 1.0, 4)
     with pytest.warns(ef.UncappedLoopWarning):
         _, t = ef.jvp(settle, (x, cell(1)), (np.ones(4), None))
-        with pytest.raises(ValueError, match="uncapped"):
-            ef.grad(settle)(x, cell(1))
     np.testing.assert_allclose(t, central(lambda s: numpy_settle(x + s), np.zeros(1))[0], rtol=1e-6)
+    with pytest.warns(ef.UncappedLoopWarning):
+        if backend_heavy == "numpy":         # its stacks of saved turns grow with the turns run
+            np.testing.assert_allclose(ef.grad(settle)(x, cell(1)), central(numpy_settle, x), rtol=1e-6)
+        else:                                # XLA's static shapes need a bound: refused at build
+            with pytest.raises(ValueError, match="no bound on its turns"):
+                ef.grad(settle)(x, cell(1))
 
 
 def test_batched_hessian_vector_products_and_nested_vmap_of_grad():

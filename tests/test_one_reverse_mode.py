@@ -3,15 +3,19 @@ reverse mode: on every control-flow form they agree with each other and with cen
 differences of the plain graph (an oracle that runs no derivative code)."""
 from __future__ import annotations
 
+import tracemalloc
 import warnings
 
 import numpy as np
 import pytest
 
 import eagle_fx as eagle
+import hawk_fx as hawk
+from hawk_fx import Scalar
+from hawk_fx import math as hm
 from test_grad_graph import (capped, choose, chooser, counted, early_exit, fd_grads, forks, keep, mutating,
                              nested, skipping, whole)
-from tour_kernels import below, cell, dbl
+from tour_kernels import below, cell, dbl, total
 
 X3 = np.array([0.3, -0.7, 1.1])
 
@@ -64,19 +68,135 @@ def test_reverse_of_a_record_equals_vjp_and_finite_differences(form):
         np.testing.assert_allclose(got[w], fd[w], rtol=1e-6, atol=1e-6 * scale, err_msg=f"{form}: d/d{w} vs fd")
 
 
-def test_an_uncapped_loop_is_refused_by_both():
-    @eagle.Graph.builder
-    def uncapped(x, flag, record=False):
-        g = eagle.Graph(record=record)
-        while flag:
-            x = dbl(x)
-            below(x, 10.0, flag)
-        g.result = x
-        return g
+@eagle.Graph.builder
+def uncapped(x, flag, record=False):
+    g = eagle.Graph(record=record)
+    while flag:
+        x = dbl(x)
+        below(x, 10.0, flag)
+    g.result = x
+    return g
 
+
+def test_an_uncapped_loop_cannot_be_recorded_but_vjp_takes_it():
+    """record=True refuses an uncapped loop at build (the builder tour prints it); vjp saves the
+    turns it runs, however many: the gradient of x doubled until no sample is below 10 is 2**k."""
+    x = np.array([0.3, 1.1, 2.0])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with pytest.raises(ValueError, match="uncapped"):
-            uncapped(np.ones(3), cell(1), record=True)
-        with pytest.raises(ValueError, match="uncapped"):
-            eagle.vjp(uncapped, np.ones(3), cell(1))
+        with pytest.raises(ValueError, match="uncapped device loop cannot be recorded"):
+            uncapped(x.copy(), cell(1), record=True)
+        y, pull = eagle.vjp(uncapped, x.copy(), cell(1))
+    k = next(k for k in range(64) if np.all(x * 2.0 ** k >= 10.0))
+    np.testing.assert_allclose(y, x * 2.0 ** k)
+    seed = np.array([1.0, -2.0, 0.5])
+    np.testing.assert_allclose(pull(seed)[0], seed * 2.0 ** k)
+
+
+# ---------------------------------------------------------------------------------------------
+# memory that follows the turns run: a loop capped at 200 000 turns that stops after ~50 saves
+# ~50 turns (a stack that doubles: at most 4 x the turns' bytes at its peak, while it grows),
+# not 200 000 (3.2 GB at n = 2000)
+
+@hawk.kernel
+def creep(x: Scalar) -> Scalar:
+    return 1.1 * x + 0.05 * hm.sin(x)
+
+
+@eagle.Graph.builder
+def settle(x, flag):
+    g = eagle.Graph()
+    for _ in range(200_000):
+        if not flag: break
+        x = creep(x)
+        below(x, 100.0, flag)
+    g.result = total(x)
+    return g
+
+
+@eagle.Graph.builder
+def settle_uncapped(x, flag):
+    g = eagle.Graph()
+    while flag:
+        x = creep(x)
+        below(x, 100.0, flag)
+    g.result = total(x)
+    return g
+
+
+@eagle.Graph.builder
+def settle_counted(x, n):
+    g = eagle.Graph()
+    for i in range(n):
+        x = creep(x)
+    g.result = total(x)
+    return g
+
+
+def numpy_turns(x, lim=100.0):
+    """How many turns `settle` runs from x (plain NumPy)."""
+    k = 0
+    while np.any(x < lim):
+        x = 1.1 * x + 0.05 * np.sin(x)
+        k += 1
+    return k
+
+
+def jax_grad(x, turns):
+    """jax.grad of sum(x * x) after `turns` turns, written as a Python loop: the oracle."""
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    jnp = jax.numpy
+
+    def f(v):
+        for _ in range(turns):
+            v = 1.1 * v + 0.05 * jnp.sin(v)
+        return jnp.sum(v * v)
+    return np.asarray(jax.grad(f)(jnp.asarray(x)))
+
+
+def peak_of(run):
+    """(result, peak bytes traced) of the first run of a built graph: its stacks grow in it."""
+    tracemalloc.start()
+    try:
+        out = run()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return out, peak
+
+
+@pytest.mark.parametrize("builder", [settle, settle_uncapped])
+def test_reverse_through_a_loop_saves_the_turns_it_runs(builder):
+    n = 2000
+    x = np.linspace(1.0, 2.0, n)
+    turns = numpy_turns(x)
+    assert 40 < turns < 60
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = eagle.grad(builder).graph(x, cell(1))
+    grad, peak = peak_of(g)
+    np.testing.assert_allclose(grad, jax_grad(x, turns), rtol=1e-12)
+    bound = 4 * turns * n * 8 + 32 * n * 8          # the stack while it doubles, and a few planes
+    assert peak < bound, (peak, bound)
+
+
+def test_counted_loop_gradient_for_more_turns_than_at_build():
+    x = np.linspace(0.1, 1.0, 7)
+    n = cell(3)
+    g = eagle.grad(settle_counted).graph(x, n)
+    for turns in (3, 1, 9, 0):
+        n[0] = turns
+        np.testing.assert_allclose(g(), jax_grad(x, turns), rtol=1e-12, err_msg=f"{turns} turns")
+
+
+def test_under_vmap_the_saved_turns_follow_the_longest_instance():
+    B, n = 3, 1000
+    xs = np.stack([np.linspace(1.0, 2.0, n), np.linspace(30.0, 40.0, n), np.linspace(5.0, 6.0, n)])
+    turns = [numpy_turns(x) for x in xs]
+    g = eagle.vmap(eagle.grad(settle), in_axes=(0, 0)).graph(xs, np.ones((B, 1), np.uint32))
+    grads, peak = peak_of(g)
+    for b in range(B):
+        np.testing.assert_allclose(grads[b], jax_grad(xs[b], turns[b]), rtol=1e-12, err_msg=f"instance {b}")
+    bound = 4 * max(turns) * B * n * 8 + 32 * B * n * 8
+    assert peak < bound, (peak, bound)

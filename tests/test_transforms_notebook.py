@@ -165,10 +165,10 @@ def test_notebook_checks_and_refusals(notebook_output):
     text = notebook_output
     assert text.count("matches finite differences: True") == 7
     assert "False" not in text.replace("masked=False", "").replace("('cond', False), ('switch', False)", "")
-    assert text.count("Error:") >= 12                                    # the refusals, each printed
+    assert text.count("Error:") >= 10                                    # the refusals, each printed
     for s in ("out_axes 1: results take the batch axis first", "differentiate first, then batch",
-              "uncapped device loop", "host node", "a record=True graph cannot be transformed",
-              "inside a transformed function", "grad needs one value", "holds 3"):
+              "host node", "a record=True graph cannot be transformed",
+              "inside a transformed function", "grad needs one value"):
         assert s in text, s
 
 
@@ -194,6 +194,7 @@ def test_notebook_derivative_values(notebook_output):
     close(printed(text, "vjp"), g)
     close(printed(text, "grad"), numpy_grad(X5, 0, 2))
     close(printed(text, "replay"), numpy_grad(X5 + 1.0, 0, 2))          # cells and x changed, replayed
+    close(printed(text, "five turns"), numpy_grad(X5 + 1.0, 0, 5))      # more turns than at build
     close(printed(text, "reverse"), g)
     close(printed(text, "forward"), [g @ T5])
     close(printed(text, "capped loop grad"), numpy_grown_grad(np.linspace(0.1, 1.2, 5), 10.0))
@@ -201,6 +202,7 @@ def test_notebook_derivative_values(notebook_output):
     xu = X5 + 2.0                                                        # dbl until no sample < 100
     k = next(k for k in range(64) if np.all(xu * 2.0**k >= 100.0))
     close(printed(text, "uncapped jvp"), [2.0 * np.sum(xu * 4.0**k)])
+    close(printed(text, "uncapped grad"), 2.0 * xu * 4.0**k)
 
 
 def test_notebook_composition_values(notebook_output):

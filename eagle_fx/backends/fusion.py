@@ -167,4 +167,7 @@ def _fuse_inside(e, keep, barriers):
         return e.replace(params=dict(e.params, branches=branches))
     if e.prim is ir.while_p:
         return e.replace(params=dict(e.params, body=fuse(e.params["body"], keep, barriers)))
+    if e.prim is ir.revolve_p:
+        return e.replace(params=dict(e.params, forward=fuse(e.params["forward"], keep, barriers),
+                                     backward=fuse(e.params["backward"], keep, barriers)))
     return e

@@ -299,6 +299,12 @@ def _cell_rev(lw, e, ins):
 def _stack_push(lw, e, ins):
     stack, turn, value = ins
     cap = e.params["cap"]
+    if cap is None:
+        raise LoweringError(f"eagle_fx jax backend: reverse mode through the device loop at {e.info.where}, which has "
+                            "no bound on its turns (an uncapped `while`, or a counted loop whose trip count is "
+                            "computed in the graph): XLA needs a static size for its stack of saved turns. Cap the "
+                            "loop (`for _ in range(N): if not cell: break`), or run it on the NumPy backend, whose "
+                            "stacks grow with the turns run")
     trip = lw.loop_trips[-1] if lw.loop_trips else None
     if isinstance(trip, Var) and trip in lw.root:        # a replay checks the trip count it is given
         lw.trip_checks.append((lw.root[trip], cap))
@@ -307,6 +313,13 @@ def _stack_push(lw, e, ins):
     if e.params["batched"]:
         return [stack.at[:, i].set(value)]
     return [stack.at[i].set(value)]
+
+
+@graph_rules.register(ir.revolve_p)
+def _revolve(lw, e, ins):
+    raise LoweringError(f"eagle_fx jax backend: the reverse pass through the device loop at {e.info.where} is "
+                        "checkpointed (checkpoints=), which runs on the NumPy backend; on JAX, take the gradient "
+                        "without checkpoints")
 
 
 @graph_rules.register(ir.stack_read_p)

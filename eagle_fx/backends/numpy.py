@@ -21,9 +21,11 @@ from hawk_fx.emit.numpy import NumpyKernel, overlapping_inputs
 
 from .. import ir
 from ..analysis import direct_outputs
+from ..transforms import checkpoint
 from ..transforms.vmap import batch_broadcast_p
 from .fusion import fuse
 from .memory import SlotPlanner
+from .numpy_stack import Stack
 
 
 _CELL_UFUNC = {ir.cell_not_p: "np.logical_not", ir.cell_and_p: "np.logical_and", ir.cell_or_p: "np.logical_or"}
@@ -88,6 +90,11 @@ class _Gen:
 
 
 class NumpyExecutable(SlotPlanner):
+    """The NumPy backend's executable (the protocol of protocol.py): the Program as one generated
+    Python function over buffers planned once."""
+
+    backend_name = "cpu"
+
     def __init__(self, prog: Program, input_arrays, keep: set, n: int):
         self.prog = prog                # the Program as staged (other backends and tools read it)
         # what runs: fused calls
@@ -97,11 +104,7 @@ class NumpyExecutable(SlotPlanner):
         self.slot_of: dict[Var, int] = {}
         self.calls: list = []           # (kind, payload) per bound callable c{k}
         self.consts: list = []
-        self.input_slots = []
-        for v, arr in zip(prog.inputs, input_arrays):
-            self.slot_of[v] = self._new_slot(arr)
-            self.input_slots.append(self.slot_of[v])
-        self.keep = set(keep) | {a for a in prog.outputs if isinstance(a, Var)}
+        self._bind_inputs(prog, input_arrays, keep)
         self._init_pool()
         self.views: list = []           # (slot, input slot, index): slices read straight from a caller's array
         self.viewable = _viewable_slices(self.plan)
@@ -118,11 +121,13 @@ class NumpyExecutable(SlotPlanner):
     def _zeros(shape, dtype):
         return np.zeros(shape, dtype)
 
-    def _ref(self, slot, aval) -> Var:
-        """A stand-in Var for a slot (a loop's carry buffer), to bind a sub-program's inputs to."""
-        v = Var(aval)
-        self.slot_of[v] = slot
-        return v
+    def _alloc(self, aval, fits=None) -> int:
+        if ir.is_stack(aval):          # saved loop turns: storage that grows as they are pushed
+            return self._new_slot(Stack(aval))
+        return super()._alloc(aval, fits)
+
+    def _sub_slot(self, aval) -> int:
+        return self._new_slot(Stack(aval)) if ir.is_stack(aval) else super()._sub_slot(aval)
 
     def b(self, atom) -> str:
         if isinstance(atom, Literal):
@@ -137,11 +142,6 @@ class NumpyExecutable(SlotPlanner):
     def _gen_top(self, g):
         prog = self.plan
         self._walk_top(prog, lambda i, e: self._gen_eqn(g, 0, prog, i, e, {}, top=True))
-
-    def _out_slot(self, v, pre, top):
-        if v in pre:
-            return pre[v]
-        return self._alloc(v.aval) if top else self._sub_slot(v.aval)
 
     def _gen_eqn(self, g, d, prog, idx, e, pre, top=False):
         if top and e in self.viewable:        # no copy: the slot is a NumPy view of the caller's array
@@ -170,7 +170,7 @@ class NumpyExecutable(SlotPlanner):
         elif p in _CELL_UFUNC and e.outputs[0].aval.shape != (1,):     # batched cells: one per instance
             g.emit(d, f"{_CELL_UFUNC[p]}({', '.join(self.b(a) for a in e.inputs)}, out=b{outs[0]})")
         elif p is batch_broadcast_p:
-            g.emit(d, f"np.copyto(b{outs[0]}, {self.b(e.inputs[0])})")
+            g.emit(d, _copy(f"b{outs[0]}", self.b(e.inputs[0]), e.outputs[0].aval))
         elif p is ir.cell_not_p:
             g.emit(d, f"b{outs[0]}[0] = {self.b(e.inputs[0])}[0] == 0")
         elif p is ir.cell_and_p:
@@ -199,6 +199,8 @@ class NumpyExecutable(SlotPlanner):
             self._gen_sub(g, d + 1, default, e.inputs[1:], outs)
         elif p is ir.while_p:
             self._gen_while(g, d, e, outs)
+        elif p is ir.revolve_p:
+            self._gen_revolve(g, d, e, outs)
         elif p in _DERIVATIVE_OPS:
             _DERIVATIVE_OPS[p](self, g, d, e, outs)
         else:
@@ -243,19 +245,8 @@ class NumpyExecutable(SlotPlanner):
             g.emit(d, "pass")
 
     def _gen_copies(self, g, d, srcs, out_slots):
-        pending = [(s, a) for a, s in zip(srcs, out_slots)
-                   if isinstance(a, Literal) or self.slot_of[a] != s]
-        dests = {s for s, _ in pending}
-        staged = []
-        for s, a in pending:                     # a source that is also a destination: copy it aside first
-            if isinstance(a, Var) and self.slot_of[a] in dests:
-                t = self._sub_slot(a.aval)
-                g.emit(d, f"np.copyto(b{t}, b{self.slot_of[a]})")
-                staged.append((s, f"b{t}"))
-            else:
-                staged.append((s, self.b(a)))
-        for s, src in staged:
-            g.emit(d, f"np.copyto(b{s}, {src})")
+        for s, a in self._copy_moves(srcs, out_slots):
+            g.emit(d, _copy(f"b{s}", self.b(a), a.aval))
 
     def _gen_while(self, g, d, e, outs):
         body, cond = e.params["body"], e.params["cond"]
@@ -292,6 +283,48 @@ class NumpyExecutable(SlotPlanner):
         g.loops.pop()
         g.emit(d + 1, f"{t} += 1")
 
+    def _gen_revolve(self, g, d, e, outs):
+        """A checkpointed reverse (ir.revolve_p): the loop body and its reverse step become local
+        functions over a working state, driven by the binomial schedule (transforms/checkpoint.py);
+        the kept states are stacks indexed by slot, so they too grow only as they are used."""
+        fwd, bwd, K, nc = e.params["forward"], e.params["backward"], e.params["checkpoints"], e.params["n_consts"]
+        nk = len(fwd.outputs)
+        turns, consts, init, start = e.inputs[0], e.inputs[1:1 + nc], e.inputs[1 + nc:1 + nc + nk], e.inputs[1 + nc + nk:]
+        self._gen_copies(g, d, start, outs)                  # the seeds and zero sums: what the steps update
+        work = [self._sub_slot(a.aval) for a in init]
+        kept = [self._new_slot(Stack(ir.stack_aval(K, a.aval.shape, a.aval.dtype))) for a in init]
+        k = g.turns
+        g.turns += 1
+        ctr = self._sub_slot(ir.U32_CELL)
+        state = [self._ref(s, a.aval) for s, a in zip(work, init)]
+        g.loop_header(d, consts)
+        g.emit(d, f"def fa{k}(t):")                         # one turn forward on the working state
+        g.emit(d + 1, f"b{ctr}[0] = t")
+        self._gen_sub(g, d + 1, fwd, [self._ref(ctr, ir.U32_CELL)] + list(consts) + state, work)
+        g.emit(d, f"def fr{k}(t):")                         # the reverse step of turn t
+        g.emit(d + 1, f"b{ctr}[0] = t")
+        if e.params.get("masked"):                           # instances whose own turns end before t keep theirs
+            done = self._new_slot(np.zeros(turns.aval.shape, bool))
+            before = [self._sub_slot(v.aval) for v in e.outputs]
+            g.emit(d + 1, f"np.less_equal({self.b(turns)}, t, out=b{done})")
+            for o, b in zip(outs, before):
+                g.emit(d + 1, f"np.copyto(b{b}, b{o})")
+        cts = [self._ref(s, v.aval) for s, v in zip(outs, e.outputs)]
+        self._gen_sub(g, d + 1, bwd, [self._ref(ctr, ir.U32_CELL)] + list(consts) + state + cts, outs)
+        if e.params.get("masked"):
+            self._merge(g, d + 1, done, outs, before)
+        g.loops.pop()
+        g.emit(d, f"def fs{k}(j):")                         # keep the working state in slot j
+        for w, s in zip(work, kept):
+            g.emit(d + 1, f"b{s}.push(j, b{w})")
+        g.emit(d, f"def fl{k}(j):")                         # and back
+        for w, s in zip(work, kept):
+            g.emit(d + 1, f"np.copyto(b{w}, b{s}.read(j))")
+        self._gen_copies(g, d, init, work)
+        for s in kept:
+            g.emit(d, f"b{s}.clear()")
+        g.emit(d, f"revolve(int(np.max({self.b(turns)})), {K}, fa{k}, fr{k}, fs{k}, fl{k})")
+
     # -- batched (vmap) control flow: every arm runs, each instance keeps its own ---------------
     def _merge(self, g, d, mask_slot, outs, srcs):
         """out = src where the instance's mask is set. The mask is spread to each output's full
@@ -321,6 +354,8 @@ class NumpyExecutable(SlotPlanner):
         return ops
 
     def _gen_masked_branches(self, g, d, e, outs):
+        if any(ir.is_stack(v.aval) for v in e.outputs):
+            raise NotImplementedError("eagle numpy backend: a stack of saved loop turns leaving a batched arm")
         pred, operands = e.inputs[0], list(e.inputs[1:])
         written = [i - 1 for _, i in e.params["inplace"]]
         arms = e.params["branches"]
@@ -399,7 +434,10 @@ class NumpyExecutable(SlotPlanner):
         g.emit(d + 1, f"{t}_k = np.count_nonzero(b{mask})")
         g.emit(d + 1, f"if {t}_k != {alive}:")           # some instances finished on this turn
         g.emit(d + 2, f"r = np.flatnonzero(np.not_equal(b{live}, b{mask}, out=b{done}))")
-        for o, k in zip(outs, kept):
+        # a stack of saved turns is not kept: the turns an instance runs past its end are pushed
+        # after all of its own, and its backward reads only its own (its turn count is kept)
+        kept = [(o, k) for o, k, v in zip(outs, kept, e.outputs) if not ir.is_stack(v.aval)]
+        for o, k in kept:
             g.emit(d + 2, f"b{k}[r] = b{o}[r]")
         g.emit(d + 2, f"np.copyto(b{live}, b{mask})")
         g.emit(d + 2, f"{alive} = {t}_k")
@@ -412,14 +450,14 @@ class NumpyExecutable(SlotPlanner):
         g.emit(d + 1, f"{t} += 1")
         g.emit(d, f"np.logical_not(b{live}, out=b{done})")       # every instance but those the cap stopped
         g.emit(d, f"r = np.flatnonzero(b{done})")
-        for o, k in zip(outs, kept):
+        for o, k in kept:
             g.emit(d, f"b{o}[r] = b{k}[r]")
 
     # -- binding and running ------------------------------------------------------------------
     def _link(self):
         for k, src, index in self.views:     # after bind, the views look into the new arrays
             self.slots[k] = self.slots[src][index]
-        ns = {"np": np}
+        ns = {"np": np, "revolve": checkpoint.run}
         for k, arr in enumerate(self.slots):
             ns[f"b{k}"] = arr
         for k, c in enumerate(self.consts):
@@ -460,8 +498,12 @@ class NumpyExecutable(SlotPlanner):
 
 # -- the primitives of derivative programs (ir.py): one line each ------------------------------------
 
+def _copy(dst, src, aval):
+    return f"{dst}.assign({src})" if ir.is_stack(aval) else f"np.copyto({dst}, {src})"
+
+
 def _zeros(exe, g, d, e, outs):
-    g.emit(d, f"b{outs[0]}.fill(0)")
+    g.emit(d, f"b{outs[0]}.clear()" if ir.is_stack(e.outputs[0].aval) else f"b{outs[0]}.fill(0)")
 
 
 def _add_any(exe, g, d, e, outs):
@@ -469,26 +511,16 @@ def _add_any(exe, g, d, e, outs):
 
 
 def _stack_push(exe, g, d, e, outs):
-    stack, turn, value = e.inputs
-    cap = e.params["cap"]
-    i = f"i{len(g.lines)}"
-    g.emit(d, f"{i} = int({exe.b(turn)}[0])")
-    g.emit(d, f"if {i} >= {cap}: raise RuntimeError('eagle: a differentiated counted loop runs more than {cap} "
-              f"turns; its stack of saved turns holds {cap} (the trip count when the derivative was built): build "
-              "it again with the larger count')")
-    g.emit(d, f"b{outs[0]}[{':, ' if e.params['batched'] else ''}{i}] = {exe.b(value)}")
+    stack, turn, value = e.inputs          # in place: outs[0] is the stack's slot (numpy_stack.Stack)
+    g.emit(d, f"b{outs[0]}.push(int({exe.b(turn)}[0]), {exe.b(value)})")
 
 
 def _stack_read(exe, g, d, e, outs):
     stack, turn = exe.b(e.inputs[0]), exe.b(e.inputs[1])
-    if e.params["turn_batched"]:             # a turn per instance: gather row by row
-        if e.params["batched"]:
-            rows = exe._const(np.arange(exe.slots[outs[0]].shape[0]))
-            src = f"{stack}[{rows}, {turn}[:, 0]]"
-        else:
-            src = f"{stack}[{turn}[:, 0]]"
+    if e.params["turn_batched"]:             # a turn per instance
+        src = f"{stack}.gather({turn})"
     else:
-        src = f"{stack}[{':, ' if e.params['batched'] else ''}int({turn}[0])]"
+        src = f"{stack}.read(int({turn}[0]))"
     g.emit(d, f"np.copyto(b{outs[0]}, {src})")
 
 

@@ -17,7 +17,7 @@ from hawk_fx.diff import jvp_spec
 
 from .. import ir
 from . import structure
-from .program import Eqns, copy_eqn, copy_program, ct_aval, dce, is_float, refuse_untransformable
+from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, is_float, refuse_untransformable
 from .vmap import batch_broadcast_p
 
 API = "eagle_fx.jvp"
@@ -56,6 +56,9 @@ def _eqn(e, env, tan, eqns):
         _branches(e, env, tan, eqns)
     elif p is ir.while_p:
         _while(e, env, tan, eqns)
+    elif p is ir.revolve_p:
+        raise TransformError(f"{API}: forward mode over a checkpointed reverse pass (checkpoints=) is not "
+                             "supported: for a Hessian-vector product, take the inner gradient without checkpoints")
     elif p in ir.STRUCTURE:
         copy_eqn(e, env, eqns)
         t = structure.jvp(e, ts, eqns)

@@ -6,10 +6,14 @@ The result is one functional Program: the forward, then the backward reading the
   * cond/switch: a cond on the same predicate whose arms are the vjp of each arm (an arm's
     forward runs again inside its backward: nothing of the arm needs saving);
   * while: the forward loop also pushes each turn's carries onto a stack (a carry of its own,
-    `cap` deep: the loop's cap, or the trip count when the derivative is built) and counts its
-    turns; the backward is a counted loop over those turns, last first, that reads the turn's
-    carries back, runs the body's vjp, and carries the cotangents of the carries (and sums those
-    of the consts). An uncapped `while` has no bound for its stack and is refused.
+    of type ir.stack_aval: it grows with the turns run; its `cap`, the loop's cap or the trip
+    count when the derivative is built, is what backends with static shapes allocate, and an
+    uncapped loop has none) and counts its turns; the backward is a counted loop over those turns,
+    last first, that reads the turn's carries back, runs the body's vjp, and carries the
+    cotangents of the carries (and sums those of the consts). With `checkpoints=K` the forward
+    loop only counts its turns, and the backward is one `revolve` equation: from the carries on
+    entry it runs the body again to the turns it reverses, keeping at most K states
+    (transforms/checkpoint.py).
 """
 from __future__ import annotations
 
@@ -24,19 +28,26 @@ from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce,
 API = "eagle_fx.grad"
 
 
-def vjp_graph(prog: Program, wrt, capacity, api=API) -> Program:
+def vjp_graph(prog: Program, wrt, capacity, api=API, checkpoints=None) -> Program:
     """Program over (inputs..., a cotangent per float output...) -> (outputs..., a cotangent per
     input flagged in `wrt`). `capacity(trip, eqn)`: the most turns of the counted loop `eqn`,
     whose trip count is the top-level input `trip` (a Var of the Program given to the outermost
-    call)."""
-    return _Vjp(capacity, api).program(prog, wrt)
+    call): what a backend with static shapes allocates for its stack. `checkpoints`: None saves
+    every turn of a loop; K keeps at most K states of each loop and recomputes the others."""
+    if checkpoints is not None and (type(checkpoints) is not int or checkpoints < 1):
+        raise ValueError(f"{api}: checkpoints={checkpoints!r}; give the number of loop states to keep, an int >= 1 "
+                         "(or None to save every turn)")
+    v = _Vjp(capacity, api, checkpoints)
+    v.top = set(prog.inputs)
+    return v.program(prog, wrt)
 
 
 class _Vjp:
-    def __init__(self, capacity, api):
-        self.capacity, self.api = capacity, api
+    def __init__(self, capacity, api, checkpoints=None):
+        self.capacity, self.api, self.checkpoints = capacity, api, checkpoints
         self.alias: dict = {}       # a sub-program's input -> the outer atom it reads (for trip counts)
         self.in_loop = 0            # > 0: building the vjp of a loop body (its values come from saved turns)
+        self.top: set = set()       # the inputs of the outermost Program
 
     def program(self, prog, wrt):
         inputs = [Var(v.aval, v.hint) for v in prog.inputs]
@@ -122,25 +133,24 @@ class _Vjp:
         if e.params["cap"] is not None:
             return e.params["cap"]
         if e.params["counted"]:
-            trip = e.inputs[0]
-            return max(1, self.capacity(self.alias.get(trip, trip), e))
-        raise TransformError(f"{self.api}: reverse mode through the uncapped device loop at {e.info.where} needs a "
-                             "bound on its turns to save them: cap it (`for _ in range(N): if not cond: break`) "
-                             "or count it (`for i in range(n):`); forward mode (eagle_fx.jvp) takes it as it is")
+            trip = self.alias.get(e.inputs[0], e.inputs[0])
+            cap = self.capacity(trip, e) if trip in self.top else None
+            return None if cap is None else max(1, cap)
+        return None                 # no known bound: the stack grows as the loop runs
 
     def forward_loop(self, e, env, eqns):
-        """The loop, also stacking each turn's carries and counting its turns."""
+        """The loop, also stacking each turn's carries (unless checkpointed) and counting its turns."""
         body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
         head = 1 if e.params["counted"] else 0
         consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
         cap = self._cap(e)
-        stack_avals = [ir.plane_aval((cap,) + a.aval.shape, a.aval.dtype) for a in init]
+        stack_avals = [] if self.checkpoints else [ir.stack_aval(cap, a.aval.shape, a.aval.dtype) for a in init]
         b_ins = [Var(v.aval, v.hint) for v in body.inputs]
         stacks = [Var(a) for a in stack_avals]
         turns = Var(ir.U32_CELL)
         b_eqns = Eqns()
-        pushed = [b_eqns.bind(ir.stack_push_p, [s, b_ins[0], c], {"cap": cap, "batched": False, "inplace": ((0, 0),)})[0]
-                  for s, c in zip(stacks, b_ins[1 + nc:])]
+        pushed = [b_eqns.bind(ir.stack_push_p, [s, b_ins[0], c], {"cap": cap, "batched": False, "inplace": ((0, 0),)},
+                              e.info)[0] for s, c in zip(stacks, b_ins[1 + nc:])]
         outs = inline(body, b_ins, b_eqns)
         counted = b_eqns.bind(ir.cell_inc_p, [b_ins[0]], {})[0]
         new_body = Program(b_ins + stacks + [turns], b_eqns, outs + pushed + [counted])
@@ -151,9 +161,11 @@ class _Vjp:
         outs = eqns.bind(ir.while_p, inputs, params, e.info)
         k = len(init)
         env.update(zip(e.outputs, outs[:k]))
-        return outs[k:2 * k], outs[2 * k]
+        return outs[k:k + len(stacks)], outs[-1]
 
     def loop(self, e, cts, env, ct, eqns, saved):
+        if self.checkpoints:
+            return self.revolve(e, cts, env, ct, eqns, saved[1])
         stacks, turns = saved
         body, nc = e.params["body"], e.params["n_consts"]
         head = 1 if e.params["counted"] else 0
@@ -192,9 +204,45 @@ class _Vjp:
             _accumulate(ct, a, g, eqns)
 
 
+    def revolve(self, e, cts, env, ct, eqns, turns):
+        """The checkpointed backward: one revolve equation over the loop's carries on entry."""
+        body, nc = e.params["body"], e.params["n_consts"]
+        head = 1 if e.params["counted"] else 0
+        consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
+        c_wrt = [isinstance(a, Var) and is_float(a.aval) for a in consts]
+        k_float = [is_float(a.aval) for a in init]
+        self._alias(body.inputs[1:1 + nc], consts)
+        self.in_loop += 1
+        try:
+            bv = self.program(body, [False] + c_wrt + k_float)    # (turn, consts, carries, cts) -> (carries, cts...)
+        finally:
+            self.in_loop -= 1
+        r_turn = Var(ir.U32_CELL)
+        r_consts = [Var(a.aval) for a in consts]
+        r_carries = [Var(a.aval) for a in init]
+        r_cts = [Var(ct_aval(a.aval)) for a, f in zip(init, k_float) if f]
+        r_sums = [Var(ct_aval(a.aval)) for a, w in zip(consts, c_wrt) if w]
+        b = Eqns()
+        outs = inline(bv, [r_turn] + r_consts + r_carries + r_cts, b)[len(init):]
+        const_cts, carry_cts = outs[:len(r_sums)], outs[len(r_sums):]
+        sums = [b.add(s, c) for s, c in zip(r_sums, const_cts)]
+        backward = dce(Program([r_turn] + r_consts + r_carries + r_cts + r_sums, b, carry_cts + sums))
+        seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v, f in zip(cts, e.outputs, k_float) if f]
+        zeros = [eqns.zeros(v.aval) for v in r_sums]
+        inputs = [turns] + [_read(a, env) for a in consts + init] + seeds + zeros
+        params = {"forward": copy_program(body), "backward": backward, "checkpoints": self.checkpoints,
+                  "n_consts": nc}
+        grads = eqns.bind(ir.revolve_p, inputs, params, e.info)
+        for a, g in zip([a for a, f in zip(init, k_float) if f], grads[:len(r_cts)]):
+            _accumulate(ct, a, g, eqns)
+        for a, g in zip([a for a, w in zip(consts, c_wrt) if w], grads[len(r_cts):]):
+            _accumulate(ct, a, g, eqns)
+
+
 def _holds_backward(prog) -> bool:
-    """Does a loop body read a stack of saved turns (is it a backward loop)?"""
-    return any(e.prim is ir.stack_read_p for e in prog.eqns) or any(_holds_backward(q) for q in prog.subprograms())
+    """Does a loop body hold a reverse pass through a loop (a stack read back, a revolve)?"""
+    return any(e.prim in (ir.stack_read_p, ir.revolve_p) for e in prog.eqns) or \
+        any(_holds_backward(q) for q in prog.subprograms())
 
 
 def _read(a, env):

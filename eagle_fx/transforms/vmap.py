@@ -26,7 +26,7 @@ batch_broadcast_p = Primitive("batch_broadcast")
 
 @abstract_eval.register(batch_broadcast_p)
 def _broadcast_abstract(x, *, size):
-    return [ir.plane_aval((size,) + x.shape, x.dtype)]
+    return [_batched_aval(x, size)]
 
 
 class VmapError(ValueError):
@@ -34,6 +34,8 @@ class VmapError(ValueError):
 
 
 def _batched_aval(aval, B):
+    if ir.is_stack(aval):
+        return aval.replace(shape=(B,) + aval.shape, kind=ir.BATCHED_STACK)
     return ir.plane_aval((B,) + aval.shape, aval.dtype)
 
 
@@ -91,6 +93,8 @@ class _Batcher:
             self.branches(e, atoms, fl, env, flags, eqns)
         elif p is ir.while_p:
             self.loop(e, atoms, fl, env, flags, eqns)
+        elif p is ir.revolve_p:
+            self.revolve(e, atoms, fl, env, flags, eqns)
         elif p in (ir.add_any_p, ir.cell_inc_p, ir.cell_rev_p, ir.zeros_p):
             self.copy(e, atoms, [any(fl)], env, flags, eqns)
         elif p is ir.stack_push_p:
@@ -194,6 +198,26 @@ class _Batcher:
                 atoms[k] = self.broadcast(atoms[k], eqns)
         params = dict(e.params, body=new_body, cond=new_cond, masked=masked)
         self.copy(e, atoms, carry_f, env, flags, eqns, params)
+
+
+    def revolve(self, e, atoms, fl, env, flags, eqns):
+        """A checkpointed reverse: carries, cotangents and sums batched (the consts as they are);
+        with a turn count per instance, masked: an instance's turns past its own count are no-ops."""
+        if not any(fl):
+            self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
+            return
+        fwd, bwd, nc = e.params["forward"], e.params["backward"], e.params["n_consts"]
+        const_f = fl[1:1 + nc]
+        rest = [True] * (len(atoms) - 1 - nc)
+        nk = len(fwd.outputs)
+        new_fwd = self.program(fwd, [False] + const_f + rest[:nk], force_out=[True] * nk)[0]
+        new_bwd = self.program(bwd, [False] + const_f + rest, force_out=[True] * len(bwd.outputs))[0]
+        atoms = list(atoms)
+        for k in range(1 + nc, len(atoms)):
+            if not fl[k]:
+                atoms[k] = self.broadcast(atoms[k], eqns)
+        params = dict(e.params, forward=new_fwd, backward=new_bwd, masked=fl[0])
+        self.copy(e, atoms, [True] * len(e.outputs), env, flags, eqns, params)
 
 
 def batch_program(prog: Program, in_flags, B: int):
