@@ -23,6 +23,7 @@ from .autograph import convert_builder
 from .backends import cuda as _cuda
 from .backends import select as _select
 from .backends.numpy import NumpyExecutable
+from .guards import release
 from .staging import GraphTrace, Plane
 
 
@@ -685,6 +686,7 @@ class Builder:
             return self._call_block(args, kwargs)
         if eager.staging_disabled():
             return eager.call_builder(self, args, kwargs)
+        args, kwargs = release(args), release(kwargs)      # a plain function's guarded arguments (guards.py)
         bound = self._bind(args, kwargs)
         bound.apply_defaults()
         names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
