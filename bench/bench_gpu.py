@@ -99,12 +99,14 @@ def us(t):
 def prebound(g):
     """The graph's top-level kernel nodes as cuda.core launches with their arguments bound."""
     from cuda.core import launch
+
+    from hawk_fx.cuda_runtime import core_arg
     exe = g._exe
     rt = exe.runtime
     nodes = [nd for nd in exe.plan.tree if nd.kind == "kernel"]
     assert all(nd.kind in ("kernel", "join") for nd in exe.plan.tree), "prebound: a straight chain only"
     calls = [(rt.config(nd.grid, nd.block), rt.function(nd.module, nd.entry),
-              tuple(ecuda._core_arg(a) for a in nd.args)) for nd in nodes]
+              tuple(core_arg(a) for a in nd.args)) for nd in nodes]
 
     def run():
         stream = rt.stream()

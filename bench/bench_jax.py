@@ -25,13 +25,33 @@ from jax import lax  # noqa: E402
 import eagle_fx as eagle  # noqa: E402
 import hawk_fx as hawk  # noqa: E402
 from eagle_fx.backends.select import use_backend  # noqa: E402
-from hawk_fx import Scalar  # noqa: E402
+from hawk_fx import Mutable, Scalar  # noqa: E402
 from workloads import k1, k2, w_chain, w_fork, w_loop  # noqa: E402
 
 
 @hawk.kernel
 def total(y: Scalar) -> Scalar:
     return hawk.sum(y)
+
+
+@hawk.kernel
+def bump(x: Scalar, y: Mutable[Scalar]):
+    y = y + 0.5 * x
+
+
+@eagle.Graph.builder
+def w_mutable(x, y):
+    """The chain, then a Mutable argument written in place: what donation could save is y's buffer."""
+    g = eagle.Graph()
+    bump(w_chain_body(g, x), y)
+    return g
+
+
+@eagle.Graph.builder
+def w_chain_body(g: eagle.Graph, x):
+    for _ in range(10):
+        x = k2(k1(x))
+    return x
 
 
 @eagle.Graph.builder
@@ -94,8 +114,9 @@ def blocking(fn):
 
 def row(label, n, hand, eagle_fns, quick):
     """Repeats interleave the hand-written function and each eagle one, so that load from other
-    processes falls on all of them alike; the ratio is of the medians."""
-    number, repeat = ((200, 7) if quick else (500, 21)) if n <= 1000 else ((3, 7) if quick else (10, 21))
+    processes falls on all of them alike; the ratio is of the medians. At small n a repeat is a few
+    hundred microseconds (many short repeats), so that a change of load falls on both sides."""
+    number, repeat = ((20, 101) if quick else (20, 301)) if n <= 1000 else ((3, 7) if quick else (10, 21))
     fns = [blocking(hand)] + [blocking(fn) for _, fn in eagle_fns if fn is not None]
     times = [[] for _ in fns]
     for fn in fns:
@@ -148,6 +169,7 @@ def main(quick=False):
         vg = eagle.make_graph(eagle.grad(l_trans))(x)             # the NumPy backend's gradient graph
         row("fwd+rev", n, lambda: hand_vg(xj), [("to_jax", lambda: ours(xj)), ("jax/NumPy", None),
                                                   ("numpy", lambda: (vg(), l_trans(x)()))], quick)
+    donation(rng, quick)
     # build: stage + lower + compile the 20-kernel chain, against lowering + compiling the hand-written
     # one; each repeat has another n, so that no compile is served from JAX's cache
     reps = 3 if quick else 7
@@ -161,6 +183,37 @@ def main(quick=False):
     th, tj, tn = (float(np.median(t)) for t in (th, tj, tn))
     print(f"{'build W-chain':<12} n=1e6      jax/jax.Array {tj / th:6.2f}   numpy {tn / th:6.2f}   "
           "(stage + lower + compile, against jax.jit(f).lower(x).compile())", flush=True)
+
+
+def donation(rng, quick):
+    """Buffer donation on the NumPy-argument path: the same graph's replays with its executable
+    compiled as built (nothing donated) and compiled with the written arguments donated (the device
+    copies a replay makes of them are its own). Printed as donated / as built."""
+    n = 1_000_000
+    with use_backend("jax"):
+        g = w_mutable(rng.uniform(0, 1, n), np.zeros(n))
+    exe = g._exe
+    plain = exe.compile()
+    donate = tuple(sorted({i for _, i in exe.written}))
+    structs = [jax.ShapeDtypeStruct(np.shape(a), np.dtype(a.dtype)) for a in exe.arrays]
+    donated = jax.jit(exe.fn, donate_argnums=donate).lower(*structs).compile()
+
+    def with_(compiled):
+        def replay():
+            exe._compiled = compiled
+            exe.replay(1)
+        return replay
+    number, repeat = (3, 7) if quick else (10, 21)
+    fns = [with_(plain), with_(donated)]
+    times = [[], []]
+    for fn in fns:
+        fn()
+    for _ in range(repeat):
+        for k, fn in enumerate(fns):
+            times[k].append(timeit.timeit(fn, number=number) / number)
+    exe._compiled = plain
+    ratio = float(np.median(times[1]) / np.median(times[0]))
+    print(f"{'donation':<12} n={n:<8} jax/NumPy, written argument donated / not donated {ratio:6.2f}", flush=True)
 
 
 def _once(fn):

@@ -14,11 +14,13 @@ This module holds what every transform shares: the transformed-function object, 
 function into a Graph, and a staged graph seen as a function of its arguments' leaves. The
 transforms live in derivatives.py (jvp, vjp, grad, value_and_grad), jacobians.py and batching.py.
 
-A transformed function stages a Graph from a Program (`.graph(*args)` gives a new one: bind,
-launch and result work on it) and, called, replays a cached graph for the arguments' layout and
-returns copies of its result (eagle_fx/cache.py). vmap of a builder is a builder: it returns the
-Graph. Inside a function handed to a transform (vmap(lambda x, t: eagle_fx.jvp(f, (x,), (t,)))),
-transformed functions and jvp return their Graphs, for the outer transform to take.
+Transforms hand each other closed Programs (eagle_fx/closed.py: a Program, its bound arrays and
+result tree), and only the outermost call lowers one, once: builders staged inside a transform
+close their graphs without lowering them. A transformed function, called, replays a cached graph
+for the arguments' layout and returns copies of its result (eagle_fx/cache.py); `.graph(*args)`
+gives a new Graph (bind, launch and result work on it). vmap of a builder is a builder: it returns
+the Graph. Inside a function handed to a transform (vmap(lambda x, t: eagle_fx.jvp(f, (x,), (t,)))),
+transformed functions and jvp return Graphs lowered only if run, for the outer transform to take.
 """
 from __future__ import annotations
 
@@ -29,15 +31,17 @@ import numpy as np
 
 from hawk_fx.core import Var
 from hawk_fx.perthread import ThreadDict, ThreadStack
-from hawk_fx.tree import tree_flatten, tree_unflatten
+from hawk_fx.tree import tree_flatten
 
 from . import cache
+from .closed import Closed, closed_of
 from .transforms.program import TransformError, dce
 
 _STAGING = ThreadStack()     # non-empty: a transform is staging a plain function; transforms return Graphs
 TRACED = ThreadStack()       # non-empty: eagle_fx.to_jax is staging on stand-ins for traced arrays (no values)
 _BATCH_FULL = ThreadDict()   # id(instance array) -> its batched array, while vmap stages an instance
 MADE = weakref.WeakSet()     # the input planes transforms add (seeds, tangents, batched arguments)
+DERIVED = weakref.WeakSet()  # input planes of arrays a plain function made while staging (x * 2.0)
 
 
 class Transformed:
@@ -54,15 +58,21 @@ class Transformed:
         self._vmap_of = vmap_of          # (f, in_axes, out_axes) of a vmap: an outer vmap flattens both
         self._sig = sig if sig is not None else self   # the cache's name for it: (transform, options, function)
 
-    def graph(self, *args):
+    def closed(self, *args):
+        """The closed Program it stages for these arguments (nothing lowered)."""
         if self._prepare is not None:
             args = self._prepare(args)[0]
         return self._stage(*args)
 
+    def graph(self, *args):
+        return self.closed(*args).lower()
+
     def __call__(self, *args, **kwargs):
         if kwargs:
             raise TypeError(f"{self.__name__}: pass the arguments positionally (got {', '.join(kwargs)} by keyword)")
-        if _STAGING or not self._values:
+        if _STAGING:
+            return self.closed(*args).lower(lazy=True)      # for the outer transform: lowered only if run
+        if not self._values:
             return self.graph(*args)
         restore = None
         if self._prepare is not None:
@@ -107,30 +117,28 @@ def freeze(x):
 def run(g):
     """Replay `g` and return copies of its result (as its result views show it: a Jacobian in JAX's shape)."""
     g.launch()
-    if g._has_result:
-        leaves, tree = g._result_flat
-        if tree.kind == "leaf":
-            out = np.array(g._leaf_array(leaves[0], g._program.outputs[0]))
-        else:
-            out = tree_unflatten(tree, [np.array(g._leaf_array(x, v)) for x, v in zip(leaves, g._program.outputs)])
-    else:
-        out = None
-    return out
+    return g._result_copy() if g._has_result else None
 
 
 def stage(f, args, api):
-    """The Graph `f` stages for these arguments: a builder builds it, a transformed function makes
-    it, a plain function must return one (it calls a transform inside: a lambda around jvp).
-    Transforms stage even inside disable_staging(), as JAX's grad and vmap run under disable_jit."""
+    """The closed Program `f` stages for these arguments: a builder builds its graph (closed, not
+    lowered), a transformed function makes it, a plain function must return a Graph (it calls a
+    builder or a transform inside: a lambda around jvp). Transforms stage even inside
+    disable_staging(), as JAX's grad and vmap run under disable_jit."""
     from .eager import disable_staging
-    with disable_staging(False):
-        return _stage(f, args, api)
+    from .graph import DEFER_LOWERING
+    DEFER_LOWERING.append(True)
+    try:
+        with disable_staging(False):
+            return _stage(f, args, api)
+    finally:
+        DEFER_LOWERING.pop()
 
 
 def _stage(f, args, api):
     from .graph import Builder, Graph
     if isinstance(f, Transformed):
-        return f.graph(*args)
+        return f.closed(*args)
     if not callable(f):
         raise TypeError(f"{api}: takes a graph builder (@eagle_fx.Graph.builder) or a transformed function, got "
                         f"{type(f).__name__}")
@@ -142,27 +150,34 @@ def _stage(f, args, api):
             g = f(*args)
         finally:
             _STAGING.pop()
-    if not isinstance(g, Graph):
+    if not isinstance(g, Graph) and isinstance(g, (np.ndarray, np.generic, float, int)):
+        raise TypeError(f"{api}: {name_of(f)!r} returned {type(g).__name__}, not a Graph: a transform stages the "
+                        "function once, so NumPy math on its arguments (or a kernel called on them, or a replayed "
+                        "graph's values) would be computed in Python for the arrays it was staged with. Write it as "
+                        "a builder (@eagle_fx.Graph.builder: kernel calls and NumPy on its arguments are staged "
+                        "into its graph) and transform that, or return a builder's graph (lambda x: f(x))")
+    if not isinstance(g, (Graph, Closed)):
         raise TypeError(f"{api}: {name_of(f)!r} returned {type(g).__name__}; a transform takes a graph builder "
                         "(@eagle_fx.Graph.builder on a function that returns its graph), a transformed function, "
                         "or a function returning one transform's result (lambda x, t: eagle_fx.jvp(f, (x,), (t,)))")
-    if g._record:
+    c = closed_of(g)
+    if c.record:
         raise TransformError(f"{api}: a record=True graph cannot be transformed; transform the plain builder")
     if not isinstance(f, Builder):
-        _check_plain(f, args, g, api)
-    return g
+        _check_plain(f, args, c, api)
+    return c
 
 
-def _check_plain(f, args, g, api):
+def _check_plain(f, args, c, api):
     """A builder stages what NumPy does to its arguments; a plain function handed to a transform
     (`lambda x, t: eagle_fx.jvp(f, (x * 2,), (t,))`) computes on the arrays themselves, and an
     array it makes is a constant to the graph, read as it was when staged. The graph may read the
     arguments (or views of them), arrays reached by closure, and planes transforms add; a graph
     that reads other arrays is not kept by the staging cache (staged at every call), and
-    `g._made` lists them (derivatives refuse to differentiate through them)."""
+    `c.made` lists them (derivatives refuse to differentiate through them)."""
     leaves = [x for a in args for x in tree_flatten(a, is_leaf=is_array)[0] if isinstance(x, np.ndarray)]
     known, made = None, []
-    for e in g._trace.input_planes:
+    for e in c.planes:
         if e in MADE or any(e.array is x or np.shares_memory(e.array, x) for x in leaves):
             continue
         known = _closure_arrays(f) if known is None else known
@@ -170,7 +185,8 @@ def _check_plain(f, args, g, api):
             made.append(e)
     if made:
         cache.uncacheable()
-    g._made = made
+        DERIVED.update(made)
+    c.made = made
 
 
 def _closure_arrays(f, depth=2):
@@ -218,7 +234,7 @@ def make_graph(f):
     make_graph(lambda x, v: eagle_fx.jvp(eagle_fx.grad(f), (x,), (v,)))(x, v) is a
     Hessian-vector product graph; bind new arrays to it, launch it, read its result."""
     def graph(*args):
-        return stage(f, args, "eagle_fx.make_graph")
+        return stage(f, args, "eagle_fx.make_graph").lower()
     return graph
 
 
@@ -239,18 +255,18 @@ class Staged:
 
     def __init__(self, f, args, api):
         self.api, self.f, self.fname, self.args = api, f, name_of(f), args
-        self.g = g = stage(f, args, api)
+        self.g = g = stage(f, args, api)        # a Closed
         if any(e.params.get("batch") for e in g.program.eqns):
             raise TransformError(f"{api}: {self.fname} is batched (made by vmap or a Jacobian); differentiate "
                                  "first, then batch: eagle_fx.vmap(eagle_fx.grad(f)); for second derivatives use "
                                  "eagle_fx.hessian(f), eagle_fx.jacfwd(eagle_fx.jacrev(f)) or "
                                  "eagle_fx.jvp(eagle_fx.grad(f), ...)")
-        leaves, self.tree = g._result_vars() if g._has_result else ([], None)
+        leaves, self.tree = g.result_vars()
         if not leaves:
             raise TypeError(f"{api}: {self.fname} declares no result (g.result = ...); transforms act on results")
         self.results = leaves
         self.prog = dce(g.program.replace(outputs=leaves))
-        self.planes = list(g._trace.input_planes)
+        self.planes = list(g.planes)
         self.leaves = [tree_flatten(a, is_leaf=is_array)[0] for a in args]
         self.arg_trees = [tree_flatten(a, is_leaf=is_array)[1] for a in args]
         where = {}
@@ -267,13 +283,13 @@ class Staged:
                             if x.dtype.kind == "f" and np.shares_memory(e.array, x)), None)
                 if hit is not None:
                     self.view_of[hit] = e
-        self.n = g._trace.n
+        self.n = g.n
 
     def refuse_made(self, wrt):
         """A plain function that does not pass a differentiated argument to the graph but hands it
         arrays it made while staging has, most likely, computed on that argument in Python (x * 2):
         its derivative would be 0. Refuse rather than answer it."""
-        made = [e for e in getattr(self.g, "_made", ()) if e.array.dtype.kind == "f"]
+        made = [e for e in self.g.made if e.array.dtype.kind == "f"]
         if not made:
             return
         read = set(self.arg_of) | set(self.view_of)
@@ -299,9 +315,8 @@ class Staged:
                                      "array and index it inside the kernel, or pass the part as its own argument")
 
     def graph(self, prog, extra_planes, tree, n_results):
-        from .graph import Graph
-        backend, mesh = self.g._backend_of()
-        return Graph._from_program(prog, self.planes + list(extra_planes), tree, n_results, self.n, backend, mesh)
+        """The closed Program running `prog` over the staged planes and `extra_planes`."""
+        return Closed(prog, self.planes + list(extra_planes), tree, n_results, self.n, self.g.backend, self.g.mesh)
 
     def capacity(self, trip, e):
         return loop_capacity(self.api, trip, e, self.prog.inputs, [p.array for p in self.planes])
@@ -329,20 +344,19 @@ def loop_capacity(api, trip, e, inputs, arrays):
 
 
 def graph_of(s: Staged, prog, outputs, extra_planes):
-    """The Graph running `prog` with result `outputs` (a tree whose leaves are Program Vars)."""
+    """The closed Program running `prog` with result `outputs` (a tree whose leaves are Program Vars)."""
     leaves, tree = tree_flatten(outputs, is_leaf=lambda v: isinstance(v, Var))
     return s.graph(dce(prog.replace(outputs=leaves)), extra_planes, tree, len(leaves))
 
 
 def select_result(g, k):
-    """A Graph over g's inputs whose result is part k of g's result tuple (a jvp graph's tangent)."""
-    from .graph import Graph
-    leaves, tree = g._result_vars()
-    start = sum(c.num_leaves for c in tree.children[:k])
+    """A closed Program over g's inputs whose result is part k of g's result tuple (a jvp graph's tangent)."""
+    c = closed_of(g)
+    leaves, tree = c.result_vars()
+    start = sum(t.num_leaves for t in tree.children[:k])
     part = tree.children[k]
     outs = leaves[start:start + part.num_leaves]
-    return Graph._from_program(dce(g.program.replace(outputs=outs)), g._trace.input_planes, part, len(outs),
-                               g._trace.n, *g._backend_of())
+    return Closed(dce(c.program.replace(outputs=outs)), c.planes, part, len(outs), c.n, c.backend, c.mesh)
 
 
 def arg_names(f, n):

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:                      # NumPy < 2
+    byte_bounds = np.byte_bounds
+
 from hawk_fx.core import Eqn, Var
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from . import cache, ir
-from .api import _BATCH_FULL, MADE, Transformed, is_array, name_of, sig, stage
+from .api import _BATCH_FULL, DERIVED, MADE, Transformed, is_array, name_of, sig, stage
+from .closed import Closed
 from .staging import Extern
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
 
@@ -78,10 +84,11 @@ def prefix_leaves(prefix, value, api, what):
 
 def _batch(f, args, axes, out_axes, api, name):
     B, first = None, None
-    inst, full = [], {}
+    split = []                       # per argument: (tree, leaves, {leaf index: its batched array})
     for k, (arg, prefix) in enumerate(zip(args, axes)):
         leaves, tree = tree_flatten(arg, is_leaf=is_array)
         leaf_axes = prefix_leaves(prefix, arg, f"{api}({name})", f"in_axes of argument {k}")
+        big = {}
         for j, (a, ax) in enumerate(zip(leaves, leaf_axes)):
             at = f"argument {k}" if tree.kind == "leaf" else f"argument {k} (leaf {j} of {tree})"
             if ax is None:
@@ -102,30 +109,18 @@ def _batch(f, args, axes, out_axes, api, name):
                                  f"along its batch axis, {at} has {a.shape[0]}")
             if a.ndim == 1:                    # a batched Param or cell given as (B,)
                 a = a[:, None]
-            leaves[j] = a[0]
-            full[id(leaves[j])] = a
-        inst.append(tree_unflatten(tree, leaves) if tree.kind != "leaf" else leaves[0] if leaves else arg)
+            big[j] = a
+        split.append((arg, tree, leaves, big))
     if B is None:
         raise ValueError(f"{api}({name}): no argument is batched; give at least one array an in_axes of 0")
-    _BATCH_FULL.update(full)
-    try:
-        g = stage(f, inst, api)
-    finally:
-        for key in full:
-            _BATCH_FULL.pop(key, None)
+    g, full = _stage_instance(f, split, 0, api)
     prog = g.program
     if any(e.params.get("batch") for e in prog.eqns):
         raise VmapError(f"{api}({name}): the function returns a graph another vmap made; batch nested vmaps as "
                         "eagle_fx.vmap(eagle_fx.vmap(f, ...), ...), or reshape both axes into one, (B1 * B2, ...)")
-    flags, planes = [], []
-    for e in g._trace.input_planes:
-        big = full.get(id(e.array))
-        flags.append(big is not None)
-        planes.append(Extern(big if big is not None else e.array, e.name))
-        if e in MADE:
-            MADE.add(planes[-1])
+    flags, planes = _batched_planes(f, split, g, full, B, api, name)
     bprog, out_flags = batch_program(prog, flags, B)
-    leaves, tree = g._result_vars() if g._has_result else ([], None)
+    leaves, tree = g.result_vars()
     outs = list(bprog.outputs)
     nres = len(leaves)
     oax = _out_axes(out_axes, tree, nres, api, name) if nres else []
@@ -139,8 +134,84 @@ def _batch(f, args, axes, out_axes, api, name):
             eqns.append(Eqn(batch_broadcast_p, [outs[j]], [v], {"size": B}))
             outs[j] = v
     bprog = bprog.replace(eqns=eqns, outputs=outs)
-    from .graph import Graph
-    return Graph._from_program(bprog, planes, tree, nres, g._trace.n, *g._backend_of())
+    return Closed(bprog, planes, tree, nres, g.n, g.backend, g.mesh)
+
+
+def _stage_instance(f, split, b, api):
+    """f staged on instance b of the batched arguments; and id(instance array) -> its batched array."""
+    inst, full = [], {}
+    for arg, tree, leaves, big in split:
+        leaves = list(leaves)
+        for j, a in big.items():
+            leaves[j] = a[b]
+            full[id(leaves[j])] = a
+        inst.append(tree_unflatten(tree, leaves) if tree.kind != "leaf" else leaves[0] if leaves else arg)
+    _BATCH_FULL.update(full)
+    try:
+        return stage(f, inst, api), full
+    finally:
+        for key in full:
+            _BATCH_FULL.pop(key, None)
+
+
+def _batched_planes(f, split, g, full, B, api, name):
+    """(batched flag, plane) per input of g, staged on instance 0. An instance's own array is
+    replaced by the batched one; a view of it made in Python (x[1:] in a plain function) by the
+    same view of every instance; an array a plain function made while staging (x * 2.0, which
+    may depend on the instance) is found by staging every instance: shared when every instance
+    made the same values, else stacked, one per instance (what a loop over instances computes)."""
+    insts = [(a[0], a) for _, _, _, big in split for a in big.values()]
+    flags, planes, derived = [], [], []
+    for p, e in enumerate(g.planes):
+        big = full.get(id(e.array))
+        if big is None and e not in MADE and isinstance(e.array, np.ndarray):
+            big = _view_of_instance(e.array, insts, api, name)
+        if big is None and e in DERIVED:
+            derived.append(p)
+        flags.append(big is not None)
+        planes.append(Extern(big if big is not None else e.array, e.name))
+        if e in MADE:
+            MADE.add(planes[-1])
+    if derived and B > 1:
+        cache.uncacheable()
+        text = str(g.program)
+        made = [[g.planes[p].array] for p in derived]
+        for b in range(1, B):
+            gb, _ = _stage_instance(f, split, b, api)
+            ins = gb.planes
+            if len(ins) != len(planes) or str(gb.program) != text or \
+                    any(ins[p].array.shape != m[0].shape or ins[p].array.dtype != m[0].dtype
+                        for p, m in zip(derived, made)):
+                raise VmapError(f"{api}({name}): {name} stages a different graph for instance {b} than for "
+                                "instance 0: it computes on its arguments' values in Python (outside a builder) "
+                                "and takes another path; write that computation inside a builder (NumPy on a "
+                                "builder's arguments is staged) or in a kernel, with device conditions")
+            for p, m in zip(derived, made):
+                m.append(ins[p].array)
+        for p, m in zip(derived, made):
+            if any(not np.array_equal(x, m[0]) for x in m[1:]):
+                stacked = np.stack(m)
+                planes[p] = Extern(stacked[:, None] if stacked.ndim == 1 else stacked, planes[p].name)
+                flags[p] = True
+    return flags, planes
+
+
+def _view_of_instance(v, insts, api, name):
+    """The batched view of every instance matching `v`, a view of instance 0 of a batched
+    argument made in Python (x[1:]), or None when `v` is not inside one."""
+    lo, hi = byte_bounds(v)
+    for a0, big in insts:
+        lo0, hi0 = byte_bounds(a0)
+        if hi0 <= lo or hi <= lo0:
+            continue
+        if not (lo0 <= lo and hi <= hi0) or big.strides[0] == 0:
+            raise VmapError(f"{api}({name}): an array of shape {v.shape} the function hands its graph overlaps the "
+                            "first instance of a batched argument without lying inside it; pass the batched "
+                            "argument itself (or a view of one instance, x[1:])")
+        b = np.lib.stride_tricks.as_strided(v, (big.shape[0],) + v.shape, (big.strides[0],) + v.strides,
+                                            writeable=v.flags.writeable)
+        return b[:, None] if b.ndim == 1 else b
+    return None
 
 
 def _out_axes(out_axes, tree, nres, api, name):
@@ -198,8 +269,7 @@ def _nested(f, args, outer_axes, out_axes, api, name):
             flat.append(a)
     axes = [0 if (o is not None or i is not None) else None for _, o, i in combined]
     g = _batch(inner, flat, axes, 0, api, name)
-    for h in g._result_flat[0]:
-        g._views[id(h)] = (B2, B1) + h.aval.shape[1:]
+    g.views = [(B2, B1) + v.aval.shape[1:] for v in g.result_vars()[0]]
     return g
 
 

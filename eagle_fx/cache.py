@@ -58,30 +58,47 @@ def uncacheable():
 
 
 class Entry:
-    """A staged graph, the arrays it owns, and a lock: binding and running it is one step, so two
-    threads calling with one layout take turns. `staged` returns it locked; `with entry:` releases."""
+    """A staged closed Program, its graph (lowered here, once), the arrays it owns, and a lock:
+    binding and running it is one step, so two threads calling with one layout take turns.
+    `staged` returns it locked; `with entry:` releases."""
 
-    __slots__ = ("graph", "owned", "caps", "lock")
+    __slots__ = ("closed", "graph", "owned", "caps", "lock", "writes", "back")
 
-    def __init__(self, graph, owned, caps):
-        self.graph, self.owned, self.caps = graph, owned, caps
+    def __init__(self, closed, owned, caps):
+        self.closed, self.owned, self.caps = closed, owned, caps
+        self.graph = closed.lower()
         self.lock = threading.RLock()
+        self.writes = _written_owned(closed, owned)  # owned arrays the graph writes in place
+        self.back = ()                                # (caller's array, owned array) to copy after the run
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.lock.release()
+    def __exit__(self, exc_type, *exc):
+        try:
+            if exc_type is None:
+                for dst, src in self.back:        # a Mutable argument: the caller's array is written, as a loop would
+                    np.copyto(dst, src)
+        finally:
+            self.back = ()
+            self.lock.release()
         return False
 
     def bind(self, leaves):
         """Copy the call's arrays into the graph's own; False when a trip count outgrew the graph."""
+        back = [(leaves[i], self.owned[i]) for i in self.writes]
+        for dst, _ in back:
+            if not dst.flags.writeable:
+                raise ValueError("eagle_fx: the transformed function writes an argument in place (a Mutable or "
+                                 f"buffer=), and the array given for it (shape {dst.shape}) is read-only; pass a "
+                                 "writeable array")
         for dst, src in zip(self.owned, leaves):
             if dst is not None:
                 np.copyto(dst, src)
         for view, cap in self.caps:
             if view.max() > cap:
                 return False
+        self.back = back
         return True
 
 
@@ -124,6 +141,15 @@ class FunctionCache:
             self.entries[key] = entry
             while len(self.entries) > self.maxsize:
                 self.entries.popitem(last=False)
+
+
+def _written_owned(closed, owned):
+    """Indices of the owned arrays (copies of the caller's) that the Program writes in place."""
+    if owned is None:
+        return ()
+    from .transforms.program import written_inputs
+    arrays = [closed.planes[i].array for i in written_inputs(closed.program)]
+    return tuple(k for k, o in enumerate(owned) if o is not None and any(np.may_share_memory(o, a) for a in arrays))
 
 
 def layout_key(args):
@@ -173,9 +199,9 @@ def _locked(e):
 
 
 def staged(sig, args, stage):
-    """The Entry whose graph runs `stage` for these arguments, locked (`with staged(...) as e:`):
-    a cached one with the arrays bound, or a new one, staged on copies of the arguments that it
-    keeps."""
+    """The Entry whose graph runs what `stage` (returning a closed Program) makes for these
+    arguments, locked (`with staged(...) as e:`): a cached one with the arrays bound, or a new one,
+    staged on copies of the arguments that it keeps."""
     key, leaves, tree = layout_key(args)
     if key is None:
         return _locked(Entry(stage(*args), None, ()))
@@ -196,6 +222,11 @@ def staged(sig, args, stage):
     finally:
         _RECORDING.pop()
     e = _locked(Entry(g, owned, rec.caps))
+    try:
+        e.bind(leaves)
+    except BaseException:
+        e.lock.release()
+        raise
     if c is not None and rec.cacheable:
         c.store(key, e)
     return e

@@ -69,8 +69,8 @@ def jvp(f, primals, tangents):
                          "per argument")
     names = arg_names(f, len(primals))
     primals, tangents = _check_tangents(primals, tangents, names, api)
-    if _STAGING:
-        return _jvp_graph(f, primals, tangents, names, api)
+    if _STAGING:                     # for the outer transform: lowered only if run
+        return _jvp_graph(f, primals, tangents, names, api).lower(lazy=True)
     with cache.staged(sig("jvp", f), (primals, tangents), lambda p, t: _jvp_graph(f, p, t, names, api)) as e:
         return run(e.graph)
 
@@ -203,14 +203,14 @@ def vjp(f, *args, has_aux=False, checkpoints=None):
         out_tree = s.tree.children[0] if has_aux else s.tree
         aux = tree_unflatten(aux_tree, prog.outputs[n_out:len(s.results)]) if has_aux else None
         # one functional graph gives the result (at zero seeds) and the pullback
-        g = graph_of(s, prog, (tree_unflatten(out_tree, prog.outputs[:n_out]), aux,
+        c = graph_of(s, prog, (tree_unflatten(out_tree, prog.outputs[:n_out]), aux,
                                _grad_trees(s, prog, range(len(args)), wrt)), seeds)
-        g._vjp = (s, seeds, n_out, out_tree)
-        return g
+        c.extra = (s, seeds, n_out, out_tree)
+        return c
     args, promoted = promote(args, range(len(args)))     # Python floats are differentiable, as in JAX
     with cache.staged(sig("vjp", f, has_aux, *_opt(checkpoints)), args, make) as e:
         g = e.graph
-        s, seeds, n_out, out_tree = g._vjp
+        s, seeds, n_out, out_tree = e.closed.extra
         y, aux, _ = run(g)
         # the cached graph may run other calls before this pullback: it keeps the arguments it saw
         saved = [None if o is None else np.array(o) for o in e.owned] if e.owned is not None else None

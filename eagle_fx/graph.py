@@ -61,19 +61,26 @@ class _BuildContext:
 
     def wrap(self, value):
         """Arguments (and arrays in tuples, lists and dicts of them) as staged planes."""
-        if staging.is_array(value):
-            p = self.planes.get(id(value))
-            if p is None:
-                p = self.planes[id(value)] = staging.argument_plane(value, self.arg_names.get(id(value)))
-            return p
-        if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
-            return type(value)(self.wrap(v) for v in value)
-        if type(value) is dict:
-            return {k: self.wrap(v) for k, v in value.items()}
-        return value
+        return _wrap_arrays(value, self.planes, lambda a: staging.argument_plane(a, self.arg_names.get(id(a))))
+
+
+def _wrap_arrays(value, planes: dict, make):
+    """`value` with each array in it (and in tuples, lists and dicts of them) replaced by its staged
+    plane, made once per array by `make` and kept in `planes` (id(array) -> plane)."""
+    if staging.is_array(value):
+        p = planes.get(id(value))
+        if p is None:
+            p = planes[id(value)] = make(value)
+        return p
+    if isinstance(value, (tuple, list)) and type(value) in (tuple, list):
+        return type(value)(_wrap_arrays(v, planes, make) for v in value)
+    if type(value) is dict:
+        return {k: _wrap_arrays(v, planes, make) for k, v in value.items()}
+    return value
 
 
 _building = ThreadStack()     # this thread's builder calls (_BuildContext), innermost last
+DEFER_LOWERING = ThreadStack()  # non-empty: a transform is staging; builders close their graphs, unlowered
 
 
 class Branch:
@@ -182,6 +189,9 @@ class Graph:
         self._unread_args: dict = {}   # array arguments of the builder no node reads: bindable all the same
         self._generation = 0
         self._views: dict = {}       # id(result plane) -> the shape it is seen with, or a function (transforms)
+        self._tree_args: dict = {}   # builder argument name -> (tree, leaves) of a tree argument, for bind
+        self._pending = None         # a transform's graph not lowered yet: its backend (see _from_program)
+        self._closed_src = None      # the closed Program a transform made this graph from
         if _building and _building[-1].graph is None:
             ctx = _building[-1]
             ctx.graph = self
@@ -201,14 +211,29 @@ class Graph:
         with a parameter annotated `eagle_fx.Graph`, which appends to the graph it is given)."""
         return Builder(fn)
 
-    def _backend_of(self):
-        """(backend, mesh) for graphs a transform makes from this one."""
-        return ("jax" if getattr(self._exe, "backend_name", None) == "jax" else None), self._mesh
+    def _closed(self):
+        """The closed Program this graph runs (Program, bound arrays, result tree): what transforms
+        take. A builder's graph staged inside a transform (lowering deferred) is not lowered."""
+        from .closed import Closed
+        if self._closed_src is not None:
+            return self._closed_src
+        prog = self.program if self._program is None else self._program
+        leaves, tree = self._result_vars() if self._has_result else ([], None)
+        arrays = [e.array for e in self._trace.input_planes]
+        if self._exe is not None:
+            backend = getattr(self._exe, "backend_name", None)
+        else:
+            backend = _select.choose(arrays, "jax" if self._mesh is not None else self._backend)
+        return Closed(prog, list(self._trace.input_planes), tree, len(leaves), self._trace.n,
+                      "jax" if backend == "jax" else None, self._mesh, record=self._record)
 
     @classmethod
-    def _from_program(cls, program, input_planes, tree, n_results, n, backend=None, mesh=None):
+    def _from_program(cls, program, input_planes, tree, n_results, n, backend=None, mesh=None, views=None,
+                      lazy=False, closed=None):
         """A built graph running a Program a transform made: the same verbs as any graph (on the
-        backend of the graph it was made from: numpy, or jax)."""
+        backend of the graph it was made from: numpy, or jax). `views`: per result leaf, the shape
+        it is seen with or a function of its array (a Jacobian's axes). `lazy`: lowered at its
+        first run, so a graph a transform hands to another is never lowered."""
         for e in input_planes:
             if not isinstance(e.array, np.ndarray) and backend != "jax":
                 raise NotImplementedError(f"eagle_fx transforms: graphs made by vmap, grad, jvp and vjp run on the "
@@ -227,22 +252,38 @@ class Graph:
         g._result_tree = tree_unflatten(tree, handles) if tree is not None else None
         g._has_result = tree is not None
         g._result_flat = (handles, tree)
-        arrays = [e.array for e in t.input_planes]
-        if backend == "jax":
-            g._exe = _jax_executable(program, arrays, {h.var for h in handles}, n or 1,
-                                     [e.name for e in t.input_planes], mesh)
-        else:
-            g._exe = NumpyExecutable(program, arrays, {h.var for h in handles}, n or 1)
+        for h, view in zip(handles, views or ()):
+            if view is not None:
+                g._views[id(h)] = view
         g._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
+        g._closed_src = closed
+        g._pending = backend or "numpy"
+        if not lazy:
+            g._lower_pending()
         return g
+
+    def _lower_pending(self):
+        """Lower a Program a transform made (see _from_program)."""
+        t, handles = self._trace, self._result_flat[0]
+        arrays = [e.array for e in t.input_planes]
+        if self._pending == "jax":
+            self._exe = _jax_executable(self._program, arrays, {h.var for h in handles}, t.n or 1,
+                                        [e.name for e in t.input_planes], self._mesh)
+        else:
+            self._exe = NumpyExecutable(self._program, arrays, {h.var for h in handles}, t.n or 1)
+        self._pending = None
 
     # -- staging -----------------------------------------------------------------------------
     @property
     def result(self):
         """The declared result: staged planes while building, the arrays once built."""
+        if self._pending is not None:
+            self.build()
         if self._exe is None or not self._has_result:
             return self._result_tree
         leaves, tree = self._result_flat          # flattened once, at build: a replay's g() allocates little
+        if tree.kind == "leaf":                   # one array: no tree to rebuild
+            return self._leaf_array(leaves[0], self._program.outputs[0])
         return _rebuild(tree, [self._leaf_array(x, v) for x, v in zip(leaves, self._program.outputs)], 0)[0]
 
     @result.setter
@@ -279,7 +320,7 @@ class Graph:
             def __enter__(self):
                 self.pushed = not (GRAPH_STAGING and GRAPH_STAGING[-1] is graph._trace)
                 if self.pushed:
-                    if graph._exe is not None:
+                    if graph._exe is not None or graph._program is not None:
                         raise RuntimeError("eagle.Graph: this graph is built; stage into a new graph")
                     GRAPH_STAGING.append(graph._trace)
 
@@ -294,27 +335,12 @@ class Graph:
         """Lower the staged Program for the NumPy backend and bind its arrays."""
         if self._exe is not None:
             return self
+        if self._pending is not None:
+            self._lower_pending()
+            return self
+        if self._program is None:
+            self._close()
         t = self._trace
-        leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, Plane) or staging.is_array(x))
-        self._result_flat = (leaves, tree)
-        outs = []
-        for x in leaves:
-            if isinstance(x, Plane):
-                outs.append(t.root.read(x.key))
-            elif staging.is_array(x):
-                outs.append(t.root.read(t.extern(x)))
-            elif isinstance(x, staging._LoopLocal):
-                x._fail()
-            else:
-                raise TypeError(f"eagle.Graph: g.result holds {type(x).__name__}; a result is a tree of arrays "
-                                "computed in the graph")
-        self._program = t.program(outs)
-        for e, v in zip(t.input_planes, self._program.inputs):      # refused now, not at the first replay
-            if isinstance(e.array, np.ndarray) and not e.array.flags.writeable and t.root.current.get(e, v) is not v:
-                who = f"eagle.Graph.builder {self._builder.__name__}" if self._builder else "eagle.Graph"
-                what = f"argument {e.name!r}" if e.name else "an array the builder reaches by closure"
-                raise ValueError(f"{who}: {what} is a read-only array, and the graph writes it in place (a Mutable "
-                                 "or buffer=); pass a writeable array")
         keep = {h.var for h in list(t.handles) + t.buffers if h.var is not None}
         arrays = [e.array for e in t.input_planes]
         backend = _select.choose(arrays, "jax" if self._mesh is not None else self._backend)
@@ -338,8 +364,32 @@ class Graph:
             self._exe = recorded_executable(self, keep, arrays, t.n or 1)
         else:
             self._exe = NumpyExecutable(self._program, arrays, keep, t.n or 1)
-        self._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
         return self
+
+    def _close(self):
+        """Make the staged Program (checked) without lowering it."""
+        t = self._trace
+        leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, Plane) or staging.is_array(x))
+        self._result_flat = (leaves, tree)
+        outs = []
+        for x in leaves:
+            if isinstance(x, Plane):
+                outs.append(t.root.read(x.key))
+            elif staging.is_array(x):
+                outs.append(t.root.read(t.extern(x)))
+            elif isinstance(x, staging._LoopLocal):
+                x._fail()
+            else:
+                raise TypeError(f"eagle.Graph: g.result holds {type(x).__name__}; a result is a tree of arrays "
+                                "computed in the graph")
+        self._program = t.program(outs)
+        for e, v in zip(t.input_planes, self._program.inputs):      # refused now, not at the first replay
+            if isinstance(e.array, np.ndarray) and not e.array.flags.writeable and t.root.current.get(e, v) is not v:
+                who = f"eagle.Graph.builder {self._builder.__name__}" if self._builder else "eagle.Graph"
+                what = f"argument {e.name!r}" if e.name else "an array the builder reaches by closure"
+                raise ValueError(f"{who}: {what} is a read-only array, and the graph writes it in place (a Mutable "
+                                 "or buffer=); pass a writeable array")
+        self._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
 
     # -- gradients ---------------------------------------------------------------------------
     @property
@@ -352,6 +402,14 @@ class Graph:
             raise RuntimeError("eagle.Graph.record: the graph has not run yet; launch it (g() or g.launch()) first")
         from .diff import Record
         return Record(self, self._generation)
+
+    def _result_copy(self):
+        """Copies of the result arrays (as its views show them), after a launch."""
+        leaves, tree = self._result_flat
+        outs = self._program.outputs
+        if tree.kind == "leaf":
+            return np.array(self._leaf_array(leaves[0], outs[0]))
+        return tree_unflatten(tree, [np.array(self._leaf_array(x, v)) for x, v in zip(leaves, outs)])
 
     def _result_vars(self):
         leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, Plane) or staging.is_array(x))
@@ -427,6 +485,8 @@ class Graph:
     def _replay_count(self, n, verb: str) -> int:
         """A replay count: a whole number >= 0 (launch(2.5) does not run twice, g(-1) does not run);
         an array is the user meaning to run on new arrays: say how."""
+        if type(n) is int and n >= 0:          # the common case, checked first: a replay is short
+            return n
         if getattr(n, "ndim", 0) > 0:
             raise TypeError(self._replay_refusal(n))
         if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
@@ -443,6 +503,8 @@ class Graph:
 
     def _fill_pinned(self):
         """Copy each block result handed out as an array (see Builder._call_block) from its plane."""
+        if not self._trace.pinned:
+            return
         for arr, plane in self._trace.pinned.values():
             np.copyto(arr, np.asarray(self._array_of_plane(plane)))
 
@@ -495,41 +557,65 @@ class Graph:
         return self
 
     def bind(self, **arrays) -> "Graph":
-        """Swap the arrays of builder arguments (same shape, dtype and device); no re-trace."""
+        """Swap the arrays of builder arguments (same shape, dtype and device; a tree argument, such
+        as a dict of arrays, takes a tree of the same structure); no re-trace."""
         self.synchronize()
         self.build()
+        swaps = []                  # (plane index or None for an argument no node reads, array)
         for name, arr in arrays.items():
-            if name not in self._input_names and name not in self._unread_args:
-                known = ", ".join([*self._input_names, *self._unread_args]) or "none"
-                raise KeyError(f"eagle.Graph.bind: {name!r} is not an array argument of the builder (it has: {known})")
-            if name in self._unread_args:
-                old = self._unread_args[name]
-            else:
-                old = self._trace.input_planes[self._input_names[name]].array
-            if not staging.is_array(arr):
-                raise ValueError(f"eagle.Graph.bind: {name!r} takes an array of shape {old.shape} and dtype {old.dtype}, "
-                                 f"got {type(arr).__name__}: pass np.asarray({name}, dtype=np.{old.dtype.name})")
-            if not staging.is_array(arr) or isinstance(arr, np.ndarray) != isinstance(old, np.ndarray) \
-                    or tuple(arr.shape) != tuple(old.shape) or arr.dtype != old.dtype:
-                got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
-                raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
-                                 "call the builder again")
-            if name in self._unread_args:
+            if name in self._tree_args:
+                swaps += self._tree_swaps(name, arr)
                 continue
-            i = self._input_names[name]
-            entry, v = self._trace.input_planes[i], self._program.inputs[i]
-            if isinstance(arr, np.ndarray) and not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
-                raise ValueError(f"eagle.Graph.bind: {name!r} is a read-only array, and the graph writes this argument "
-                                 "in place (a Mutable or buffer=); pass a writeable array")
+            if name not in self._input_names and name not in self._unread_args:
+                known = ", ".join([*self._input_names, *self._unread_args, *self._tree_args]) or "none"
+                raise KeyError(f"eagle.Graph.bind: {name!r} is not an array argument of the builder (it has: {known})")
+            i = self._input_names.get(name)
+            old = self._unread_args[name] if i is None else self._trace.input_planes[i].array
+            self._check_swap(name, old, arr, i)
+            swaps.append((i, arr))
         for name, arr in arrays.items():
             if name in self._unread_args:       # no node reads it: nothing to swap but the record of it
                 self._unread_args[name] = arr
-                continue
-            i = self._input_names[name]
-            self._trace.input_planes[i].array = arr
-            self._exe.rebind(i, arr)
+        for i, arr in swaps:
+            if i is not None:
+                self._trace.input_planes[i].array = arr
+                self._exe.rebind(i, arr)
         self._generation += 1 if self._generation else 0
         return self
+
+    def _check_swap(self, name, old, arr, i):
+        if not staging.is_array(arr):
+            raise ValueError(f"eagle.Graph.bind: {name!r} takes an array of shape {old.shape} and dtype {old.dtype}, "
+                             f"got {type(arr).__name__}: pass np.asarray({name}, dtype=np.{old.dtype.name})")
+        if isinstance(arr, np.ndarray) != isinstance(old, np.ndarray) \
+                or tuple(arr.shape) != tuple(old.shape) or arr.dtype != old.dtype:
+            got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
+            raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
+                             "call the builder again")
+        if i is None:
+            return
+        entry, v = self._trace.input_planes[i], self._program.inputs[i]
+        if isinstance(arr, np.ndarray) and not arr.flags.writeable and self._trace.root.current.get(entry, v) is not v:
+            raise ValueError(f"eagle.Graph.bind: {name!r} is a read-only array, and the graph writes this argument "
+                             "in place (a Mutable or buffer=); pass a writeable array")
+
+    def _tree_swaps(self, name, value):
+        """(plane index or None, new array) for each array leaf of tree argument `name`, checked."""
+        from hawk_fx.diff import match_tree
+        tree, where = self._tree_args[name]
+        leaves = match_tree(value, tree)
+        if leaves is None:
+            raise ValueError(f"eagle.Graph.bind: {name!r} takes a tree of structure {tree}, got "
+                             f"{tree_flatten(value)[1]}: give the same keys and nesting (or call the builder again)")
+        swaps = []
+        for j, (w, new) in enumerate(zip(where, leaves)):
+            if w is None:             # a Python value: static, kept from the build
+                continue
+            i, old = w
+            self._check_swap(f"{name} (leaf {j} of {tree})", old if i is None else self._trace.input_planes[i].array,
+                             new, i)
+            swaps.append((i, new))
+        return swaps
 
     def argument(self, name: str):
         """The array bound to builder argument `name` now. With jax.Arrays (immutable), a graph that
@@ -614,9 +700,19 @@ class Builder:
             raise TypeError(f"{self.__name__}: a builder returns its graph: `return g`; declare the arrays with "
                             "`g.result = ...`" + ("" if ctx.graph is not None else
                                                   " (and create it first: g = eagle.Graph())"))
-        ret.build()
+        if DEFER_LOWERING:
+            ret._close()              # a transform stages it: the outermost call lowers what it makes
+        else:
+            ret.build()
         ret._unread_args = {k: v for k, v in bound.arguments.items()
                             if staging.is_array(v) and k not in ret._input_names}
+        for k, v in bound.arguments.items():       # tree arguments: bind takes them leaf by leaf
+            if isinstance(v, (tuple, list, dict)):
+                leaves, tree = tree_flatten(v, is_leaf=staging.is_array)
+                if any(staging.is_array(x) for x in leaves):
+                    at = {id(e.array): i for i, e in enumerate(ret._trace.input_planes)}
+                    ret._tree_args[k] = (tree, [None if not staging.is_array(x) else (at.get(id(x)), x)
+                                                for x in leaves])
         return ret
 
     def _bind(self, args, kwargs):
@@ -640,22 +736,32 @@ class Builder:
             raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "
                             f"append to, got {type(handle).__name__}")
         outermost = not staging._source_stack
+        given: dict = {}        # id(plane) -> the caller's array it stands for
+
+        def enter(arr):
+            p = graph._trace.block_argument(arr)
+            given[id(p)] = arr
+            return p
         staging._source_stack.append(self.source)
         try:
             with graph._staging():
+                if outermost:   # called from plain code (a hand-made graph): its arrays enter as planes
+                    args, kwargs = _wrap_arrays((args, kwargs), {}, enter)
                 ret = self.converted(*args, **kwargs)
         finally:
             staging._source_stack.pop()
-        return _pin_results(graph, ret) if outermost else ret
+        return _pin_results(graph, ret, given) if outermost else ret
 
 
-def _pin_results(graph, tree):
+def _pin_results(graph, tree, given):
     """A block called from plain code (on a hand-made graph) hands its planes out as NumPy arrays,
-    filled after every launch; staging the array later in the same graph reads the plane itself."""
+    filled after every launch; staging the array later in the same graph reads the plane itself.
+    An argument it returns untouched is the caller's array itself (given: id(plane) -> array)."""
     t = graph._trace
-    if graph._backend not in (None, "numpy") or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
-        return tree            # a CUDA graph: its planes stay handles that read the device arrays
     leaves, treedef = tree_flatten(tree, is_leaf=lambda x: isinstance(x, Plane))
+    leaves = [given.get(id(x), x) for x in leaves]
+    if graph._backend not in (None, "numpy") or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
+        return tree_unflatten(treedef, leaves)    # a CUDA graph: its planes stay handles that read the device arrays
     out = []
     for x in leaves:
         if isinstance(x, Plane) and x.graph is graph:

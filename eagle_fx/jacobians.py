@@ -1,18 +1,24 @@
 """Jacobians and Hessians: vmaps of jvp (forward) or of the vjp (reverse) over a basis.
 
-jacfwd(f)(x) and jacrev(f)(x) have JAX's shape, result.shape + x.shape. jacfwd(jacrev(f)) is
-JAX's Hessian recipe; it is staged as one vmap, over every (result cotangent, tangent) pair of
-basis vectors, of the jvp of the vjp, because a batched graph is not differentiated again.
-hessian(f) is jacfwd(jacrev(f)) with a one-cell result read as a scalar (as grad reads it).
+jacfwd(f)(x) and jacrev(f)(x) have JAX's shape, result.shape + x.shape; for a tree argument (a
+dict of arrays), a tree like it of such Jacobians, one per floating leaf (None at the others).
+jacfwd(jacrev(f)) is JAX's Hessian recipe; it is staged as one vmap, over every (result
+cotangent, tangent) pair of basis vectors, of the jvp of the vjp, because a batched graph is not
+differentiated again. hessian(f) is jacfwd(jacrev(f)) with a one-cell result read as a scalar
+(as grad reads it); for a tree argument, H[a][b] has shape a.shape + b.shape, as jax.hessian's.
 A tuple argnums gives a tuple of Jacobians (nested tuples for hessian), computed one by one.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .api import Staged, Transformed, float_array, graph_of, name_of, select_result, sig
+from hawk_fx.core import Var
+from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
+
+from .api import Staged, Transformed, float_array, graph_of, is_array, name_of, select_result, sig
 from .batching import vmap
-from .derivatives import jvp, promote, seed_planes, vjp_program
+from .closed import Closed
+from .derivatives import _grad_trees, jvp, promote, seed_planes, vjp_program
 from .transforms.program import ct_aval
 
 
@@ -38,9 +44,29 @@ def hessian(f, argnums=0):
     rows = [[_second(f, a, b, "eagle_fx.hessian", squeeze=True) for b in argnums] for a in argnums]
 
     def blocks(*args):
-        return tuple(tuple(h(*args) for h in row) for row in rows)
+        # as jax.hessian: per argument a, a tree like it whose leaves are tuples over the arguments b
+        out = []
+        for a, row in zip(argnums, rows):
+            parts = [h(*args) for h in row]
+            tree = tree_flatten(args[a], is_leaf=is_array)[1]
+            per_leaf = zip(*[_at_leaves(p, tree) for p in parts])
+            out.append(tree_unflatten(tree, [None if all(x is None for x in t) else tuple(t) for t in per_leaf]))
+        return tuple(out)
     blocks.__name__ = f"hessian({name_of(f)})"
     return blocks
+
+
+def _at_leaves(value, tree):
+    """The parts of `value` (a tree with `tree`'s structure above its leaves) at `tree`'s leaves."""
+    if tree.kind == "leaf":
+        return [value]
+    if tree.kind == "none":
+        return []
+    if tree.kind == "dict":
+        kids = [value[k] for k in tree.meta]
+    else:
+        kids = list(node_children(value)[2])
+    return [x for v, t in zip(kids, tree.children) for x in _at_leaves(v, t)]
 
 
 def _tupled(argnums, one):
@@ -54,106 +80,177 @@ def _tupled(argnums, one):
     return each
 
 
-def _check_arg(args, k, api):
-    if not -len(args) <= k < len(args):
-        raise ValueError(f"{api}: argnums {k} for {len(args)} positional arguments")
-    if not float_array(args[k]):
-        raise TypeError(f"{api}: argument {k} is {type(args[k]).__name__}, not a floating array; it has no "
-                        "derivative (Jacobians take array arguments, not trees: pick one leaf)")
+class _Arg:
+    """Argument k's leaves: which are floating (differentiated), and each one's place in the
+    flat basis over all of them (offset, size)."""
+
+    def __init__(self, args, k, api):
+        if not -len(args) <= k < len(args):
+            raise ValueError(f"{api}: argnums {k} for {len(args)} positional arguments")
+        self.k = k % len(args)
+        self.leaves, self.tree = tree_flatten(args[self.k], is_leaf=is_array)
+        self.floats = [j for j, x in enumerate(self.leaves) if float_array(x)]
+        if not self.floats:
+            raise TypeError(f"{api}: argument {k} is {type(args[k]).__name__} and holds no floating array; it has "
+                            "no derivative: pick another argnums, or pass a float array (or a tree of them)")
+        self.offset, at = {}, 0
+        for j in self.floats:
+            self.offset[j] = at
+            at += self.leaves[j].size
+        self.size = at
+
+    def basis(self, dtype_of=None):
+        """Per floating leaf, its part of the identity over the flat basis: (size, *leaf.shape)."""
+        eye = np.eye(self.size)
+        return [eye[:, self.offset[j]:self.offset[j] + self.leaves[j].size]
+                .astype(self.leaves[j].dtype).reshape((self.size,) + self.leaves[j].shape) for j in self.floats]
+
+    def tangents(self, args, parts):
+        """The tangents tuple for jvp: this argument's tree with `parts` at its floating leaves."""
+        leaves = [None] * len(self.leaves)
+        for j, t in zip(self.floats, parts):
+            leaves[j] = t
+        t = tree_unflatten(self.tree, leaves)
+        return tuple(t if q == self.k else None for q in range(len(args)))
+
+    def wrt(self):
+        return [(self.k, j) for j in self.floats]
 
 
-def _prepare(ks):
-    """Python-float (or 0-d) arguments at ks staged as one-cell arrays; the Jacobian then loses
-    the size-1 axis each of them brought (its axes are the trailing ones, ks in order)."""
-    def prepare(args):
-        pos = [k % len(args) if -len(args) <= k < len(args) else k for k in ks]
-        args, promoted = promote(args, sorted(set(pos)))
-        if not promoted:
-            return args, None
-        widths = [args[k].ndim if -len(args) <= k < len(args) else 0 for k in pos]
+def _one_result(s):
+    if len(s.results) != 1:
+        raise TypeError(f"{s.api}: {s.fname} returns {len(s.results)} results; a Jacobian takes one")
+    return s.results[0].aval
 
-        def restore(j):
-            axes, at = [], j.ndim
-            for k, w in reversed(list(zip(pos, widths))):
-                at -= w
-                if (k, 0) in promoted:
-                    axes.append(at)
-            return j.reshape([d for i, d in enumerate(j.shape) if i not in axes])
-        return args, restore
-    return prepare
+
+def _reshaped(c, tree, outputs, views):
+    """The closed Program `c` with result `tree` (leaves: its Vars, one per entry of `outputs`)
+    seen through `views`."""
+    return Closed(c.program.replace(outputs=outputs), c.planes, tree, len(outputs), c.n, c.backend, c.mesh,
+                  views=views)
 
 
 def _jacobian(f, argnums, api, forward):
     def make(*args):
-        _check_arg(args, argnums, api)
-        x = args[argnums]
-        s = Staged(f, args, api)
-        if len(s.results) != 1:
-            raise TypeError(f"{api}: {s.fname} returns {len(s.results)} results; a Jacobian takes one")
-        out = s.results[0].aval
+        x = _Arg(args, argnums, api)
+        out = _one_result(Staged(f, args, api)).shape
         if forward:
-            basis = np.eye(x.size, dtype=x.dtype).reshape((x.size,) + x.shape)
+            def one(*ts):
+                return select_result(jvp(f, args, x.tangents(args, ts)), 1)
+            c = vmap(one, in_axes=0).closed(*x.basis())
+            v = c.result_vars()[0][0]                  # (size, *out): row i is d result / d (flat x)_i
+            views = [_forward_view(x.offset[j], x.leaves[j].size, out, x.leaves[j].shape) for j in x.floats]
+            tree = tree_unflatten(x.tree, [v if j in x.floats else None for j in range(len(x.leaves))])
+            leaves, tree = tree_flatten(tree, is_leaf=lambda u: isinstance(u, Var))
+            return _reshaped(c, tree, leaves, views)
+        m = int(np.prod(out))
+        s0 = Staged(f, args, api)
+        basis = np.eye(m, dtype=ct_aval(s0.results[0].aval).dtype).reshape((-1,) + out)
 
-            def one(t):
-                return select_result(jvp(f, args, tuple(t if k == argnums else None for k in range(len(args)))), 1)
-            g = vmap(one, in_axes=0).graph(basis)
-        else:
-            basis = np.eye(int(np.prod(out.shape)), dtype=ct_aval(out).dtype).reshape((-1,) + out.shape)
-
-            def one(ct):
-                s2 = Staged(f, args, api)
-                prog = vjp_program(s2, [(argnums % len(args), 0)], api)
-                return graph_of(s2, prog, prog.outputs[len(s2.results)], seed_planes(s2, [ct]))
-            g = vmap(Transformed(f"vjp({name_of(f)})", one), in_axes=0).graph(basis)
-        # the graph's own result has JAX's shape (make_graph shows it too)
-        g._views[id(g._result_flat[0][0])] = lambda j: _jacobian_shape(j, forward, out.shape, x.shape)
-        return g
+        def one(ct):
+            s2 = Staged(f, args, api)
+            prog = vjp_program(s2, x.wrt(), api)
+            return graph_of(s2, prog, _grad_trees(s2, prog, [x.k], x.wrt())[0], seed_planes(s2, [ct]))
+        c = vmap(Transformed(f"vjp({name_of(f)})", one), in_axes=0).closed(basis)
+        c.views = [_reverse_view(out, x.leaves[j].shape) for j in x.floats]
+        return c
     t = Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, sig=sig(api, f, argnums),
-                    prepare=_prepare([argnums]))
+                    prepare=_prepare(argnums))
     if not forward:
         t._jacrev_of = (f, argnums)
     return t
 
 
-def _jacobian_shape(j, forward, out_shape, in_shape):
-    """A Jacobian's batched result, (out, *in) by reverse mode or (in, *out) by forward mode, seen
-    as JAX's out_shape + in_shape."""
-    if forward:
-        j = np.moveaxis(j, 0, -1)
-    return j.reshape(out_shape + in_shape)
+def _forward_view(off, size, out_shape, in_shape):
+    return lambda j: np.moveaxis(j[off:off + size], 0, -1).reshape(out_shape + in_shape)
+
+
+def _reverse_view(out_shape, in_shape):
+    return lambda j: j.reshape(out_shape + in_shape)
 
 
 def _second(f, a, b, api, squeeze):
     """jacfwd(jacrev(f, a), b): d/dx_b of the Jacobian of f with respect to x_a, one vmap over the
     pairs (cotangent basis vector j, tangent basis vector i) of jvp(vjp_j f)(e_i)."""
     def make(*args):
-        _check_arg(args, a, api)
-        _check_arg(args, b, api)
-        xa, xb = args[a], args[b]
+        xa, xb = _Arg(args, a, api), _Arg(args, b, api)
         s = Staged(f, args, api)
-        if len(s.results) != 1:
-            raise TypeError(f"{api}: {s.fname} returns {len(s.results)} results; a Jacobian takes one")
-        out = s.results[0].aval
-        m, nb = int(np.prod(out.shape)), xb.size
-        cts = np.repeat(np.eye(m, dtype=ct_aval(out).dtype), nb, axis=0).reshape((m * nb,) + out.shape)
-        tans = np.tile(np.eye(nb, dtype=xb.dtype), (m, 1)).reshape((m * nb,) + xb.shape)
+        out = _one_result(s).shape
+        m, nb = int(np.prod(out)), xb.size
+        cts = np.repeat(np.eye(m, dtype=ct_aval(s.results[0].aval).dtype), nb, axis=0).reshape((m * nb,) + out)
+        tans = [np.tile(t.reshape(nb, -1), (m, 1)).reshape((m * nb,) + t.shape[1:]) for t in xb.basis()]
 
-        def one(ct, t):
+        def one(ct, *ts):
             def row(*args2):
                 s2 = Staged(f, args2, api)
-                prog = vjp_program(s2, [(a % len(args2), 0)], api)
-                return graph_of(s2, prog, prog.outputs[len(s2.results)], seed_planes(s2, [ct]))
+                prog = vjp_program(s2, xa.wrt(), api)
+                return graph_of(s2, prog, _grad_trees(s2, prog, [xa.k], xa.wrt())[0], seed_planes(s2, [ct]))
             vjp_row = Transformed(f"vjp({name_of(f)})", row)
-            tangents = tuple(t if k == b % len(args) else None for k in range(len(args)))
-            return select_result(jvp(vjp_row, args, tangents), 1)
-        g = vmap(one, in_axes=(0, 0)).graph(cts, tans)
-        lead = () if squeeze and m == 1 else out.shape
-        g._views[id(g._result_flat[0][0])] = lambda t: _second_shape(t, m, nb, lead, xa.shape, xb.shape)
-        return g
+            return select_result(jvp(vjp_row, args, xb.tangents(args, ts)), 1)
+        c = vmap(one, in_axes=0).closed(cts, *tans)
+        rows = c.result_vars()[0]                      # per floating leaf of x_a: (m * nb, *leaf shape)
+        lead = () if squeeze and m == 1 else out
+        outer, outputs, views = [], [], []
+        it = iter(rows)
+        for ja in range(len(xa.leaves)):
+            if ja not in xa.floats:
+                outer.append(None)
+                continue
+            v = next(it)
+            inner = []
+            for jb in range(len(xb.leaves)):
+                if jb not in xb.floats:
+                    inner.append(None)
+                    continue
+                inner.append(v)
+                outputs.append(v)
+                views.append(_second_view(m, nb, xb.offset[jb], xb.leaves[jb].size, lead, xa.leaves[ja].shape,
+                                          xb.leaves[jb].shape))
+            outer.append(tree_unflatten(xb.tree, inner))
+        tree = tree_flatten(tree_unflatten(xa.tree, outer), is_leaf=lambda u: isinstance(u, Var))[1]
+        return _reshaped(c, tree, outputs, views)
     return Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, sig=sig(api + "2", f, a, b, squeeze),
-                       prepare=_prepare([a, b]))
+                       prepare=_prepare(a, b))
 
 
-def _second_shape(t, m, nb, lead, a_shape, b_shape):
-    t = t.reshape((m, nb, -1))                            # [j, i, k]: d(J[j, k]) / d x_b[i]
-    return np.swapaxes(t, 1, 2).reshape(lead + a_shape + b_shape)
+def _second_view(m, nb, off, size, lead, a_shape, b_shape):
+    def view(t):
+        t = t.reshape((m, nb, -1))[:, off:off + size]        # [j, i, k]: d(J[j, k]) / d x_b[i]
+        return np.swapaxes(t, 1, 2).reshape(lead + a_shape + b_shape)
+    return view
+
+
+def _prepare(a, b=None):
+    """Python-float (or 0-d) leaves of the differentiated arguments staged as one-cell arrays; each
+    Jacobian then loses the size-1 axis such a leaf brought (a's after the result's axes, b's last)."""
+    def prepare(args):
+        n = len(args)
+        ks = [k % n for k in (a, b) if k is not None and -n <= k < n]
+        args, promoted = promote(args, sorted(set(ks)))
+        if not promoted:
+            return args, None
+        ka = ks[0]
+        kb = ks[1] if b is not None and len(ks) > 1 else None
+        la = tree_flatten(args[ka], is_leaf=is_array)[0]
+        lb = tree_flatten(args[kb], is_leaf=is_array)[0] if kb is not None else None
+
+        def fix(x, ja, jb):
+            b_nd = np.ndim(lb[jb]) if jb is not None else 0
+            drop = set()
+            if jb is not None and (kb, jb) in promoted:
+                drop.add(x.ndim - 1)
+            if (ka, ja) in promoted:
+                drop.add(x.ndim - b_nd - 1)
+            return x.reshape([d for i, d in enumerate(x.shape) if i not in drop]) if drop else x
+
+        def restore(out):
+            flat, tree = tree_flatten(out, is_leaf=lambda u: u is None or is_array(u))
+            pairs = []
+            for ja, xa in enumerate(la):
+                if kb is None or not float_array(xa):
+                    pairs.append((ja, None))
+                else:
+                    pairs += [(ja, jb) for jb in range(len(lb))]
+            return tree_unflatten(tree, [x if x is None else fix(x, ja, jb) for x, (ja, jb) in zip(flat, pairs)])
+        return args, restore
+    return prepare

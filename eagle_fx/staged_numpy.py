@@ -14,6 +14,7 @@ import numpy as np
 
 import hawk_fx
 import hawk_fx.math as hm
+from hawk_fx.emit.jax import is_jax_array
 
 from . import ir, views
 
@@ -342,6 +343,8 @@ class NdarrayProtocol:
                             "would be baked into every replay: compute with kernels, or with NumPy ufuncs and "
                             "operators on the plane (they are staged)")
         a = self._array()
+        if not isinstance(a, np.ndarray) and is_jax_array(a):      # a jax backend graph's plane
+            a = np.asarray(a)
         return a if dtype is None else a.astype(dtype)
 
     def _no_value(self, what):

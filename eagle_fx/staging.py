@@ -247,6 +247,17 @@ class GraphTrace:
             e = self.externs[id(arr)] = Extern(arr, self.arg_names.get(id(arr)))
         return e
 
+    def block_argument(self, arr) -> Plane:
+        """An array a block gets from plain code (a hand-made graph), as the block sees it: a staged
+        plane over the array, or over the block result it stands for, so NumPy on it is staged."""
+        key = self.extern(arr)
+        pin = self.pinned.get(id(arr))
+        aval = pin[1].aval if pin is not None and pin[0] is arr else ir.plane_aval(arr.shape, arr.dtype)
+        p = Plane(self.graph, aval, key=key)
+        p.label = getattr(key, "name", None)
+        self.handles.add(p)
+        return p
+
     def root_input(self, key) -> Var:
         if isinstance(key, Extern):
             v = Var(ir.plane_aval(key.array.shape, key.array.dtype), key.name)

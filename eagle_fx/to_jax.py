@@ -43,13 +43,13 @@ class _Signature:
         self.positions = [k for k, a in enumerate(args) if _is_arraylike(a)]
         self.placeholders = [_placeholder(a) if _is_arraylike(a) else a for a in args]
         with use_backend("jax"), _lazy():
-            g = stage(f, self.placeholders, API)
-            if not g._has_result:
+            g = stage(f, self.placeholders, API)            # a closed Program
+            if not g.has_result:
                 raise TypeError(f"{API}: {_name(f)} declares no result (g.result = ...); a JAX function returns it")
-            leaves, self.tree = g._result_vars()
-            self.n = g._trace.n or 1
+            leaves, self.tree = g.result_vars()
+            self.n = g.n or 1
             self.prog = g.program.replace(outputs=leaves)
-            self.planes = list(g._trace.input_planes)
+            self.planes = list(g.planes)
             self.float_results = [j for j, v in enumerate(leaves) if v.aval.dtype.kind == "f"]
             self._stage_for_vjp = lambda: Staged(f, self.placeholders, API)
         self.forward, _ = lower(self.prog, self.n, None, _OPAQUE)

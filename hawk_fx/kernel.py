@@ -397,7 +397,7 @@ class Kernel:
         if any(is_jax_array(v) for v in values):     # jax.Arrays (or tracers): jax.numpy, jitted
             return tree_unflatten(spec.tree, eager_call(spec, values, n))
         if any(_is_cuda_array(v) for v in values):   # CuPy arrays: the emitted CUDA kernel, on the GPU
-            from eagle_fx.backends.cuda import call_kernel
+            from .cuda_runtime import call_kernel
             return tree_unflatten(spec.tree, call_kernel(spec, values, n))
         self._fast = spec.fast
         spec.check_count(n)

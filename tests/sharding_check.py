@@ -80,6 +80,15 @@ def sharded_jax_arguments():
         assert "argument 'x' and argument 'flag' are sharded over different meshes" in str(e), e
     else:
         raise AssertionError("two meshes were not refused")
+    on_other = NamedSharding(other, PartitionSpec("other"))
+    y = jax.device_put(np.zeros(16), on_other)
+    try:                                         # jax.Arrays on one mesh, the graph's mesh= another
+        until_on_mesh(jax.device_put(X, on_other), jnp.asarray(cell(1)), y)
+    except ValueError as e:
+        assert "argument 'x' is sharded over another mesh than the graph's mesh=" in str(e), e
+    else:
+        raise AssertionError("a jax.Array on another mesh than mesh= was not refused")
+    np.testing.assert_array_equal(y, np.zeros(16))
 
 
 def to_jax_grad_on_the_mesh():

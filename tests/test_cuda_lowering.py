@@ -1,4 +1,4 @@
-"""The CUDA graph lowering (eagle_fx.backends.cuda) against the recording fake (fake_cuda): for the
+"""The CUDA graph lowering (eagle_fx.backends.cuda_lower) against the recording fake (fake_cuda): for the
 builder tour's graphs, the node tree has the shape CUDA conditional nodes need, and the fake's
 interpretation of it equals the NumPy backend's result, for several cell values and node orders.
 No GPU is needed; the NVRTC checks skip without NVRTC (as in test_cuda_emit)."""
@@ -16,6 +16,8 @@ import pytest
 import eagle_fx as eagle
 import hawk_fx as hawk
 from eagle_fx.backends import cuda
+from eagle_fx.backends.cuda_graph import _PlannedMemory
+from hawk_fx.cuda_runtime import core_arg
 from eagle_fx.testing.fake_cuda import FakeBuilder, FakeCudaError
 from eagle_fx.backends.numpy import NumpyExecutable
 from eagle_fx.graph import opaque
@@ -645,25 +647,25 @@ def test_core_arguments_are_pointers_scalars_and_conditions():
         data = types.SimpleNamespace(ptr=0xABC000)
 
     cond = object()
-    assert cuda._core_arg(FakeCupy()) == 0xABC000 and isinstance(cuda._core_arg(FakeCupy()), int)
-    assert cuda._core_arg(None) == 0                              # a null pointer
+    assert core_arg(FakeCupy()) == 0xABC000 and isinstance(core_arg(FakeCupy()), int)
+    assert core_arg(None) == 0                              # a null pointer
     for s in (np.uint64(7), np.float64(0.5), np.uint32(3)):
-        assert cuda._core_arg(s) is s                             # by value, in its own dtype
-    assert cuda._core_arg(cond) is cond
+        assert core_arg(s) is s                             # by value, in its own dtype
+    assert core_arg(cond) is cond
 
 
 def test_relowering_reuses_the_first_lowerings_buffers():
     g = capped(np.ones(4), cell(1))
     prog, t = g._exe.prog, g._trace
     keep = {h.var for h in list(t.handles) + t.buffers if h.var is not None}
-    first = cuda._PlannedMemory(FakeBuilder())
+    first = _PlannedMemory(FakeBuilder())
     plan1 = cuda.lower(prog, [p.array.copy() for p in t.input_planes], keep, 4, first)
-    again = cuda._PlannedMemory(FakeBuilder(), reuse=first.made)
+    again = _PlannedMemory(FakeBuilder(), reuse=first.made)
     plan2 = cuda.lower(prog, [p.array.copy() for p in t.input_planes], keep, 4, again)
     assert again.made == [] and len(first.made) > 0
     inputs = set(plan1.input_slots)
     assert all(a is b for k, (a, b) in enumerate(zip(plan1.slots, plan2.slots)) if k not in inputs)
     assert [nd.kind for _, nd in plan1.walk()] == [nd.kind for _, nd in plan2.walk()]
-    short = cuda._PlannedMemory(FakeBuilder(), reuse=first.made[:1])
+    short = _PlannedMemory(FakeBuilder(), reuse=first.made[:1])
     with pytest.raises(RuntimeError, match="more buffers than the first lowering"):
         cuda.lower(prog, [p.array.copy() for p in t.input_planes], keep, 4, short)

@@ -179,6 +179,23 @@ def test_an_opaque_node_on_jax_arrays_is_refused_at_build():
             "the builder reads by closure", untouched=[src])
 
 
+def test_an_opaque_node_on_a_plane_the_graph_makes_is_refused_writing_nothing():
+    seen = []
+    y = np.zeros(4)
+
+    @eagle_fx.Graph.builder
+    def hosted(x, y):
+        g = eagle_fx.Graph(backend="jax")
+        v = inc(x)                                # a plane the graph makes: no caller's array behind it
+        g.add_node(eagle_fx.opaque(lambda: seen.append(1), reads={"v": v}), name="peek")
+        accumulate(v, y)
+        g.result = dbl(v)
+        return g
+    refused(eagle_fx.backends.jax.LoweringError, lambda: hosted(np.ones(4), y), "opaque node '<lambda>'",
+            "touches a plane the graph makes", "declare builder arguments", untouched=[y])
+    assert not seen
+
+
 def test_a_host_node_runs_in_order_on_numpy_arguments():
     log = []
     x, y = np.arange(4.0), np.zeros(4)
@@ -236,3 +253,20 @@ def test_versions_of_a_written_argument_read_as_it(backend):
     np.testing.assert_array_equal(y, [2.0, 2.0, 2.0])            # the final value, in the caller's array
     np.testing.assert_array_equal(mid, y)                       # every version lives in that one buffer
     np.testing.assert_array_equal(last, y)
+
+
+def test_no_array_a_caller_holds_is_donated():
+    # the caller's arguments, an earlier replay's written argument and results: all stay valid
+    x0, y0, on = jnp.array([0.5, 1.0, 2.0, 40.0]), jnp.zeros(4), jnp.asarray(cell(1))
+    g = climb(x0, on, y0)
+    first = g()
+    y1 = g.argument("y")
+    for _ in range(3):
+        g()
+    for a in (x0, y0, on, y1, first["x"], first["sq"]):
+        assert not a.is_deleted()
+    want, _, wy = ref_climb(np.asarray(x0), 1, np.zeros(4))
+    np.testing.assert_allclose(first["x"], want, rtol=1e-13)
+    np.testing.assert_allclose(y1, wy, rtol=1e-13)
+    np.testing.assert_array_equal(y0, np.zeros(4))
+    np.testing.assert_array_equal(on, cell(1))

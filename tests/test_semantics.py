@@ -113,6 +113,30 @@ def test_a_block_on_a_hand_made_graph_returns_arrays_filled_at_each_launch():
     np.testing.assert_array_equal(z, np.full(4, 12.0))
 
 
+@eagle.Graph.builder
+def numpy_block(g: eagle.Graph, v, w):
+    tail = v[1:]                          # staged: a view of v, read at every replay
+    wave = np.sin(v) + w * 2.0            # staged math, not computed once when the block is called
+    return {"tail": dbl(tail), "wave": wave, "view": w[::2], "same": w}
+
+
+def test_a_block_on_a_hand_made_graph_stages_numpy_on_its_arguments():
+    from eagle_fx.graph import opaque
+    src, dst, w = np.arange(4.0), np.zeros(4), np.array([0.5, -1.0, 2.0, 3.0])
+    h = eagle.Graph()
+    h.add_node(opaque(lambda: np.add(src, 1.0, out=dst), reads={"x": src}, writes={"y": dst}), name="shift")
+    out = numpy_block(h, dst, w)
+    assert out["same"] is w                           # an argument returned as it came: the caller's array
+    assert all(type(v) is np.ndarray for v in out.values())
+    for values, ws in (([0.0, 1.0, 2.0, 3.0], [0.5, -1.0, 2.0, 3.0]), ([5.0, -1.0, 0.5, 2.0], [1.0, 1.0, -4.0, 0.0])):
+        src[:], w[:] = values, ws                     # the host node and the block read them at every replay
+        h.launch()
+        shifted = np.array(values) + 1.0              # plain NumPy: what the block means now
+        np.testing.assert_allclose(out["tail"], 2.0 * shifted[1:])
+        np.testing.assert_allclose(out["wave"], np.sin(shifted) + np.array(ws) * 2.0)
+        np.testing.assert_array_equal(out["view"], np.array(ws)[::2])
+
+
 def test_a_value_leaked_from_a_kernel_trace_is_refused_with_where_it_was_made():
     import hawk_fx as hawk
     from hawk_fx import Scalar

@@ -116,17 +116,21 @@ class JaxExecutable:
         if mesh is not None and not self.on_jax:
             shardings = [plane_sharding(mesh, np.shape(a), n, self.names, k) for k, a in enumerate(self.arrays)]
         self.shardings = shardings
+        self.fn = fn                # the pure function of the Program (bench_jax.py jits it with donation)
         self._jit = jax.jit(lambda *xs: fn(*xs), in_shardings=shardings)
         self._compiled = None
+        self._lean = False
         self.values = None          # the outputs of the last replay (jax mode), in out_vars order
-        self.out_index = {v: j for j, v in reversed(list(enumerate(self.out_vars)))}
-        self.input_index = {v: k for k, v in enumerate(prog.inputs)}
         self.stable: dict = {}      # Var -> the NumPy array a replay copies it into (NumPy mode)
-        self.written_of = versions
         if not self.on_jax:
             for v in self.out_vars:
-                if isinstance(v, Var) and v not in self.written_of and v not in prog.inputs:
+                if isinstance(v, Var) and v not in versions and v not in prog.inputs:
                     self.stable.setdefault(v, np.zeros(v.aval.shape, v.aval.dtype))
+        # what each Var reads as, in one lookup (array_of runs at every g()): ("arg", input index) for an
+        # argument and every version of a written one, ("out", output index) for a result (jax.Arrays)
+        self.where = {v: ("out", j) for j, v in reversed(list(enumerate(self.out_vars)))} if self.on_jax else {}
+        self.where.update({v: ("arg", k) for k, v in enumerate(prog.inputs)})
+        self.where.update({v: ("arg", k) for v, k in versions.items()})
         if compile_now if compile_now is not None else not LAZY:
             self.compile()
 
@@ -139,6 +143,8 @@ class JaxExecutable:
                 sh = getattr(a, "sharding", None) if self.on_jax else (self.shardings[k] if self.shardings else None)
                 structs.append(jax.ShapeDtypeStruct(np.shape(a), np.dtype(a.dtype), sharding=sh))
             self._compiled = self._jit.lower(*structs).compile()
+            lw = self.lowering            # traced now: its host nodes and trip checks are known
+            self._lean = self.on_jax and not (lw.trip_checks or lw.has_host)
         return self._compiled
 
     # -- running -------------------------------------------------------------------------------
@@ -158,6 +164,14 @@ class JaxExecutable:
 
     def replay(self, times: int = 1):
         run = self._compiled or self.compile()
+        if self._lean:              # jax.Arrays, no host node, no trip check: nothing but the calls
+            arrays, written, outs = self.arrays, self.written, self.values
+            for _ in range(times):
+                outs = run(*arrays)
+                for j, i in written:
+                    arrays[i] = outs[j]
+            self.values = outs
+            return
         lw = self.lowering
         for _ in range(times):
             if lw.trip_checks:
@@ -189,12 +203,10 @@ class JaxExecutable:
         self.arrays[input_index] = arr
 
     def array_of(self, var):
-        if var in self.written_of:
-            return self.arrays[self.written_of[var]]
-        k = self.input_index.get(var)
-        if k is not None:
+        w = self.where.get(var)
+        if w is None:
+            return self.stable.get(var)
+        kind, k = w
+        if kind == "arg":
             return self.arrays[k]
-        if self.on_jax:
-            j = self.out_index.get(var)
-            return None if j is None or self.values is None else self.values[j]
-        return self.stable.get(var)
+        return None if self.values is None else self.values[k]

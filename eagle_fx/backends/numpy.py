@@ -90,6 +90,11 @@ class _Gen:
 
 
 class NumpyExecutable(SlotPlanner):
+    """The NumPy backend's executable (the protocol of protocol.py): the Program as one generated
+    Python function over buffers planned once."""
+
+    backend_name = "cpu"
+
     def __init__(self, prog: Program, input_arrays, keep: set, n: int):
         self.prog = prog                # the Program as staged (other backends and tools read it)
         # what runs: fused calls
@@ -99,11 +104,7 @@ class NumpyExecutable(SlotPlanner):
         self.slot_of: dict[Var, int] = {}
         self.calls: list = []           # (kind, payload) per bound callable c{k}
         self.consts: list = []
-        self.input_slots = []
-        for v, arr in zip(prog.inputs, input_arrays):
-            self.slot_of[v] = self._new_slot(arr)
-            self.input_slots.append(self.slot_of[v])
-        self.keep = set(keep) | {a for a in prog.outputs if isinstance(a, Var)}
+        self._bind_inputs(prog, input_arrays, keep)
         self._init_pool()
         self.views: list = []           # (slot, input slot, index): slices read straight from a caller's array
         self.viewable = _viewable_slices(self.plan)
@@ -128,12 +129,6 @@ class NumpyExecutable(SlotPlanner):
     def _sub_slot(self, aval) -> int:
         return self._new_slot(Stack(aval)) if ir.is_stack(aval) else super()._sub_slot(aval)
 
-    def _ref(self, slot, aval) -> Var:
-        """A stand-in Var for a slot (a loop's carry buffer), to bind a sub-program's inputs to."""
-        v = Var(aval)
-        self.slot_of[v] = slot
-        return v
-
     def b(self, atom) -> str:
         if isinstance(atom, Literal):
             return self._const(atom.value)
@@ -147,11 +142,6 @@ class NumpyExecutable(SlotPlanner):
     def _gen_top(self, g):
         prog = self.plan
         self._walk_top(prog, lambda i, e: self._gen_eqn(g, 0, prog, i, e, {}, top=True))
-
-    def _out_slot(self, v, pre, top):
-        if v in pre:
-            return pre[v]
-        return self._alloc(v.aval) if top else self._sub_slot(v.aval)
 
     def _gen_eqn(self, g, d, prog, idx, e, pre, top=False):
         if top and e in self.viewable:        # no copy: the slot is a NumPy view of the caller's array
@@ -255,19 +245,8 @@ class NumpyExecutable(SlotPlanner):
             g.emit(d, "pass")
 
     def _gen_copies(self, g, d, srcs, out_slots):
-        pending = [(s, a) for a, s in zip(srcs, out_slots)
-                   if isinstance(a, Literal) or self.slot_of[a] != s]
-        dests = {s for s, _ in pending}
-        staged = []
-        for s, a in pending:                     # a source that is also a destination: copy it aside first
-            if isinstance(a, Var) and self.slot_of[a] in dests:
-                t = self._sub_slot(a.aval)
-                g.emit(d, _copy(f"b{t}", f"b{self.slot_of[a]}", a.aval))
-                staged.append((s, f"b{t}"))
-            else:
-                staged.append((s, self.b(a)))
-        for (s, a), (_, src) in zip(pending, staged):
-            g.emit(d, _copy(f"b{s}", src, a.aval))
+        for s, a in self._copy_moves(srcs, out_slots):
+            g.emit(d, _copy(f"b{s}", self.b(a), a.aval))
 
     def _gen_while(self, g, d, e, outs):
         body, cond = e.params["body"], e.params["cond"]

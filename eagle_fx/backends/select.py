@@ -1,15 +1,16 @@
 """Which backend runs a graph: by the arrays' type (NumPy -> numpy, jax.Array -> jax, CuPy -> cuda),
 by `eagle_fx.Graph(backend=...)`, or by `use_backend(...)` around the build.
 
-Every backend is the same small protocol: made from (Program, input arrays, kept Vars, n), an
-executable has `replay(times)`, `rebind(input index, array)` and `array_of(var)` (the array a
-result or argument reads as), and `backend_name`. numpy.py (NumpyExecutable), jax.py
-(JaxExecutable) and cuda.py (CudaExecutable) implement it.
+Every backend is the same small protocol (protocol.py): made from (Program, input arrays, kept
+Vars, n), an executable has `replay(times)`, `rebind(input index, array)`, `array_of(var)` and
+`backend_name`. numpy.py (NumpyExecutable), jax.py (JaxExecutable) and cuda_graph.py
+(CudaExecutable) implement it.
 """
 from __future__ import annotations
 
 import threading
 
+from hawk_fx.cuda_runtime import is_device_array
 from hawk_fx.emit.jax import is_jax_array
 
 _forced = threading.local()
@@ -44,8 +45,7 @@ def choose(arrays, requested=None):
     if requested is None:
         stack = getattr(_forced, "stack", None)
         requested = stack[-1] if stack else None
-    from .cuda import _device_like
-    on_gpu = [a for a in arrays if _device_like(a)]
+    on_gpu = [a for a in arrays if is_device_array(a)]
     if requested is None:
         requested = "jax" if any(is_jax_array(a) for a in arrays) else "cuda" if on_gpu else "numpy"
     if requested == "jax":
@@ -64,7 +64,7 @@ def choose(arrays, requested=None):
                              "backend='numpy'")
         return "numpy"
     if requested == "cuda":
-        from .cuda import CoreRuntime
+        from .cuda_graph import CoreRuntime
         return CoreRuntime.get()
     if requested == "fake-cuda":
         from ..testing.fake_cuda import FakeRuntime

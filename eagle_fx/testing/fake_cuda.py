@@ -1,4 +1,4 @@
-"""A recording fake of the CUDA graph-builder protocol (see eagle_fx.backends.cuda), for machines
+"""A recording fake of the CUDA graph-builder protocol (see eagle_fx.backends.cuda_graph), for machines
 without a GPU.
 
 `FakeBuilder()` implements the protocol with NumPy arrays as "device memory". It records the node
@@ -10,7 +10,10 @@ goes, the rules a real driver enforces or that a wrong lowering would break sile
   * kernel arguments match the kernel's C signature (pointer dtypes, scalar dtypes, handles),
     launch shapes match the entry (one thread for `single` entries, warps for grid-stride ones);
   * a hawk body's entries are launched in order, and a body with a sample reduction has its
-    workspace initialised (memset or `_init`) before it runs.
+    workspace initialised (memset or `_init`) before it runs;
+  * at launch, no kernel reads an array that overlaps one it writes without being that very view,
+    and no memcpy's source overlaps its destination: on a GPU, threads would read what others
+    already wrote (the answer would depend on their order).
 
 `validate()` checks the whole tree once built: every condition is used by exactly one node and is
 set by a guard kernel that precedes the node in its graph; every WHILE body ends with a guard that
@@ -32,9 +35,10 @@ creation; `node_updates="top"` refuses nodes inside conditional bodies, "none" r
 exercise the fallbacks) and whole-graph updates from another definition (`update`: refused when
 the topology differs, as CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED is).
 
-`FakeRuntime` is the runtime eagle_fx.backends.cuda.CudaExecutable and call_kernel run on for the
-"fake-cuda" backend: NumPy arrays are the device memory, launches wait on a fake stream until
-`sync` (so a missing synchronize shows up as stale results), and it counts what it did.
+`FakeRuntime` is the runtime eagle_fx.backends.cuda_graph.CudaExecutable and
+hawk_fx.cuda_runtime.call_kernel run on for the "fake-cuda" backend: NumPy arrays are the device
+memory, launches wait on a fake stream until `sync` (so a missing synchronize shows up as stale
+results), and it counts what it did.
 """
 from __future__ import annotations
 
@@ -369,6 +373,8 @@ class FakeBuilder:
             if node.value == 0:
                 self.root._fresh.add(id(node.dst))
         elif kind == "memcpy":
+            if np.shares_memory(node.dst, node.src):
+                raise FakeCudaError(f"fake CUDA: a memcpy ({node!r}) whose source overlaps its destination")
             _nbytes_view(node.dst)[:] = _nbytes_view(node.src)
         elif kind == "host":
             node.fn()
@@ -429,6 +435,7 @@ class FakeBuilder:
                     break
             out[0] = k
         elif entry == "eagle_strided_copy":
+            _no_race(node, [a[1]], [a[0]])
             self._strided_copy(a)
         else:
             raise FakeCudaError(f"fake CUDA: no interpretation for kernel {entry!r}")
@@ -488,6 +495,7 @@ class FakeBuilder:
                 ins[prm.index] = a.item() if weak else a
             elif prm.role in ("out_plane", "out_cell"):
                 outs[prm.index] = a
+        _no_race(node, [a for a in ins if isinstance(a, np.ndarray)], outs)
         # hawk's NumPy code takes uniform inputs as (*shape, 1) arrays: a one-cell pointer is one
         for i, v in enumerate(spec.prog.inputs):
             if isinstance(ins[i], np.ndarray) and v.aval.kind != SAMPLE:
@@ -615,8 +623,9 @@ class FakeStream:
 
 
 class FakeRuntime:
-    """The runtime of the 'fake-cuda' backend (see eagle_fx.backends.cuda, 'runtimes'): NumPy arrays
-    are device memory, graphs are FakeExecs interpreted in `order`, launches are deferred to sync.
+    """The runtime of the 'fake-cuda' backend (the runtime protocol of eagle_fx.backends.cuda_graph):
+    NumPy arrays are device memory, graphs are FakeExecs interpreted in `order`, launches are
+    deferred to sync.
 
     node_updates: what per-node updates the instantiated graphs take ('all', 'top', 'none');
     graph_updates: whether whole-graph updates are taken (False: bind has to re-instantiate)."""
@@ -724,6 +733,17 @@ class FakeRuntime:
                 last = (fb.kernel(module, entry, grid, block, args, after=last),)
         fb.validate().launch(1, self.order)
         self.eager.append(fb)
+
+
+def _no_race(node, reads, writes):
+    """Refuse a kernel that reads an array overlapping one it writes, unless it is that very view
+    (each thread then reads the sample it writes): on a GPU its threads race."""
+    for r in reads:
+        for w in writes:
+            if np.shares_memory(r, w) and not (r.shape == w.shape and r.strides == w.strides
+                                               and r.__array_interface__["data"][0] == w.__array_interface__["data"][0]):
+                raise FakeCudaError(f"fake CUDA: {node.entry} reads an {_describe(r)} that overlaps an {_describe(w)} it "
+                                    "writes (not as the same view): on a GPU its threads race")
 
 
 def _acc_view(ws, red):

@@ -101,6 +101,19 @@ def copy_eqn(e, env, eqns: Eqns):
     return outs
 
 
+def written_inputs(prog: Program) -> set:
+    """Indices of the inputs `prog` writes in place (a Mutable, buffer=): the caller's arrays change."""
+    root = {v: k for k, v in enumerate(prog.inputs)}
+    out = set()
+    for e in prog.eqns:
+        for j, i in e.params.get("inplace", ()) or ():
+            a = e.inputs[i]
+            if isinstance(a, Var) and a in root:
+                root[e.outputs[j]] = root[a]
+                out.add(root[a])
+    return out
+
+
 def dce(prog: Program) -> Program:
     """Drop equations no output reads, and loop carries nothing reads (a stack of saved turns
     the backward never reads back). Derived programs hold no effects: opaque nodes are refused."""

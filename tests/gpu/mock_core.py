@@ -13,7 +13,7 @@ CoreRuntime / CoreGraphBuilder / CudaExecutable code runs on a machine without a
             arrive as cuda.core receives them (pointers as ints) and are mapped back to arrays;
             instantiate() gives an executable with launch/upload/update and graph[node].update(...)
 
-Only what eagle_fx.backends.cuda calls exists; anything else raises AttributeError, which is the
+Only what eagle_fx.backends.cuda_graph and hawk_fx.cuda_runtime call exists; anything else raises AttributeError, which is the
 point: a misspelt cuda.core call fails here, not first on the GPU. What it cannot tell: whether the
 driver accepts what cuda.core passes on (that is tests/gpu's job).
 """
@@ -25,6 +25,8 @@ import types
 import numpy as np
 
 from eagle_fx.backends import cuda as ecuda
+from hawk_fx import cuda_runtime
+from hawk_fx.emit import cuda as hcuda
 from eagle_fx.testing.fake_cuda import FakeBuilder, FakeCondition
 
 _registry: dict = {}          # device pointer -> the NumPy array holding it
@@ -95,7 +97,7 @@ def _arg(a, what="kernel argument"):
 
 def _module_of(cubin: bytes):
     src = cubin.decode()
-    for mod in [ecuda.GUARDS, ecuda.LOWERING] + list(ecuda._body_modules.values()):
+    for mod in [ecuda.GUARDS, ecuda.LOWERING] + list(cuda_runtime._body_modules.values()):
         if mod.source == src:
             return mod
     raise AssertionError("mock cuda.core: a cubin of no known module")
@@ -355,7 +357,6 @@ def install(monkeypatch):
     _eager_state["progress"].clear()
     _eager_state["fresh"].clear()
     NODE_UPDATES[0] = "all"
-    ecuda.CoreRuntime._instances.clear()
     cupy = types.ModuleType("cupy")
     cupy.ndarray = ndarray
     cupy.zeros = lambda shape, dtype=np.float64: ndarray(np.zeros(shape, dtype))
@@ -378,6 +379,9 @@ def install(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setitem(sys.modules, "cuda.core", core)
     monkeypatch.setitem(sys.modules, "cuda.core.graph", graph)
-    monkeypatch.setattr(ecuda.hcuda, "compile_cubin", lambda source, arch="sm_90", options=(): source.encode())
-    monkeypatch.setattr(ecuda.CoreRuntime, "_instances", {})
+    monkeypatch.setattr(hcuda, "compile_cubin", lambda source, arch="sm_90", options=(): source.encode())
+    for cls in (ecuda.CoreRuntime, ecuda.KernelRuntime):      # runtimes and kernels made over the stand-ins
+        monkeypatch.setattr(cls, "_instances", {})
+    monkeypatch.setattr(ecuda.KernelRuntime, "_objects", {})
+    monkeypatch.setattr(ecuda.KernelRuntime, "_functions", {})
     return cupy

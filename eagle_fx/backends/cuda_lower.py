@@ -1,0 +1,750 @@
+"""The CUDA backend's lowering: a staged Program becomes one CUDA graph with conditional nodes.
+
+`lower(program, input_arrays, keep, n, builder)` plans memory once (backends/memory.py, the planner
+the NumPy backend uses too) and adds every node of the graph through `builder`, the graph-building
+protocol of cuda_graph.py. It returns a `CudaPlan`, which keeps the node tree, the device buffers
+and the kernel modules. The same lowering runs against cuda_graph.CoreGraphBuilder (cuda.core
+explicit graphs, CuPy arrays; needs a GPU) and against eagle_fx.testing.fake_cuda.FakeBuilder (a
+recording fake that interprets the plan with NumPy), which is how it is tested without a GPU.
+
+What a Program becomes
+    memory   every Var gets a buffer slot, planned once, as the NumPy backend does: `inplace`
+             outputs share their input's slot (Mutable writes land in the caller's array, loop
+             carries stay in one buffer), values an arm or body produces are written straight into
+             the construct's output slot when nothing later still reads that slot, top-level
+             temporaries reuse freed slots by liveness. Input slots are the caller's arrays.
+    call     the kernel body emitted by hawk_fx.emit.cuda, in a module named by a hash of its CUDA
+             source (so of its body and dtypes): `hawk_<sha256[:16]>`. A body with a sample
+             reduction first initialises its workspace (a memset when the identities are zero,
+             else its `_init` entry), then its map entries, then its `_finish` entry.
+    opaque   a host node (refused inside a device if/loop: bodies cannot hold host nodes). Its
+             function runs on the host and must not call CUDA; it sees the arrays it closed over.
+    cond     `set_cond_from_cell` (emitter guard) then IF-ELSE; an elif nests an IF-ELSE in the
+             else body. An arm with no work gets an empty node.
+    switch   `eagle_switch_index` maps the cell to the index of the first equal case (the default
+             is last, index k), `set_cond_from_value` sets the handle, then SWITCH with k+1 bodies.
+    while    the carries are copied into the loop's buffers, the guard program is evaluated, a
+             guard kernel sets the condition, then WHILE; its body is the body program, the copies
+             into the carry buffers, the guard program again and, last, the guard kernel (after
+             every other node of the body, so no grid-wide sync is needed):
+               uncapped, no turn counter needed  set_cond_from_cell / set_cond_from_cell
+               capped or counted, no guard cell  count_start / count_step   (trips: a cap cell or
+                                                                             the trip-count cell)
+               a guard cell and a counter        eagle_loop_start / eagle_loop_step
+             The turn counter (a device cell, reset at loop entry) holds the turn index during the
+             body, and the number of turns after the loop.
+    cell_not/and/or  one-thread kernels eagle_cell_not/and/or.
+    forks    nodes follow program order, except that the branches of one `parallel` region
+             (eqn.info.branch paths) are independent chains; an equation after the region joins
+             them. Edges for buffer hazards (read-after-write, write-after-read, write-after-write
+             on one slot) are added too, so a `wait`, or a slot reused across branches, is ordered.
+    overlap  an input array that shares memory with a Mutable output of the same call without being
+             that very view (`k(buf[:-1], buf[1:])`) is copied into a buffer of its own before the
+             call, every replay: the kernel's threads would otherwise read samples other threads
+             have written. Every input is read before any write, as NumPy's `y[1:] = f(y[:-1],
+             y[1:])` does. `CudaPlan.aliasing` records which inputs overlapped; a bind that changes
+             it lowers again.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hawk_fx.core import Literal, Program, Var
+from hawk_fx.cuda_runtime import BLOCK, KernelModule, body_module, grid_for, overlaps, same_view
+from hawk_fx.emit import cuda as hcuda
+
+from .. import ir
+from ..analysis import direct_outputs
+from .memory import SlotPlanner
+
+GUARDS = KernelModule("hawk_guards", hcuda.guard_source(), tuple(hcuda.GUARD_KERNELS), "guard", label="guards")
+
+# TODO(hawk_fx.emit.cuda): the emitter's guard_source() has no guard that reads a guard cell AND a
+# trip counter (a capped `for _ in range(N): if not cell: break`, a counted loop with a break, or
+# an uncapped loop whose body reads its turn counter). eagle_loop_start/step below are that guard,
+# kept here until the emitter has one; `trips` and `cell` may be null (no cap / no guard cell).
+_LOWERING_SOURCE = hcuda.GUARD_PRELUDE + r"""
+extern "C" __global__ void eagle_loop_start(cudaGraphConditionalHandle handle, unsigned int* counter,
+                                            const unsigned int* trips, const unsigned int* cell) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    *counter = 0u;
+    const bool go = (trips == nullptr || 0u < *trips) && (cell == nullptr || *cell != 0u);
+    cudaGraphSetConditional(handle, go ? 1u : 0u); }
+extern "C" __global__ void eagle_loop_step(cudaGraphConditionalHandle handle, unsigned int* counter,
+                                           const unsigned int* trips, const unsigned int* cell) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const unsigned int c = *counter + 1u;
+    *counter = c;
+    const bool go = (trips == nullptr || c < *trips) && (cell == nullptr || *cell != 0u);
+    cudaGraphSetConditional(handle, go ? 1u : 0u); }
+extern "C" __global__ void eagle_cell_not(unsigned int* out, const unsigned int* a) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *out = *a == 0u ? 1u : 0u; }
+extern "C" __global__ void eagle_cell_and(unsigned int* out, const unsigned int* a, const unsigned int* b) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *out = (*a != 0u && *b != 0u) ? 1u : 0u; }
+extern "C" __global__ void eagle_cell_or(unsigned int* out, const unsigned int* a, const unsigned int* b) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *out = (*a != 0u || *b != 0u) ? 1u : 0u; }
+extern "C" __global__ void eagle_switch_index(unsigned int* index, const unsigned int* cell,
+                                              const long long* cases, unsigned int count) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const long long v = (long long)(*cell);
+    unsigned int k = count;                        // no case matches: the default, last
+    for (unsigned int i = 0; i < count; ++i) { if (cases[i] == v) { k = i; break; } }
+    *index = k; }
+// slice / update / concat (ir.STRUCTURE): element i of a C-order walk over `shape` is copied from
+// src + soff + sum(idx * sstride) to dst + doff + sum(idx * dstride); geom = shape[ndim],
+// sstride[ndim], dstride[ndim], soff, doff, all in bytes
+extern "C" __global__ void eagle_strided_copy(unsigned char* dst, const unsigned char* src, const long long* geom,
+                                              unsigned int ndim, unsigned long long count, unsigned int itemsize) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned long long r = i;
+        long long s = geom[3 * ndim], d = geom[3 * ndim + 1];
+        for (int k = (int)ndim - 1; k >= 0; --k) {
+            const unsigned long long e = r % (unsigned long long)geom[k];
+            r /= (unsigned long long)geom[k];
+            s += (long long)e * geom[ndim + k];
+            d += (long long)e * geom[2 * ndim + k];
+        }
+        if (itemsize == 8u) *(unsigned long long*)(dst + d) = *(const unsigned long long*)(src + s);
+        else if (itemsize == 4u) *(unsigned int*)(dst + d) = *(const unsigned int*)(src + s);
+        else for (unsigned int b = 0; b < itemsize; ++b) dst[d + b] = src[s + b];
+    } }
+"""
+
+_LOWERING_ENTRIES = ("eagle_loop_start", "eagle_loop_step", "eagle_cell_not", "eagle_cell_and", "eagle_cell_or",
+                     "eagle_switch_index", "eagle_strided_copy")
+LOWERING = KernelModule("eagle_lowering", _LOWERING_SOURCE, _LOWERING_ENTRIES, "lowering", label="lowering")
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan
+
+class PlanNode:
+    """One node of the lowered graph. kind: 'kernel' | 'memset' | 'memcpy' | 'host' | 'join' |
+    'if' | 'if_else' | 'switch' | 'while'. role of a kernel: 'body' (a hawk entry), 'init' (a
+    workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic), 'select' (switch index), 'copy'
+    (eagle_strided_copy: slice, update, concat). For a conditional node `cond` is the condition it reads, `bodies` its body trees."""
+
+    __slots__ = ("kind", "role", "label", "handle", "after", "module", "entry", "grid", "block", "args", "cond",
+                 "bodies", "dst", "src")
+
+    def __init__(self, kind, handle, after, role="", label="", module=None, entry=None, grid=None, block=None,
+                 args=(), cond=None, bodies=(), dst=None, src=None):
+        self.kind, self.handle, self.after, self.role, self.label = kind, handle, tuple(after), role, label
+        self.module, self.entry, self.grid, self.block, self.args = module, entry, grid, block, tuple(args)
+        self.cond, self.bodies, self.dst, self.src = cond, list(bodies), dst, src
+
+    def __repr__(self):
+        what = self.entry if self.kind == "kernel" else ""
+        return f"<PlanNode {self.kind}{' ' + self.role if self.role else ''} {self.label or what}>".replace("  ", " ")
+
+
+class CudaPlan:
+    """A lowered Program: the node tree (`tree`: top-level nodes in creation order, each
+    conditional node holding its bodies' trees), the device buffers, modules and conditions."""
+
+    def __init__(self, program, n, builder):
+        self.program, self.n, self.builder = program, n, builder
+        self.tree: list[PlanNode] = []
+        self.end: PlanNode | None = None       # the last node: every other top-level node is before it
+        self.slots: list = []
+        self.slot_of: dict = {}
+        self.input_slots: list[int] = []
+        self.aliasing: frozenset = frozenset()    # (i, j): inputs i < j overlap without being one view
+        self.modules: dict[str, KernelModule] = {}
+        self.conditions: list = []
+        self.constants: list = []
+        self.workspaces: list = []
+
+    def array_of(self, var):
+        k = self.slot_of.get(var)
+        return None if k is None else self.slots[k]
+
+    def walk(self, tree=None, depth=0):
+        """(depth, node) for every node, bodies after their conditional node."""
+        for node in self.tree if tree is None else tree:
+            yield depth, node
+            for body in node.bodies:
+                yield from self.walk(body, depth + 1)
+
+    def nodes(self, kind=None, role=None):
+        return [nd for _, nd in self.walk() if (kind is None or nd.kind == kind) and (role is None or nd.role == role)]
+
+    def pretty(self) -> str:
+        """The node tree as indented text: one line per node."""
+        names, lines = {}, []
+
+        def name(nd):
+            return names.setdefault(id(nd), f"n{len(names)}")
+
+        conds = {}
+
+        def cname(c):
+            return conds.setdefault(id(c), f"c{len(conds)}")
+
+        def emit(tree, depth):
+            for nd in tree:
+                head = f"{'  ' * depth}{name(nd)} {nd.kind}"
+                if nd.kind == "kernel":
+                    head += f" {nd.role} {nd.entry}" + (f" ({nd.label})" if nd.label and nd.role == "body" else "")
+                    head += f" <<<{nd.grid},{nd.block}>>>"
+                    if nd.cond is not None:
+                        head += f" sets {cname(nd.cond)}"
+                elif nd.kind in ("if", "if_else", "switch", "while"):
+                    head += f" on {cname(nd.cond)}"
+                elif nd.label:
+                    head += f" {nd.label}"
+                if nd.after:
+                    head += " after " + ",".join(name(a) for a in nd.after)
+                lines.append(head)
+                for k, body in enumerate(nd.bodies):
+                    lines.append(f"{'  ' * (depth + 1)}[{_body_name(nd.kind, k, len(nd.bodies))}]")
+                    emit(body, depth + 2)
+        emit(self.tree, 0)
+        return "\n".join(lines)
+
+    def compile(self, arch: str = "sm_90") -> dict:
+        """Compile every module with NVRTC (no GPU needed): {module name: cubin bytes}."""
+        return {name: hcuda.compile_cubin(m.source, arch) for name, m in self.modules.items()}
+
+    def instantiate(self):
+        """The executable graph (the builder's `instantiate()`; CoreGraphBuilder has one)."""
+        return self.builder.instantiate()
+
+
+def _body_name(kind, k, count):
+    if kind == "if_else":
+        return ("then", "else")[k]
+    if kind == "switch":
+        return f"branch {k}" + (" (default)" if k == count - 1 else "")
+    return "body" if kind == "while" else "then"
+
+
+# ---------------------------------------------------------------------------------------------
+# ordering: program order except between sibling branches of a fork, plus buffer hazards
+
+def _ordered(p, q) -> bool:
+    """Must items with branch paths p and q run in program order? Not when they sit in different
+    branches of one fork."""
+    for a, b in zip(p, q):
+        if a != b:
+            return a[0] != b[0]
+    return True
+
+
+class _Level:
+    """One graph (the top-level graph or a body) and its node tree."""
+
+    def __init__(self, builder, tree):
+        self.builder, self.tree = builder, tree
+
+
+class _Item:
+    __slots__ = ("path", "tail", "anc")
+
+    def __init__(self, path, tail, anc):
+        self.path, self.tail, self.anc = path, tail, anc
+
+
+class _Seq:
+    """The items (equations, copies) of one program on one level, each a chain of nodes."""
+
+    def __init__(self, low, level, start=()):
+        self.low, self.level, self.start = low, level, tuple(start)
+        self.items: list[_Item] = []
+        self.writer: dict = {}
+        self.readers: dict = {}
+        self._open = None
+
+    def open(self, path, reads, writes) -> tuple:
+        cands = {j for j, it in enumerate(self.items) if _ordered(it.path, path)}
+        for s in reads:
+            if s in self.writer:
+                cands.add(self.writer[s])
+        for s in writes:
+            if s in self.writer:
+                cands.add(self.writer[s])
+            cands |= self.readers.get(s, set())
+        anc = set()
+        for j in cands:
+            anc |= self.items[j].anc
+        deps = sorted(cands - anc)
+        self._open = (tuple(path), anc | cands)
+        return tuple(self.items[j].tail for j in deps) or self.start
+
+    def close(self, tail, reads, writes):
+        path, anc = self._open
+        k = len(self.items)
+        self.items.append(_Item(path, tail, anc))
+        for s in reads:
+            self.readers.setdefault(s, set()).add(k)
+        for s in writes:
+            self.writer[s] = k
+            self.readers[s] = set()
+
+    def finish(self) -> tuple:
+        """The tails no other item follows (or `start` when there are no items)."""
+        covered = set()
+        for it in self.items:
+            covered |= it.anc
+        return tuple(it.tail for k, it in enumerate(self.items) if k not in covered) or self.start
+
+
+class _Chain:
+    """Nodes one after another on one level, starting after `after`."""
+
+    def __init__(self, low, level, after):
+        self.low, self.level, self.last = low, level, tuple(after)
+        self.made = 0
+
+    def deps(self) -> tuple:
+        if len(self.last) > 1:
+            self.last = (self.low.join(self.level, self.last),)
+        return self.last
+
+    def push(self, node):
+        self.last = (node,)
+        self.made += 1
+        return node
+
+    def kernel(self, module, entry, grid, block, args, role, label="", cond=None):
+        return self.push(self.low.kernel(self.level, self.deps(), module, entry, grid, block, args, role, label, cond))
+
+    def memcpy(self, dst, src, label=""):
+        return self.push(self.low.memcpy(self.level, self.deps(), dst, src, label))
+
+    def memset(self, dst, value, label=""):
+        return self.push(self.low.memset(self.level, self.deps(), dst, value, label))
+
+    def tail(self):
+        if not self.made:
+            raise AssertionError("eagle_fx CUDA lowering: an equation made no node")
+        return self.deps()[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# the lowering
+
+def alias_pairs(arrays) -> frozenset:
+    """(i, j), i < j, for the arrays that share memory without being the very same view (two views
+    of one caller's buffer, shifted or strided): what a node must not read while it writes."""
+    return frozenset((i, j) for j in range(len(arrays)) for i in range(j)
+                     if overlaps(arrays[i], arrays[j]) and not same_view(arrays[i], arrays[j]))
+
+
+def lower(program: Program, input_arrays, keep, n: int, builder) -> CudaPlan:
+    """Lower `program` into a CUDA graph through `builder` (the protocol in the module docstring).
+    input_arrays: the device arrays of program.inputs (they are used in place); keep: Vars whose
+    buffers must survive (results, buffer= planes); n: the graph's sample count."""
+    return _Lowering(program, input_arrays, keep, n, builder).plan
+
+
+def _region(aval, index):
+    """(shape, byte strides, byte offset) of `index` (ints and ranges, None: all) of a C-order array."""
+    strides = _c_strides(aval.shape, aval.dtype.itemsize) if aval.shape else []
+    if index is None:
+        return tuple(aval.shape) or (1,), list(strides) or [aval.dtype.itemsize], 0
+    shape, out, off = [], [], 0
+    for r, st in zip(index, strides):
+        if isinstance(r, range):
+            shape.append(len(r))
+            out.append(st * r.step)
+            off += r.start * st
+        else:
+            off += r * st
+    return tuple(shape), out, off
+
+
+def _c_strides(shape, itemsize):
+    strides, acc = [], itemsize
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+class _Lowering(SlotPlanner):
+    def __init__(self, prog, input_arrays, keep, n, builder):
+        self.prog, self.builder = prog, builder
+        self.plan = plan = CudaPlan(prog, n, builder)
+        self.slots, self.slot_of = plan.slots, plan.slot_of
+        self.consts: dict = {}
+        self._init_pool()
+        self.slot_paths: dict = {}       # top-level slot -> branch paths of the equations that used it
+        self.depth = 0                   # conditional bodies around the current node
+        input_arrays = list(input_arrays)
+        if len(input_arrays) != len(prog.inputs):
+            raise ValueError(f"eagle_fx CUDA lowering: {len(input_arrays)} input arrays for a program of "
+                             f"{len(prog.inputs)} inputs")
+        for v, arr in zip(prog.inputs, input_arrays):
+            if tuple(arr.shape) != v.aval.shape or np.dtype(arr.dtype) != v.aval.dtype:
+                raise ValueError(f"eagle_fx CUDA lowering: an input array is {tuple(arr.shape)} {arr.dtype}, the "
+                                 f"program's input is {v.aval.shape} {v.aval.dtype}")
+        self._bind_inputs(prog, input_arrays, keep)
+        plan.input_slots = self.input_slots
+        plan.aliasing = alias_pairs(input_arrays)
+        self.aliases: dict = {}          # input slot -> the input slots it overlaps (not as one view)
+        for i, j in plan.aliasing:
+            a, b = self.input_slots[i], self.input_slots[j]
+            self.aliases.setdefault(a, set()).add(b)
+            self.aliases.setdefault(b, set()).add(a)
+        top = _Level(builder, plan.tree)
+        sinks = self._gen_top(top)
+        plan.end = sinks[0] if len(sinks) == 1 else (self.join(top, sinks) if sinks else None)
+
+    # -- memory (the planner: backends/memory.py) ----------------------------------------------
+    def _zeros(self, shape, dtype):
+        return self.builder.zeros(tuple(shape), np.dtype(dtype))
+
+    def _fits(self, path):
+        """Which freed top-level slots an output of an equation on branch `path` may take: those whose
+        users all run in order with it (reusing a slot of a sibling branch would serialise the
+        branches)."""
+        return lambda k: all(_ordered(q, path) for q in self.slot_paths.get(k, ()))
+
+    def const(self, value, dtype, shape=None):
+        """A device array holding a constant (uploaded once, shared by equal constants)."""
+        host = np.asarray(value, dtype=dtype)
+        if shape is not None:
+            host = np.broadcast_to(host, shape)
+        host = np.ascontiguousarray(host).reshape(host.shape or (1,))
+        key = (host.dtype.str, host.shape, host.tobytes())
+        arr = self.consts.get(key)
+        if arr is None:
+            arr = self.consts[key] = self.builder.to_device(host)
+            self.plan.constants.append(arr)
+        return arr
+
+    def buf(self, atom, aval=None):
+        """The device array of an operand: its slot, or a constant for a Literal."""
+        if isinstance(atom, Literal):
+            aval = aval or atom.aval
+            return self.const(atom.value, aval.dtype, aval.shape if aval.shape else None)
+        return self.slots[self.slot_of[atom]]
+
+    def read(self, chain, atom, writes, private):
+        """The array a node that writes the slots `writes` reads `atom` from: its buffer, or a copy of
+        it made first (on `chain`, once per node: `private`) where that buffer overlaps one the node
+        writes without being that very view. Every input is then read before any write."""
+        if isinstance(atom, Literal):
+            return self.buf(atom)
+        s = self.slot_of[atom]
+        if not self.aliases.get(s, set()) & set(writes):
+            return self.slots[s]
+        if s not in private:
+            t = self._sub_slot(atom.aval)
+            chain.memcpy(self.slots[t], self.slots[s], label="overlapping input")
+            private[s] = self.slots[t]
+        return private[s]
+
+    # -- nodes -------------------------------------------------------------------------------
+    def _add(self, level, node):
+        level.tree.append(node)
+        return node
+
+    @staticmethod
+    def _h(after):
+        return tuple(a.handle for a in after)
+
+    def kernel(self, level, after, module, entry, grid, block, args, role, label="", cond=None):
+        if entry not in module.entries:
+            raise ValueError(f"eagle_fx CUDA lowering: {module.name} has no entry {entry!r}")
+        self.plan.modules.setdefault(module.name, module)
+        h = level.builder.kernel(module, entry, int(grid), int(block), tuple(args), after=self._h(after))
+        return self._add(level, PlanNode("kernel", h, after, role, label, module, entry, grid, block, args, cond))
+
+    def memcpy(self, level, after, dst, src, label=""):
+        h = level.builder.memcpy(dst, src, after=self._h(after))
+        return self._add(level, PlanNode("memcpy", h, after, label=label, dst=dst, src=src))
+
+    def memset(self, level, after, dst, value, label=""):
+        h = level.builder.memset(dst, int(value), after=self._h(after))
+        return self._add(level, PlanNode("memset", h, after, label=label, dst=dst, args=(int(value),)))
+
+    def join(self, level, after, label="join"):
+        h = level.builder.join(self._h(after))
+        return self._add(level, PlanNode("join", h, after, label=label))
+
+    def host(self, level, after, fn, label=""):
+        h = level.builder.host(fn, after=self._h(after))
+        return self._add(level, PlanNode("host", h, after, label=label))
+
+    def condition(self, level):
+        c = level.builder.create_condition(0)
+        self.plan.conditions.append(c)
+        return c
+
+    def conditional(self, level, after, kind, cond, count=None, label=""):
+        b, a = level.builder, self._h(after)
+        if kind == "if":
+            h, body = b.if_then(cond, after=a)
+            bodies = [body]
+        elif kind == "if_else":
+            h, bodies = b.if_else(cond, after=a)
+        elif kind == "switch":
+            h, bodies = b.switch(cond, count, after=a)
+        else:
+            h, body = b.while_loop(cond, after=a)
+            bodies = [body]
+        bodies = list(bodies)
+        node = self._add(level, PlanNode(kind, h, after, label=label, cond=cond, bodies=[[] for _ in bodies]))
+        return node, [_Level(bb, tree) for bb, tree in zip(bodies, node.bodies)]
+
+    def _seal(self, level):
+        """A body with no work gets an empty node (an empty body graph is not relied on)."""
+        if not level.tree:
+            self.join(level, (), label="empty")
+
+    # -- generation --------------------------------------------------------------------------
+    def _gen_top(self, level):
+        prog = self.prog
+        seq = _Seq(self, level)
+        self._walk_top(prog, lambda i, e: self._gen_eqn(seq, prog, i, e, {}, top=True))
+        return seq.finish()
+
+    def _gen_eqn(self, seq, prog, idx, e, pre, top=False):
+        inplace = dict(e.params.get("inplace", ()) or ())
+        outs = []
+        for j, v in enumerate(e.outputs):
+            if j in inplace:
+                self.slot_of[v] = self.slot_of[e.inputs[inplace[j]]]
+            else:
+                self.slot_of[v] = self._out_slot(v, pre, top, self._fits(e.info.branch))
+            outs.append(self.slot_of[v])
+        reads = {self.slot_of[a] for a in e.inputs if isinstance(a, Var)}
+        writes = set(outs)
+        if top:
+            for k in reads | writes:
+                self.slot_paths.setdefault(k, set()).add(tuple(e.info.branch))
+        p = e.prim
+        chain = _Chain(self, seq.level, seq.open(e.info.branch, reads, writes))
+        if p is ir.call_p:
+            self._gen_call(chain, e, outs)
+        elif p is ir.opaque_p:
+            self._gen_opaque(chain, e)
+        elif p in (ir.cell_not_p, ir.cell_and_p, ir.cell_or_p):
+            entry = {ir.cell_not_p: "eagle_cell_not", ir.cell_and_p: "eagle_cell_and", ir.cell_or_p: "eagle_cell_or"}[p]
+            args = [self.slots[outs[0]]] + [self.buf(a, ir.U32_CELL) for a in e.inputs]
+            chain.kernel(LOWERING, entry, 1, 1, args, "cell", p.name)
+        elif p is ir.cond_p:
+            self._gen_cond(chain, e, outs)
+        elif p is ir.switch_p:
+            self._gen_switch(chain, e, outs)
+        elif p is ir.while_p:
+            self._gen_while(chain, e, outs)
+        elif p in ir.STRUCTURE:
+            self._gen_structure(chain, e, outs)
+        else:
+            raise NotImplementedError(f"eagle_fx CUDA lowering: no rule for primitive '{p}'")
+        seq.close(chain.tail(), reads, writes)
+
+    def _gen_call(self, chain, e, outs):
+        spec, n = e.params["spec"], e.params["n"]
+        mod = body_module(spec)
+        ek = mod.emitted
+        ins = e.inputs[:len(spec.kernel.param_names)]
+        ws = None
+        if ek.workspace_bytes:
+            ws = self._zeros((ek.workspace_bytes,), np.uint8)
+            self.plan.workspaces.append(ws)
+        args, private = [], {}
+        for prm in ek.params:
+            if prm.role in ("in_plane", "in_cell"):
+                args.append(self.read(chain, ins[prm.index], outs, private))
+            elif prm.role == "in_value":
+                a = ins[prm.index]
+                if not isinstance(a, Literal):
+                    raise NotImplementedError(f"eagle_fx CUDA lowering: {spec.kernel.name} takes input {prm.index} by "
+                                              "value, but the graph passes a buffer")
+                args.append(np.dtype(prm.dtype).type(a.value))
+            elif prm.role in ("out_plane", "out_cell"):
+                args.append(self.slots[outs[prm.index]])
+            elif prm.role == "workspace":
+                args.append(ws)
+            elif prm.role == "n":
+                args.append(np.uint64(n))
+            else:
+                raise NotImplementedError(f"eagle_fx CUDA lowering: unknown kernel parameter role {prm.role!r}")
+        name = spec.kernel.name
+        if ek.reductions:
+            if ek.init_is_zero:
+                chain.memset(ws, 0, label=f"{name} workspace")
+            else:
+                chain.kernel(mod, f"{ek.name}_init", 1, 1, args, "init", name)
+        for en in ek.entries:
+            if en.role == "init":
+                continue
+            grid, block = (1, 1) if en.launch == "single" else (grid_for(n), BLOCK)
+            chain.kernel(mod, en.name, grid, block, args, "body", name)
+
+    def _gen_structure(self, chain, e, outs):
+        """slice/update/concat: strided copies (eagle_strided_copy); reshape: a memcpy (both C order)."""
+        p, out, private = e.prim, self.slots[outs[0]], {}
+
+        def src(atom):
+            return self.read(chain, atom, outs, private)
+        if p is ir.reshape_p:
+            chain.memcpy(out, src(e.inputs[0]), label="reshape")
+            return
+        if p is ir.slice_p:
+            a = e.inputs[0]
+            self._strided(chain, out, src(a), a.aval, _region(a.aval, e.params["index"]),
+                          _region(e.outputs[0].aval, None), "slice")
+        elif p is ir.update_p:
+            base, value = e.inputs
+            if self.buf(base) is not out:          # a functional update: the base is copied first
+                chain.memcpy(out, src(base), label="update")
+            self._strided(chain, out, src(value), value.aval, _region(value.aval, None),
+                          _region(base.aval, e.params["index"]), "update")
+        else:
+            axis, start, shape = e.params["axis"], 0, e.outputs[0].aval.shape
+            for a in e.inputs:
+                k = a.aval.shape[axis]
+                index = tuple(range(start, start + k) if i == axis else range(d) for i, d in enumerate(shape))
+                self._strided(chain, out, src(a), a.aval, _region(a.aval, None), _region(e.outputs[0].aval, index),
+                              "concat")
+                start += k
+
+    def _strided(self, chain, dst, src, aval, src_region, dst_region, label):
+        (shape, sstride, soff), (dshape, dstride, doff) = src_region, dst_region
+        assert shape == dshape, (shape, dshape)
+        count = int(np.prod(shape))
+        geom = self.const(list(shape) + list(sstride) + list(dstride) + [soff, doff], np.int64)
+        args = [dst, src, geom, np.uint32(len(shape)), np.uint64(count), np.uint32(aval.dtype.itemsize)]
+        chain.kernel(LOWERING, "eagle_strided_copy", grid_for(count), BLOCK, args, "copy", label)
+
+    def _gen_opaque(self, chain, e):
+        label = e.info.name or getattr(e.params["fn"], "__name__", "fn")
+        if self.depth:
+            raise NotImplementedError(f"eagle_fx CUDA lowering: the opaque node {label!r} is inside a device if/loop; "
+                                      "a CUDA graph's conditional bodies cannot hold host nodes: move it out of the "
+                                      "device if/loop, or write it as a kernel")
+        chain.push(self.host(chain.level, chain.deps(), e.params["fn"], label))
+
+    # -- sub-programs ------------------------------------------------------------------------
+    def _gen_sub(self, level, start, sub: Program, operands, out_slots) -> tuple:
+        """Lower `sub` on `level` after `start`, its inputs bound to the operands' slots and its
+        outputs landing in out_slots; returns its tails."""
+        seq = _Seq(self, level, start)
+        for v, a in zip(sub.inputs, operands):
+            if isinstance(a, Literal):
+                self.slot_of[v] = self._sub_slot(v.aval)
+                self._copy_item(seq, self.slot_of[v], a)
+            else:
+                self.slot_of[v] = self.slot_of[a]
+        pre = direct_outputs(sub, out_slots, self.slot_of)
+        for i, e in enumerate(sub.eqns):
+            self._gen_eqn(seq, sub, i, e, pre)
+        self._gen_copies(seq, sub.outputs, out_slots)
+        return seq.finish()
+
+    def _copy_item(self, seq, dst_slot, src):
+        """A memcpy as an item of `seq`, ordered after everything before it."""
+        dst = self.slots[dst_slot]
+        reads = {self.slot_of[src]} if isinstance(src, Var) else set()
+        chain = _Chain(self, seq.level, seq.open((), reads, {dst_slot}))
+        if isinstance(src, Var):            # (through a copy where src overlaps dst: memcpy must not)
+            chain.memcpy(dst, self.read(chain, src, {dst_slot}, {}), label="copy")
+        else:
+            chain.memcpy(dst, self.const(src.value, dst.dtype, tuple(dst.shape)), label="constant")
+        seq.close(chain.tail(), reads, {dst_slot})
+
+    def _gen_copies(self, seq, srcs, out_slots):
+        for s, a in self._copy_moves(srcs, out_slots):
+            self._copy_item(seq, s, a)
+
+    def _copies_seq(self, level, start, srcs, out_slots) -> tuple:
+        seq = _Seq(self, level, start)
+        self._gen_copies(seq, srcs, out_slots)
+        return seq.finish()
+
+    def _body(self, level, sub, operands, outs, extra=None):
+        self.depth += 1
+        try:
+            tails = self._gen_sub(level, (), sub, operands, outs)
+            if extra is not None:
+                extra(tails)
+        finally:
+            self.depth -= 1
+        self._seal(level)
+
+    def _gen_cond(self, chain, e, outs):
+        false_p, true_p = e.params["branches"]
+        c = self.condition(chain.level)
+        chain.kernel(GUARDS, "set_cond_from_cell", 1, 1, [c, self.buf(e.inputs[0], ir.U32_CELL)], "guard", "if", c)
+        node, (then_l, else_l) = self.conditional(chain.level, chain.deps(), "if_else", c, label="if")
+        chain.push(node)
+        self._body(then_l, true_p, e.inputs[1:], outs)
+        self._body(else_l, false_p, e.inputs[1:], outs)
+
+    def _gen_switch(self, chain, e, outs):
+        cases = tuple(e.params["cases"])
+        *arms, default = e.params["branches"]
+        k = len(cases)
+        idx = self._sub_slot(ir.U32_CELL)
+        table = self.const(np.array(cases, dtype=np.int64), np.int64) if k else None
+        chain.kernel(LOWERING, "eagle_switch_index", 1, 1,
+                     [self.slots[idx], self.buf(e.inputs[0], ir.U32_CELL), table, np.uint32(k)], "select", "match")
+        c = self.condition(chain.level)
+        chain.kernel(GUARDS, "set_cond_from_value", 1, 1, [c, self.slots[idx]], "guard", "match", c)
+        node, levels = self.conditional(chain.level, chain.deps(), "switch", c, count=k + 1, label="match")
+        chain.push(node)
+        for lv, arm in zip(levels, list(arms) + [default]):
+            self._body(lv, arm, e.inputs[1:], outs)
+
+    def _gen_while(self, chain, e, outs):
+        body, cond = e.params["body"], e.params["cond"]
+        cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
+        ops = list(e.inputs)
+        trip = ops.pop(0) if counted else None
+        consts, init = ops[:nc], ops[nc:]
+        level = chain.level
+        chain.last = self._copies_seq(level, chain.deps(), init, outs)
+        reads_turn = any(body.inputs[0] in q.inputs for q in body.eqns) or body.inputs[0] in body.outputs
+        needs_counter = cap is not None or counted or reads_turn
+        if cap is None and not counted and cond is None:
+            raise NotImplementedError("eagle_fx CUDA lowering: a device loop with neither a guard nor a trip count")
+        ctr = self._sub_slot(ir.U32_CELL)
+        trips = None
+        if counted:
+            trips = self.buf(trip, ir.U32_CELL)
+        elif cap is not None:
+            trips = self.const(np.array([cap], dtype=np.uint32), np.uint32)
+        c_slot = None
+
+        def guard_cell(level_, start):
+            """Evaluate the loop's guard program on the carries; (cell slot, tails)."""
+            nonlocal c_slot
+            if cond is None:
+                return None, start
+            c_ops = consts + [self._ref(s, a.aval) for s, a in zip(outs, init)]
+            if not cond.eqns and cond.outputs[0] in cond.inputs:     # the guard is a carried cell itself
+                a = c_ops[cond.inputs.index(cond.outputs[0])]
+                return self.slot_of[a], start
+            if c_slot is None:
+                c_slot = self._sub_slot(ir.U32_CELL)
+            return c_slot, self._gen_sub(level_, start, cond, c_ops, [c_slot])
+
+        cell_slot, chain.last = guard_cell(level, chain.last)
+        cell = self.slots[cell_slot] if cell_slot is not None else None
+        c = self.condition(level)
+        counter = self.slots[ctr]
+        if cell is None:
+            start = (GUARDS, "count_start", [c, counter, trips])
+            step = (GUARDS, "count_step", [c, counter, trips])
+        elif not needs_counter:
+            start = step = (GUARDS, "set_cond_from_cell", [c, cell])
+        else:
+            start = (LOWERING, "eagle_loop_start", [c, counter, trips, cell])
+            step = (LOWERING, "eagle_loop_step", [c, counter, trips, cell])
+        chain.kernel(start[0], start[1], 1, 1, start[2], "guard", "while", c)
+        node, (body_l,) = self.conditional(level, chain.deps(), "while", c, label="while")
+        chain.push(node)
+        refs = [self._ref(ctr, ir.U32_CELL)] + consts + [self._ref(s, a.aval) for s, a in zip(outs, init)]
+
+        def finish_body(tails):
+            _, tails = guard_cell(body_l, tails)       # the same cell as before the loop
+            _Chain(self, body_l, tails).kernel(step[0], step[1], 1, 1, step[2], "guard", "while", c)
+
+        self._body(body_l, body, refs, outs, extra=finish_body)
+
