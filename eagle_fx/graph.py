@@ -405,7 +405,9 @@ class Graph:
         return Record(self, self._generation)
 
     def _result_copy(self):
-        """Copies of the result arrays (as its views show them), after a launch."""
+        """Copies of the result arrays (as its views show them) after a launch; None without a result."""
+        if not self._has_result:
+            return None
         leaves, tree = self._result_flat
         outs = self._program.outputs
         if tree.kind == "leaf":
