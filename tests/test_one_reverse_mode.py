@@ -11,11 +11,13 @@ import pytest
 
 import eagle_fx as eagle
 import hawk_fx as hawk
-from hawk_fx import Scalar
+from hawk_fx import Param, Scalar
 from hawk_fx import math as hm
 from test_grad_graph import (capped, choose, chooser, counted, early_exit, fd_grads, forks, keep, mutating,
                              nested, skipping, whole)
 from tour_kernels import below, cell, dbl, total
+
+pytestmark = pytest.mark.usefixtures("backend_heavy")     # on numpy; on jax too with -m slow (compiles)
 
 X3 = np.array([0.3, -0.7, 1.1])
 
@@ -200,3 +202,40 @@ def test_under_vmap_the_saved_turns_follow_the_longest_instance():
         np.testing.assert_allclose(grads[b], jax_grad(xs[b], turns[b]), rtol=1e-12, err_msg=f"instance {b}")
     bound = 4 * max(turns) * B * n * 8 + 32 * B * n * 8
     assert peak < bound, (peak, bound)
+
+
+# ---------------------------------------------------------------------------------------------
+# a call's forward keeps the costly values its backward would compute again
+
+@hawk.kernel
+def wave_k(x: Scalar) -> Scalar:
+    return hm.sin(x) * x
+
+
+@hawk.kernel
+def bell_k(x: Scalar, a: Param) -> Scalar:
+    return hm.exp(-a * x * x) + x
+
+
+@eagle.Graph.builder
+def wave_bell(x, a):
+    g = eagle.Graph()
+    g.result = total(bell_k(wave_k(x), a))
+    return g
+
+
+def test_a_kernel_backward_reads_the_costly_values_of_its_forward():
+    x, a = np.linspace(-1.0, 1.5, 6), np.array([0.7])
+    prog = eagle.make_program(eagle.grad(wave_bell, argnums=(0, 1)))(x, a)
+    prims = {e.params["kernel"].name: [q.prim.name for q in e.params["spec"].prog.eqns]
+             for e in prog.eqns if e.prim.name == "call"}
+    assert "sin" in prims["wave_k"] and "sin" not in prims["vjp(wave_k)"]      # read back, not recomputed
+    assert "exp" in prims["bell_k"] and "exp" not in prims["vjp(bell_k)"]
+    assert "cos" in prims["vjp(wave_k)"]                                     # the forward never had it
+    dx, da = eagle.grad(wave_bell, argnums=(0, 1))(x, a)
+    w = np.sin(x) * x                                                        # the chain rule in NumPy
+    e = np.exp(-a * w * w)
+    y = e + w
+    dy = 2 * y
+    np.testing.assert_allclose(dx, dy * (1 - 2 * a * w * e) * (np.sin(x) + x * np.cos(x)), rtol=1e-12)
+    np.testing.assert_allclose(da, [np.sum(dy * -w * w * e)], rtol=1e-12)

@@ -2,7 +2,9 @@
 
 The result is one functional Program: the forward, then the backward reading the forward's values.
   * call: the kernel's vjp body (hawk_fx.diff.vjp_spec) maps the call's inputs and the cotangents
-    of its outputs to the cotangents of its inputs;
+    of its outputs to the cotangents of its inputs; where that body would compute again a costly
+    value the kernel computes (sin(x) for sin(x) * x), the forward call also returns it and the
+    backward reads it (kernel_residuals.py);
   * cond/switch: a cond on the same predicate whose arms are the vjp of each arm (an arm's
     forward runs again inside its backward: nothing of the arm needs saving);
   * while: the forward loop also pushes each turn's carries onto a stack (a carry of its own,
@@ -22,6 +24,7 @@ from hawk_fx.diff import kernel_vjp, vjp_spec
 
 from .. import ir
 from . import structure
+from .kernel_residuals import split_kernel
 from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, inline, is_float, \
     refuse_untransformable
 
@@ -48,6 +51,7 @@ class _Vjp:
         self.alias: dict = {}       # a sub-program's input -> the outer atom it reads (for trip counts)
         self.in_loop = 0            # > 0: building the vjp of a loop body (its values come from saved turns)
         self.top: set = set()       # the inputs of the outermost Program
+        self.kept: dict = {}        # a call -> the residuals its forward returns for its backward
 
     def program(self, prog, wrt):
         inputs = [Var(v.aval, v.hint) for v in prog.inputs]
@@ -59,6 +63,8 @@ class _Vjp:
             refuse_untransformable(e, self.api)
             if e.prim is ir.while_p:
                 saved[e] = self.forward_loop(e, env, eqns)
+            elif e.prim is ir.call_p and not e.params.get("inplace") and split_kernel(e.params["spec"]):
+                self.forward_call(e, env, eqns)
             else:
                 copy_eqn(e, env, eqns)
         ct: dict = {}
@@ -89,19 +95,31 @@ class _Vjp:
                 raise NotImplementedError(f"{self.api}: no reverse rule for primitive '{e.prim}'")
         outs = [a if isinstance(a, Literal) else env[a] for a in prog.outputs]
         grads = [ct.get(v) or eqns.zeros(ct_aval(v.aval)) for v, w in zip(prog.inputs, wrt) if w]
-        return dce(Program(inputs + ct_in, eqns, outs + grads))
+        return dce(_plain_unread(Program(inputs + ct_in, eqns, outs + grads), self.kept))
 
     # -- rules -------------------------------------------------------------------------------
+    def forward_call(self, e, env, eqns):
+        """The call, also returning the costly values its backward reads (kernel_residuals.py)."""
+        sp = split_kernel(e.params["spec"])
+        params = [_read(a, env) for a in e.inputs[:len(e.params["kernel"].param_names)]]
+        outs = eqns.call(sp.forward, params, e.params["n"], e.info)
+        env.update(zip(e.outputs, outs[:sp.n_results]))
+        self.kept[e] = (eqns[-1], outs[sp.n_results:], e)
+
     def call(self, e, cts, env, ct, eqns):
         spec, n = e.params["spec"], e.params["n"]
         params = e.inputs[:len(e.params["kernel"].param_names)]
         seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v in zip(cts, e.outputs)]
         # in a loop body, a value the kernel's backward does not read (any input of a linear body)
         # is not passed, so the loop saves no turns of it; elsewhere it is there anyway
-        reads = kernel_vjp(spec).reads
+        sp = split_kernel(spec) if e in self.kept else None
+        reads = sp.reads if sp is not None else kernel_vjp(spec).reads
         values = [_read(a, env) if r or not self.in_loop or isinstance(a, Literal) else eqns.zeros(a.aval)
                   for a, r in zip(params, reads)]
-        grads = iter(eqns.call(vjp_spec(spec), values + seeds, n, e.info))
+        if sp is not None:
+            grads = iter(eqns.call(sp.backward, values + list(self.kept[e][1]) + seeds, n, e.info))
+        else:
+            grads = iter(eqns.call(vjp_spec(spec), values + seeds, n, e.info))
         for a, w in zip(params, kernel_vjp(spec).wrt):
             if w:
                 _accumulate(ct, a, next(grads), eqns)
@@ -243,6 +261,24 @@ def _holds_backward(prog) -> bool:
     """Does a loop body hold a reverse pass through a loop (a stack read back, a revolve)?"""
     return any(e.prim in (ir.stack_read_p, ir.revolve_p) for e in prog.eqns) or \
         any(_holds_backward(q) for q in prog.subprograms())
+
+
+def _plain_unread(prog, kept):
+    """`prog` with the calls whose residuals nothing reads (no cotangent reached them) calling the
+    kernel as it was."""
+    mine = {id(q): (res, e) for q, res, e in kept.values()}
+    if not any(id(q) in mine for q in prog.eqns):
+        return prog
+    read = {a for q in prog.eqns for a in q.inputs if isinstance(a, Var)} | \
+        {a for a in prog.outputs if isinstance(a, Var)}
+    eqns = []
+    for q in prog.eqns:
+        res, e = mine.get(id(q), ((), None))
+        if e is not None and not any(r in read for r in res):
+            q = q.replace(params=dict(q.params, kernel=e.params["kernel"], spec=e.params["spec"]),
+                          outputs=q.outputs[:len(q.outputs) - len(res)])
+        eqns.append(q)
+    return prog.replace(eqns=eqns)
 
 
 def _read(a, env):
