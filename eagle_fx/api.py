@@ -119,7 +119,7 @@ def freeze(x):
 def run(g):
     """Replay `g` and return copies of its result (as its result views show it: a Jacobian in JAX's shape)."""
     g.launch()
-    return g._result_copy() if g._has_result else None
+    return g._result_copy()
 
 
 def stage(f, args, api):
@@ -322,7 +322,7 @@ class Staged:
 
     def graph(self, prog, extra_planes, tree, n_results):
         """The closed Program running `prog` over the staged planes and `extra_planes`."""
-        return Closed(prog, self.planes + list(extra_planes), tree, n_results, self.n, self.g.backend, self.g.mesh)
+        return self.g.derive(prog, self.planes + list(extra_planes), tree, n_results)
 
     def capacity(self, trip, e):
         return loop_capacity(self.api, trip, e, self.prog.inputs, [p.array for p in self.planes])
@@ -362,7 +362,7 @@ def select_result(g, k):
     start = sum(t.num_leaves for t in tree.children[:k])
     part = tree.children[k]
     outs = leaves[start:start + part.num_leaves]
-    return Closed(dce(c.program.replace(outputs=outs)), c.planes, part, len(outs), c.n, c.backend, c.mesh)
+    return c.derive(dce(c.program.replace(outputs=outs)), c.planes, part, len(outs))
 
 
 def arg_names(f, n):

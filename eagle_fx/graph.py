@@ -226,8 +226,10 @@ class Graph:
             backend = getattr(self._exe, "backend_name", None)
         else:
             backend = _select.choose(arrays, "jax" if self._mesh is not None else self._backend)
-        return Closed(prog, list(self._trace.input_planes), tree, len(leaves), self._trace.n,
-                      "jax" if backend == "jax" else None, self._mesh, record=self._record)
+        c = Closed(prog, list(self._trace.input_planes), tree, len(leaves), self._trace.n,
+                   "jax" if backend == "jax" else None, self._mesh, record=self._record)
+        c.tree_args = self._tree_args
+        return c
 
     @classmethod
     def _from_program(cls, program, input_planes, tree, n_results, n, backend=None, mesh=None, views=None,
@@ -259,6 +261,7 @@ class Graph:
                 g._views[id(h)] = view
         g._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
         g._closed_src = closed
+        g._tree_args = dict(closed.tree_args) if closed is not None else {}
         g._pending = backend or "numpy"
         if not lazy:
             g._lower_pending()
@@ -406,7 +409,9 @@ class Graph:
         return Record(self, self._generation)
 
     def _result_copy(self):
-        """Copies of the result arrays (as its views show them), after a launch."""
+        """Copies of the result arrays (as its views show them) after a launch; None without a result."""
+        if not self._has_result:
+            return None
         leaves, tree = self._result_flat
         outs = self._program.outputs
         if tree.kind == "leaf":

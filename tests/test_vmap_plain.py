@@ -202,3 +202,18 @@ def test_a_read_only_mutable_is_refused_and_nothing_is_written():
     f(X, M2)                                              # the layout now cached: refused on a hit too
     refused(ValueError, lambda: f(X, M), "read-only")
     assert not M.any()
+
+
+def test_nested_vmap_writes_the_mutable_back_or_refuses_a_copy():
+    X3 = np.arange(24.0).reshape(2, 3, 4)
+    want = np.zeros((2, 3, 4))
+    for i in range(2):
+        for j in range(3):
+            accumulate(X3[i, j], want[i, j])()
+    M = np.zeros((2, 3, 4))
+    out = eagle.vmap(eagle.vmap(lambda x, m: accumulate(x, m)))(X3, M)
+    np.testing.assert_allclose(out, 2 * X3)
+    np.testing.assert_allclose(M, want)
+    Mt = np.zeros((3, 2, 4))            # batch axes swapped: merging them needs a copy the writes would miss
+    refused(VmapError, lambda: eagle.vmap(eagle.vmap(lambda x, m: accumulate(x, m)), in_axes=(0, 1))(X3, Mt),
+            "argument 1 is written in place", "a copy of it", untouched=(Mt,))
