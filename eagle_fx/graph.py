@@ -12,6 +12,7 @@ import typing
 
 import numpy as np
 
+from hawk_fx.emit.jax import is_jax_array
 from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
 from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
@@ -22,6 +23,7 @@ from .autograph import convert_builder
 from .backends import cuda as _cuda
 from .backends import select as _select
 from .backends.numpy import NumpyExecutable
+from .guards import release
 from .staging import GraphTrace, Plane
 
 
@@ -425,7 +427,8 @@ class Graph:
                 names[e.name] = ("written" if final is not v else "arg", (v, final))
         for h in t.buffers:
             if h.label and h.label not in names and h.var is not None:
-                names[h.label] = ("buffer", (h.var, h.var))
+                final = t.buffer_value(h)
+                names[h.label] = ("buffer", (final, final))
         names["result"] = ("result", (None, None))
         return names
 
@@ -587,8 +590,11 @@ class Graph:
         if not staging.is_array(arr):
             raise ValueError(f"eagle.Graph.bind: {name!r} takes an array of shape {old.shape} and dtype {old.dtype}, "
                              f"got {type(arr).__name__}: pass np.asarray({name}, dtype=np.{old.dtype.name})")
-        if isinstance(arr, np.ndarray) != isinstance(old, np.ndarray) \
-                or tuple(arr.shape) != tuple(old.shape) or arr.dtype != old.dtype:
+        if isinstance(arr, np.ndarray) != isinstance(old, np.ndarray):
+            raise ValueError(f"eagle.Graph.bind: {name!r} was built with a {_array_type(old)} and got a "
+                             f"{_array_type(arr)}; the array type chose the graph's backend: pass the same type "
+                             "(np.asarray / jnp.asarray), or call the builder again")
+        if tuple(arr.shape) != tuple(old.shape) or arr.dtype != old.dtype:
             got = f"{getattr(arr, 'shape', None)} {getattr(arr, 'dtype', type(arr).__name__)}"
             raise ValueError(f"eagle.Graph.bind: {name!r} changed shape/dtype ({old.shape} {old.dtype} -> {got}): "
                              "call the builder again")
@@ -638,6 +644,11 @@ class Graph:
                 f"{getattr(self._exe, 'backend_name', 'cpu')}>")
 
 
+def _array_type(a) -> str:
+    """numpy.ndarray, jax.Array, cupy.ndarray: the name a message gives an array's type."""
+    return "jax.Array" if is_jax_array(a) else f"{type(a).__module__.split('.')[0]}.{type(a).__name__}"
+
+
 def _jax_executable(program, arrays, keep, n, names, mesh):
     from .backends.jax import JaxExecutable
     return JaxExecutable(program, arrays, keep, n, names, mesh)
@@ -675,6 +686,7 @@ class Builder:
             return self._call_block(args, kwargs)
         if eager.staging_disabled():
             return eager.call_builder(self, args, kwargs)
+        args, kwargs = release(args), release(kwargs)      # a plain function's guarded arguments (guards.py)
         bound = self._bind(args, kwargs)
         bound.apply_defaults()
         names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
@@ -739,7 +751,7 @@ class Builder:
         given: dict = {}        # id(plane) -> the caller's array it stands for
 
         def enter(arr):
-            p = graph._trace.block_argument(arr)
+            p = graph._trace.plane_of_array(arr)
             given[id(p)] = arr
             return p
         staging._source_stack.append(self.source)

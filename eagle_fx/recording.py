@@ -171,7 +171,7 @@ def recorded_executable(g, keep, arrays, n) -> RecordedExecutable:
     t, prog = g._trace, g._program
     written = [(i, final) for i, (v, e) in enumerate(zip(prog.inputs, t.input_planes))
                if (final := t.root.current.get(e, v)) is not v]
-    labelled = [h.var for h in t.buffers if h.label and h.var is not None]
+    labelled = [t.buffer_value(h) for h in t.buffers if h.label and h.var is not None]
     # a record runs on NumPy, whose stacks of saved turns grow with the turns run: no capacity
     halves = Halves(prog, [f for _, f in written] + labelled, list(keep) + list(t.root.current.values()), labelled,
                     lambda trip, e: None, g._checkpoints)

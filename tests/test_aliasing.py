@@ -13,6 +13,8 @@ from eagle_fx.testing.fake_cuda import FakeRuntime
 from hawk_fx import Mutable, Param, Scalar
 from hawk_fx.emit.numpy import CHUNK
 
+pytestmark = pytest.mark.usefixtures("backend_heavy")     # on numpy; on jax too with -m slow (compiles)
+
 
 @hawk.kernel
 def smooth(s: Scalar, y: Mutable[Scalar]):

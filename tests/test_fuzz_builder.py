@@ -33,8 +33,8 @@ PLANES = ("p0", "p1", "p2", "p3")
 CELLS = ("c0", "c1", "c2")
 UNARY = ("inc", "dbl", "half", "wave", "soft")
 BINARY = ("add", "mix")
-FORMS = ("assign", "block", "numpy", "view_write", "mutable", "cell_write", "if", "match", "capped", "counted", "uncapped", "python_for",
-         "fork", "break", "continue")
+FORMS = ("assign", "block", "block_view", "numpy", "view_write", "augassign", "augassign_arg", "mutable", "cell_write",
+         "if", "match", "capped", "counted", "uncapped", "python_for", "fork", "break", "continue")
 _ids = itertools.count()
 
 
@@ -58,6 +58,11 @@ class Program:
         if self.chance(1, 6):
             self.used.add("block")
             return f"blk(g, {self.pick(PLANES)})"
+        if self.chance(1, 10):
+            self.used.add("block_view")          # a block called on views, its result joined back to N samples
+            a, b = self.pick(PLANES), self.pick(PLANES)
+            return self.pick((f"np.concatenate([{a}[:1], blk(g, {b}[1:])])",
+                              f"np.concatenate([blk(g, {a}[::2]), {b}[1:2]])"))
         if self.chance(1, 5):
             self.used.add("numpy")
             a, b = self.pick(PLANES), self.pick(PLANES)
@@ -75,6 +80,22 @@ class Program:
             out += self.statement(depth, loop, frozen)
         return out
 
+    def augmented(self, depth, loop):
+        """`a += ...`, `a *= ...`, `a[1:] -= ...`: in place on the array `a` names. Inside device flow the
+        name is first given a fresh array (`a = inc(a)`): an update of the array it held before would
+        be refused where NumPy's meaning depends on the turn or arm (tests/test_staged_inplace.py)."""
+        self.used.add("augassign")
+        a, b = self.pick(PLANES), self.pick(PLANES)
+        lines = [] if depth == 0 and loop is None else [(0, f"{a} = inc({a})")]
+        op = self.pick(("+=", "-=", "*="))
+        if op == "*=":
+            rhs = self.pick(("0.5", f"np.tanh({b})"))
+        else:
+            rhs = self.pick((b, f"np.sin({b}) * 0.5", "0.5", f"{b}[::-1] * 0.25"))
+        if self.chance(1, 3):
+            return lines + [(0, f"{a}[1:] {op} {b}[:-1] * 0.5" if op != "*=" else f"{a}[1:] *= 0.5")]
+        return lines + [(0, f"{a} {op} {rhs}")]
+
     def statement(self, depth, loop, frozen):
         kinds = ["assign", "assign", "assign"]
         if not self.diff:
@@ -91,12 +112,18 @@ class Program:
         self.used.add(kind)
         free = [c for c in CELLS if c not in frozen]
         if kind == "assign":
+            if self.chance(1, 6):
+                return self.augmented(depth, loop)
             if self.chance(1, 8):
                 self.used.add("view_write")
                 a, b = self.pick(PLANES), self.pick(PLANES)
                 return [(0, f"{a} = inc({a})"), (0, f"{a}[1:] = {b}[:-1] * 0.5")]
             return [(0, f"{self.pick(PLANES)} = {self.expr(depth)}")]
         if kind == "mutable":
+            if self.chance(1, 3):
+                self.used.add("augassign_arg")   # the caller's array, updated in place by NumPy operators
+                b = self.pick(PLANES)
+                return [(0, self.pick((f"y[1:] += {b}[:-1] * 0.5", "y *= 0.5", f"y -= np.tanh({b})")))]
             return [(0, f"accumulate(soft({self.pick(PLANES)}), y)")]
         if kind == "cell_write":
             if not free:

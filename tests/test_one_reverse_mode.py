@@ -17,6 +17,8 @@ from test_grad_graph import (capped, choose, chooser, counted, early_exit, fd_gr
                              nested, skipping, whole)
 from tour_kernels import below, cell, dbl, total
 
+pytestmark = pytest.mark.usefixtures("backend_heavy")     # on numpy; on jax too with -m slow (compiles)
+
 X3 = np.array([0.3, -0.7, 1.1])
 
 # (builder, its arguments by name, the float arguments to differentiate)

@@ -13,6 +13,8 @@ from hawk_fx import Param, Scalar
 from hawk_fx import math as hm
 from tour_kernels import cell
 
+pytestmark = pytest.mark.usefixtures("backend_heavy")     # on numpy; on jax too with -m slow (compiles)
+
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
 jnp, lax = jax.numpy, jax.lax

@@ -8,6 +8,8 @@ import eagle_fx as eagle
 from fuzz_kernels import half
 from tour_kernels import below, cell, dbl, inc
 
+pytestmark = pytest.mark.usefixtures("backend_heavy")     # on numpy; on jax too with -m slow (compiles)
+
 
 def _chain_reference(x, turns):
     """Python's meaning of the chain builder below: a0 becomes the cell after nine turns."""

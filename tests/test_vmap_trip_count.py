@@ -2,12 +2,15 @@
 once, so each instance turns k times as it had on entry, whatever the body does to k; vmap must
 mean the loop over instances. The oracle is that loop in plain Python and NumPy."""
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 import eagle_fx
 import hawk_fx as hawk
 import hawk_fx.math as hm
 from hawk_fx import Mutable, Scalar, UInt32
+
+pytestmark = pytest.mark.usefixtures("backend_heavy")     # on numpy; on jax too with -m slow (compiles)
 
 
 @hawk.kernel

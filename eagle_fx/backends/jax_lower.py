@@ -255,6 +255,8 @@ def _while(lw, e, ins):
             return list(lax.while_loop(test, step, (jnp.int64(0), list(init)))[1])
 
         # batched: each instance runs while its own guard holds; finished instances keep their carries
+        if not init:            # it carries nothing and writes nothing: no turn has an effect
+            return []
         def live(t, carries):
             m = jnp.ones(init[0].shape[:1] + (1,), bool)
             g = _guard(lw, cond, consts, c_atoms, carries, i_atoms)

@@ -230,12 +230,8 @@ class NumpyExecutable(SlotPlanner):
 
     def _gen_sub(self, g, d, sub: Program, operands, out_slots):
         """Generate `sub` with its inputs bound to the operands' slots and its outputs landing in out_slots."""
-        for v, a in zip(sub.inputs, operands):
-            if isinstance(a, Literal):
-                self.slot_of[v] = self._sub_slot(v.aval)
-                g.emit(d, f"np.copyto(b{self.slot_of[v]}, {self.b(a)})")
-            else:
-                self.slot_of[v] = self.slot_of[a]
+        for s, a in self._bind_operands(sub, operands):
+            g.emit(d, f"np.copyto(b{s}, {self.b(a)})")
         pre = direct_outputs(sub, out_slots, self.slot_of)
         start = len(g.lines)
         for i, e in enumerate(sub.eqns):
