@@ -183,10 +183,11 @@ def test_reverse_through_a_loop_saves_the_turns_it_runs(builder):
     assert peak < bound, (peak, bound)
 
 
-def test_counted_loop_gradient_for_more_turns_than_at_build():
+@pytest.mark.parametrize("checkpoints", [None, 2])
+def test_counted_loop_gradient_for_more_turns_than_at_build(checkpoints):
     x = np.linspace(0.1, 1.0, 7)
     n = cell(3)
-    g = eagle.grad(settle_counted).graph(x, n)
+    g = eagle.grad(settle_counted, checkpoints=checkpoints).graph(x, n)
     for turns in (3, 1, 9, 0):
         n[0] = turns
         np.testing.assert_allclose(g(), jax_grad(x, turns), rtol=1e-12, err_msg=f"{turns} turns")

@@ -153,6 +153,8 @@ class _Vjp:
             raise TransformError(f"{self.api}: the program already holds a reverse pass through a device loop; "
                                  "reverse mode over it again is not supported: take the outer derivative in "
                                  "forward mode (eagle_fx.jvp(eagle_fx.grad(f), ...): a Hessian-vector product)")
+        if self.checkpoints:
+            return None             # no stack of turns: a checkpointed loop keeps K states, whatever its length
         if e.params["cap"] is not None:
             return e.params["cap"]
         if e.params["counted"]:
