@@ -122,7 +122,8 @@ class _Vjp:
             with_res = [_read(a, env) if r or not self.in_loop or isinstance(a, Literal) else eqns.zeros(a.aval)
                         for a, r in zip(params, sp.reads)]
             kept.plain = values + seeds
-            grads = iter(eqns.call(sp.backward, with_res + list(kept.forward.outputs[sp.n_results:]) + seeds, n, e.info))
+            residuals = list(kept.forward.outputs[sp.n_results:])
+            grads = iter(eqns.call(sp.backward, with_res + residuals + seeds, n, e.info))
             kept.backward = eqns[-1]
         else:
             grads = iter(eqns.call(vjp_spec(spec), values + seeds, n, e.info))
