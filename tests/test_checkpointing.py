@@ -158,6 +158,18 @@ def test_under_vmap_each_instance_reverses_its_own_turns():
         np.testing.assert_allclose(got[b], jax_grad(xs3[b], int(trips[b, 0])), rtol=1e-12)
 
 
+@pytest.mark.parametrize("K", [None, 3])
+def test_an_uncapped_loop_under_vmap(K):
+    """Stored or checkpointed: each instance its own number of turns (the guard is set on entry,
+    so an instance already past 100 still runs one)."""
+    xs = np.stack([np.linspace(1.0, 2.0, 20), np.linspace(30.0, 40.0, 20), np.linspace(100.0, 140.0, 20)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = eagle.vmap(eagle.grad(settle_uncapped, checkpoints=K))(xs, np.ones((3, 1), np.uint32))
+    for b in range(3):
+        np.testing.assert_allclose(got[b], jax_grad(xs[b], max(1, numpy_turns(xs[b]))), rtol=1e-12)
+
+
 def test_nested_loops_under_vmap_with_a_trip_count_and_a_flag_per_instance():
     """Counted loops in a counted loop, a conditional arm and a written argument: every instance
     its own turns; checkpointed == stored, and central differences of plain NumPy agree."""
