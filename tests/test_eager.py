@@ -9,7 +9,9 @@ import pytest
 
 import eagle_fx as eagle
 from hawk_fx.tree import tree_flatten
-from tour_kernels import accumulate, add, affine, below, cell, dbl, inc, over, square
+from tour_kernels import cell, dbl, inc, square
+from tour_builders import (capped, choose, chooser, counted, early_exit, first, forks, keep, model, skipping,
+                           void)
 from fuzz_kernels import total
 
 
@@ -42,141 +44,6 @@ def agree(builder, args, updates=({},), n=1):
 
 
 x = np.arange(4.0)
-
-
-@eagle.Graph.builder
-def twice(g: eagle.Graph, v):
-    return dbl(dbl(v))
-
-
-@eagle.Graph.builder
-def first(x):
-    g = eagle.Graph()
-    g.result = twice(g, inc(x))
-    return g
-
-
-@eagle.Graph.builder
-def forks(x):
-    g = eagle.Graph()
-    a = dbl(x)
-    with g.parallel() as p:
-        with p.branch() as b:
-            l = inc(a)
-            l2 = dbl(l)
-            with b.parallel() as q:
-                with q.branch() as b1:
-                    u = inc(l2)
-                with q.branch() as b2:
-                    v = dbl(l2)
-        with p.branch() as w:
-            w.wait(l)
-            r = add(l, a)
-    g.result = (u, v, r)
-    return g
-
-
-@eagle.Graph.builder
-def choose(x, flag, which, debug):
-    g = eagle.Graph()
-    if flag:
-        x = dbl(x)
-    elif which:
-        x = inc(x)
-    else:
-        x = add(x, x)
-    if debug:
-        x = inc(x)
-    for k in (inc, dbl):
-        x = k(x)
-    g.result = x
-    return g
-
-
-@eagle.Graph.builder
-def capped(x, flag):
-    g = eagle.Graph()
-    for _ in range(50):
-        if not flag: break
-        x = dbl(x)
-        below(x, 100.0, flag)
-    g.result = x
-    return g
-
-
-@eagle.Graph.builder
-def counted(x, n):
-    g = eagle.Graph()
-    for i in range(n):
-        x = inc(x)
-    g.result = x
-    return g
-
-
-@eagle.Graph.builder
-def early_exit(x, flag, done):
-    g = eagle.Graph()
-    while flag:
-        x = inc(x)
-        over(x, 2.5, done)
-        if done: break
-        x = dbl(x)
-        below(x, 50.0, flag)
-    g.result = x
-    return g
-
-
-@eagle.Graph.builder
-def skipping(x, flag, skip):
-    g = eagle.Graph()
-    while flag:
-        x = inc(x)
-        below(x, 6.0, flag)
-        over(x, 2.5, skip)
-        if skip: continue
-        x = dbl(x)
-    g.result = x
-    return g
-
-
-@eagle.Graph.builder
-def chooser(x, sel):
-    g = eagle.Graph()
-    match sel:
-        case 0:
-            x = dbl(x)
-        case 2:
-            x = inc(x)
-        case _:
-            x = square(x)
-    g.result = x
-    return g
-
-
-@eagle.Graph.builder
-def keep(x):
-    g = eagle.Graph()
-    mine = np.zeros(4)
-    a = inc(x, buffer=True)
-    b = dbl(a, buffer=mine)
-    g.result = {"a": a, "pair": (b, [square(b)])}
-    return g
-
-
-@eagle.Graph.builder
-def void(x, y):
-    g = eagle.Graph()
-    accumulate(x, y)
-    return g
-
-
-@eagle.Graph.builder
-def model(x, y, record=False):
-    g = eagle.Graph(record=record)
-    a = affine(x, 2.0, 1.0, buffer=True)
-    accumulate(a, y)
-    g.result = square(a)
-    return g
 
 
 def test_builder_and_block():
