@@ -16,6 +16,8 @@ import pytest
 import eagle_fx as eagle
 from eagle_fx import dot as eagle_dot
 from eagle_fx.graph import opaque
+import tour_builders as tk
+from tour_kernels import accumulate, add, below, cell, dbl, inc, square
 
 
 # ---------------------------------------------------------------------------------------------
@@ -73,10 +75,6 @@ def picture(g):
     return Picture(g.to_dot())
 
 
-def cell(v):
-    return np.array([v], dtype=np.uint32)
-
-
 def quiet(fn, *args):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -87,152 +85,32 @@ x = np.arange(4.0)
 
 
 # ---------------------------------------------------------------------------------------------
-# the builder tour's forms (kernels from tour_kernels)
+# the builder tour's forms (tour_builders), and a graph with a loop after a fork
 
-from tour_kernels import accumulate, add, below, dbl, inc, over, square  # noqa: E402
+@eagle.Graph.builder
+def settle(g: eagle.Graph, s, l, flag):
+    for _ in range(50):
+        if not flag: break
+        s = add(s, tk.twice(g, l))
+        below(s, 100.0, flag)
+    return s
 
 
-class tk:
-    """The tour's builders, written here as the tour writes them."""
-
-    @eagle.Graph.builder
-    def twice(g: eagle.Graph, v):
-        return dbl(dbl(v))
-
-    @eagle.Graph.builder
-    def first(x):
-        g = eagle.Graph()
-        g.result = tk.twice(g, inc(x))
-        return g
-
-    @eagle.Graph.builder
-    def forks(x):
-        g = eagle.Graph()
-        a = dbl(x)
-        with g.parallel() as p:
-            with p.branch() as b:
-                l = inc(a)
-                l2 = dbl(l)
-                with b.parallel() as q:
-                    with q.branch() as b1:
-                        u = inc(l2)
-                    with q.branch() as b2:
-                        v = dbl(l2)
-            with p.branch() as w:
-                w.wait(l)
-                r = add(l, a)
-        g.result = (u, v, r)
-        return g
-
-    @eagle.Graph.builder
-    def choose(x, flag, which, debug):
-        g = eagle.Graph()
-        if flag:
-            x = dbl(x)
-        elif which:
-            x = inc(x)
-        else:
-            x = add(x, x)
-        if debug:
-            x = inc(x)
-        for k in (inc, dbl):
-            x = k(x)
-        g.result = x
-        return g
-
-    @eagle.Graph.builder
-    def capped(x, flag):
-        g = eagle.Graph()
-        for _ in range(50):
-            if not flag: break
-            x = dbl(x)
-            below(x, 100.0, flag)
-        g.result = x
-        return g
-
-    @eagle.Graph.builder
-    def counted(x, n):
-        g = eagle.Graph()
-        for i in range(n):
-            x = inc(x)
-        g.result = x
-        return g
-
-    @eagle.Graph.builder
-    def early_exit(x, flag, done):
-        g = eagle.Graph()
-        while flag:
-            x = inc(x)
-            over(x, 2.5, done)
-            if done: break
-            x = dbl(x)
-            below(x, 50.0, flag)
-        g.result = x
-        return g
-
-    @eagle.Graph.builder
-    def skipping(x, flag, skip):
-        g = eagle.Graph()
-        while flag:
-            x = inc(x)
-            below(x, 6.0, flag)
-            over(x, 2.5, skip)
-            if skip: continue
-            x = dbl(x)
-        g.result = x
-        return g
-
-    @eagle.Graph.builder
-    def chooser(x, sel):
-        g = eagle.Graph()
-        match sel:
-            case 0:
-                x = dbl(x)
-            case 2:
-                x = inc(x)
-            case _:
-                x = square(x)
-        g.result = x
-        return g
-
-    @eagle.Graph.builder
-    def keep(x):
-        g = eagle.Graph()
-        mine = np.zeros(4)
-        a = inc(x, buffer=True)
-        b = dbl(a, buffer=mine)
-        g.result = {"a": a, "pair": (b, [square(b)])}
-        return g
-
-    @eagle.Graph.builder
-    def void(x, y):
-        g = eagle.Graph()
-        accumulate(x, y)
-        return g
-
-    @eagle.Graph.builder
-    def settle(g: eagle.Graph, s, l, flag):
-        for _ in range(50):
-            if not flag: break
-            s = add(s, tk.twice(g, l))
-            below(s, 100.0, flag)
-        return s
-
-    @eagle.Graph.builder
-    def whole(x, flag, y):
-        g = eagle.Graph()
-        a = dbl(x)
-        with g.parallel() as p:
-            with p.branch() as b:
-                l = inc(a)
-                l2 = dbl(l)
-            with p.branch() as w:
-                w.wait(l)
-                r = square(l)
-        s = tk.settle(g, x, l2, flag)
-        accumulate(add(s, r), y)
-        g.result = s
-        return g
+@eagle.Graph.builder
+def whole(x, flag, y):
+    g = eagle.Graph()
+    a = dbl(x)
+    with g.parallel() as p:
+        with p.branch() as b:
+            l = inc(a)
+            l2 = dbl(l)
+        with p.branch() as w:
+            w.wait(l)
+            r = square(l)
+    s = settle(g, x, l2, flag)
+    accumulate(add(s, r), y)
+    g.result = s
+    return g
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,7 +241,7 @@ def test_a_hand_made_graph_with_an_opaque_node():
 
 
 def test_a_loop_inside_a_branch_keeps_its_body_in_the_branch():
-    p = picture(tk.whole(np.arange(8.0), cell(1), np.zeros(8)))
+    p = picture(whole(np.arange(8.0), cell(1), np.zeros(8)))
     head, = [n for n, lab in p.labels.items() if lab == "while"]
     assert p.cluster_of(head)[0].startswith("while (at most 50 turns) at settle:")
     s = p.one("add\ns")
