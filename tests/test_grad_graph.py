@@ -16,10 +16,11 @@ import pytest
 
 import eagle_fx as eagle
 import hawk_fx as hawk
-from hawk_fx import Mutable, Param, Scalar, UInt32
+from hawk_fx import Mutable, Param, Scalar
 from hawk_fx import math as hm
 from hawk_fx.tree import tree_flatten
-from tour_kernels import accumulate, affine, below, cell, dbl, inc, over, square
+from tour_kernels import affine, below, cell, dbl, inc, over, square
+from tour_builders import model, whole
 
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
@@ -194,15 +195,6 @@ def test_one_cell_param_arguments_get_the_sum_over_samples(dtype):
 # ---------------------------------------------------------------------------------------------
 # the tour's gradient section, with its numbers
 
-@eagle.Graph.builder
-def model(x, y, record=False):
-    g = eagle.Graph(record=record)
-    a = affine(x, 2.0, 1.0, buffer=True)
-    accumulate(a, y)
-    g.result = square(a)
-    return g
-
-
 def test_tour_model_numbers_and_fd():
     x, y = np.arange(4.0), np.zeros(4)
     gr = model(x, y, record=True)
@@ -222,60 +214,7 @@ def test_tour_model_numbers_and_fd():
 
 
 # ---------------------------------------------------------------------------------------------
-# the tour's "one graph with everything": fork + wait, blocks, a capped loop, a Mutable output
-
-@hawk.kernel
-def t_seed(x: Scalar) -> Scalar: return 0.5 * x
-@hawk.kernel
-def t_left(a: Scalar) -> Scalar: return a + 1.0
-@hawk.kernel
-def t_right(l: Scalar) -> Scalar: return l - 1.0
-@hawk.kernel
-def t_polish(v: Scalar) -> Scalar: return 2.0 * v
-@hawk.kernel
-def t_tweak(v: Scalar) -> Scalar: return v * v
-@hawk.kernel
-def t_merge(s: Scalar, t: Scalar) -> Scalar: return s - t
-@hawk.kernel
-def t_remaining(s: Scalar, flag: Mutable[UInt32]):
-    flag = hawk.math.uint32(hawk.sum(s > 1.0))
-@hawk.kernel
-def t_accumulate(s: Scalar, r: Scalar, r2: Scalar, y: Mutable[Scalar]):
-    y = s + r + r2
-
-
-@eagle.Graph.builder
-def t_twice(g: eagle.Graph, v):
-    return t_tweak(t_tweak(v))
-
-
-@eagle.Graph.builder
-def t_settle(g: eagle.Graph, s, l, flag):
-    for _ in range(50):
-        if not flag: break
-        s = t_merge(s, t_twice(g, l))
-        t_remaining(s, flag)
-    return s
-
-
-@eagle.Graph.builder
-def whole(x, flag, y, record=False):
-    g = eagle.Graph(record=record)
-    a = t_seed(x)
-    with g.parallel() as p:
-        with p.branch() as b:
-            l = t_left(a)
-            l2 = t_polish(l)
-        with p.branch() as w:
-            w.wait(l)
-            r = t_right(l)
-        with p.branch() as c:
-            r2 = t_twice(c, a)
-    s = t_settle(g, x, l2, flag)
-    t_accumulate(s, r, r2, y)
-    g.result = s
-    return g
-
+# the tour's "one graph with everything" (tour_builders.whole): fork + wait, blocks, a capped loop, a Mutable output
 
 def _jwhole(x):
     a = 0.5 * x
