@@ -90,3 +90,30 @@ def test_the_tour_on_the_jax_backend():
     run = subprocess.run([sys.executable, "-c", TOUR_ON_JAX], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-2000:]
     assert normalise(run.stdout.splitlines()) == normalise(EXPECTED)
+
+
+def _functions(path, rename=None):
+    """name -> the AST of each top-level function in path, the first definition of a name first; rename
+    maps the names a test module gives the tour's section-10 builders back to the tour's."""
+    rename = rename or {}
+    out = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef):
+            for n in ast.walk(node):
+                if isinstance(n, ast.Name) and n.id in rename:
+                    n.id = rename[n.id]
+            node.name = rename.get(node.name, node.name)
+            out.setdefault(node.name, []).append(ast.dump(node))
+    return out
+
+
+def test_the_tests_run_the_tours_builders():
+    """The tests import the tour's kernels and builders from tests/tour_kernels.py and tour_builders.py
+    (the tour prints as it runs, so it cannot be imported): they must stay the tour's, as written."""
+    tour = _functions(ROOT / "eagle_fx" / "tour.py")
+    kernels = _functions(ROOT / "tests" / "tour_kernels.py")
+    for name in ("inc", "dbl", "add", "square", "affine", "below", "over", "accumulate"):
+        assert kernels[name][0] == tour[name][0], f"tests/tour_kernels.py: {name} is not the tour's"
+    builders = _functions(ROOT / "tests" / "tour_builders.py", {"twice2": "twice", "accumulate3": "accumulate"})
+    for name, codes in builders.items():
+        assert all(code in tour[name] for code in codes), f"tests/tour_builders.py: {name} is not the tour's"
