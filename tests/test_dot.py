@@ -1,7 +1,7 @@
 """Graph.to_dot(): the picture's structure for every builder form, read back from the DOT text.
 
-The expectations come from the builders' source (which kernels sit in which branch, arm or body),
-not from the drawing code: a small DOT reader below recovers clusters, nodes and edges.
+The builders are the tour's (tests/tour_builders.py, imported as tk). The expectations come from
+their source (which kernels sit in which branch, arm or body), not from the drawing code: a small DOT reader below recovers clusters, nodes and edges.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import eagle_fx as eagle
 from eagle_fx import dot as eagle_dot
 from eagle_fx.graph import opaque
 import tour_builders as tk
-from tour_kernels import accumulate, add, below, cell, dbl, inc, square
+from tour_kernels import cell
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,35 +82,6 @@ def quiet(fn, *args):
 
 
 x = np.arange(4.0)
-
-
-# ---------------------------------------------------------------------------------------------
-# the builder tour's forms (tour_builders), and a graph with a loop after a fork
-
-@eagle.Graph.builder
-def settle(g: eagle.Graph, s, l, flag):
-    for _ in range(50):
-        if not flag: break
-        s = add(s, tk.twice(g, l))
-        below(s, 100.0, flag)
-    return s
-
-
-@eagle.Graph.builder
-def whole(x, flag, y):
-    g = eagle.Graph()
-    a = dbl(x)
-    with g.parallel() as p:
-        with p.branch() as b:
-            l = inc(a)
-            l2 = dbl(l)
-        with p.branch() as w:
-            w.wait(l)
-            r = square(l)
-    s = settle(g, x, l2, flag)
-    accumulate(add(s, r), y)
-    g.result = s
-    return g
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,14 +212,14 @@ def test_a_hand_made_graph_with_an_opaque_node():
 
 
 def test_a_loop_inside_a_branch_keeps_its_body_in_the_branch():
-    p = picture(whole(np.arange(8.0), cell(1), np.zeros(8)))
+    p = picture(tk.whole(np.arange(8.0), cell(1), np.zeros(8)))
     head, = [n for n, lab in p.labels.items() if lab == "while"]
     assert p.cluster_of(head)[0].startswith("while (at most 50 turns) at settle:")
-    s = p.one("add\ns")
+    s = p.one("merge\ns")
     assert p.cluster_of(s) == (p.cluster_of(head)[0], "body")
-    assert len([n for n in p.ids("dbl") if p.cluster_of(n) == (p.cluster_of(head)[0], "body")]) == 2
-    assert p.has_edge(p.one("inc\nl"), p.one("square\nr"), label="wait(l)")
-    assert p.has_edge(p.one("dbl\nl2"), head)
+    assert len([n for n in p.ids("tweak") if p.cluster_of(n) == (p.cluster_of(head)[0], "body")]) == 2
+    assert p.has_edge(p.one("left\nl"), p.one("right\nr"), label="wait(l)")
+    assert p.has_edge(p.one("polish\nl2"), head)
 
 
 def test_a_transformed_graph_draws_too():
