@@ -25,7 +25,7 @@ from hawk_fx.perthread import ThreadStack
 from hawk_fx.tree import tree_flatten, tree_unflatten
 from hawk_fx.trace import UNDEF
 
-from .staging import UncappedLoopWarning, _is_cell, _is_device, is_array
+from .staging import RuntimeBase, UncappedLoopWarning, _is_cell, _is_device, is_array
 
 _disabled = ThreadStack()      # this thread's open disable_staging() blocks
 _runs = ThreadStack()          # this thread's eager builder runs (_Run), innermost last
@@ -299,13 +299,7 @@ class _Turns:
         return iter(self.range)
 
 
-class EagerRuntime:
-    def __init__(self, info):
-        self.info = info
-
-    def where(self, line):
-        return self.info.where(line)
-
+class EagerRuntime(RuntimeBase):
     @staticmethod
     def load(scope, names):
         return tuple(scope.get(n, UNDEF) for n in names)
@@ -317,12 +311,6 @@ class EagerRuntime:
             buf = run.fresh_buffers.pop(id(value), None)
             if buf is value:
                 run.labels.setdefault(name, value)
-        return value
-
-    def label_all(self, value, names):
-        if isinstance(value, (tuple, list)) and len(value) == len(names):
-            for v, n in zip(value, names):
-                self.label(v, n)
         return value
 
     def python_test(self, test, line):

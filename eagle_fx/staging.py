@@ -646,14 +646,25 @@ def _is_cell(v) -> bool:
     return is_array(v) and tuple(v.shape) == (1,) and v.dtype == np.uint32
 
 
-class Runtime:
-    """Bound to one builder function (for its name and lines in messages)."""
+class RuntimeBase:
+    """What the staged and the eager runtime share: the builder function they are bound to (for its
+    name and lines in messages), and the labelling of a tuple unpacked into names."""
 
     def __init__(self, info: SourceInfo):
         self.info = info
 
     def where(self, line):
         return self.info.where(line)
+
+    def label_all(self, value, names):
+        if isinstance(value, (tuple, list)) and len(value) == len(names):
+            for v, n in zip(value, names):
+                self.label(v, n)
+        return value
+
+
+class Runtime(RuntimeBase):
+    """Bound to one builder function (for its name and lines in messages)."""
 
     def here(self) -> str:
         """`name:line` of the builder line being staged now (found on the stack)."""
@@ -675,12 +686,6 @@ class Runtime:
             value.label = name
             if value.info is not None and value.info.name is None:
                 value.info.name = name
-        return value
-
-    def label_all(self, value, names):
-        if isinstance(value, (tuple, list)) and len(value) == len(names):
-            for v, n in zip(value, names):
-                self.label(v, n)
         return value
 
     # -- conditions --------------------------------------------------------------------------
