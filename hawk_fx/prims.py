@@ -13,16 +13,7 @@ import numpy as np
 from .core import SAMPLE, UNIFORM, AVal, Primitive, abstract_eval, eager_impl
 
 
-def _erf(x, out=None):
-    r = _erf_u(x).astype(np.result_type(x, 1.0))
-    if out is None:
-        return r
-    np.copyto(out, r)
-    return out
-
-
-def _erfc(x, out=None):
-    r = _erfc_u(x).astype(np.result_type(x, 1.0))
+def _written(r, out):
     if out is None:
         return r
     np.copyto(out, r)
@@ -33,16 +24,17 @@ _erf_u = np.vectorize(_pymath.erf, otypes=[np.float64])   # exact to an ulp; Num
 _erfc_u = np.vectorize(_pymath.erfc, otypes=[np.float64])
 
 
+def _erf(x, out=None):
+    return _written(_erf_u(x).astype(np.result_type(x, 1.0)), out)
+
+
+def _erfc(x, out=None):
+    return _written(_erfc_u(x).astype(np.result_type(x, 1.0)), out)
+
+
 def _rsqrt(x, out=None):
     r = np.sqrt(x, out=out)
     return np.divide(1, r, out=r if out is not None else None)
-
-
-def _written(r, out):
-    if out is None:
-        return r
-    np.copyto(out, r)
-    return out
 
 
 def _logistic(x, out=None):
