@@ -9,29 +9,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import eagle_fx
-import hawk_fx as hawk
 from eagle_fx.backends.cuda import use_backend
 from eagle_fx.testing.fake_cuda import FakeRuntime
-from hawk_fx import Mutable, Param, Scalar
 from hawk_fx.cuda_runtime import call_kernel as cuda_call_kernel
 from hawk_fx.emit.numpy import CHUNK
-
-
-@hawk.kernel
-def smooth(s: Scalar, y: Mutable[Scalar]):
-    y = 0.5 * s + 0.5 * y
-
-
-@hawk.kernel
-def scale(a: Param, y: Mutable[Scalar]):
-    y = y * a + 1.0
-
-
-@eagle_fx.Graph.builder
-def smooth_graph(s, y):
-    g = eagle_fx.Graph()
-    smooth(s, y)
-    return g
+from aliasing_kernels import scale, smooth, smooth_graph, views
 
 
 @eagle_fx.Graph.builder
@@ -54,14 +36,6 @@ def assign(s, y):
     g = eagle_fx.Graph()
     y[...] = s                           # an update: a strided copy from s into y
     return g
-
-
-def views(buf, shift):
-    """(s, y): s reads `shift` samples behind y (ahead when negative), both views of buf."""
-    m = len(buf) - abs(shift)
-    if shift >= 0:
-        return buf[:m], buf[shift:shift + m]
-    return buf[-shift:-shift + m], buf[:m]
 
 
 def numpy_smooth(buf, shift, times=1):
