@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -13,6 +14,26 @@ from hypothesis import settings
 settings.register_profile("fixed", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
+
+
+def _nvrtc_required() -> bool:
+    # CI installs the nvrtc extra, which brings NVRTC on these platforms: there it must be usable
+    return bool(os.environ.get("CI")) and sys.platform in ("linux", "win32")
+
+
+@pytest.fixture(scope="session")
+def nvrtc():
+    """NVRTC's version, for the tests that compile CUDA sources (no GPU needed); they skip without
+    NVRTC, except under CI, where it must load."""
+    from hawk_fx.emit import cuda
+    if not _nvrtc_required():
+        pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC's Python bindings are not installed")
+    try:
+        return cuda.nvrtc_version()
+    except (ImportError, RuntimeError, OSError) as exc:   # no bindings, or no libnvrtc for them
+        if _nvrtc_required():
+            pytest.fail(f"NVRTC is not usable under CI ({exc!r}); the 'nvrtc' extra should install it")
+        pytest.skip(f"NVRTC cannot be loaded: {exc}")
 
 
 @pytest.fixture

@@ -175,8 +175,7 @@ def test_the_fake_refuses_a_kernel_that_races():
         fb.validate().launch()
 
 
-def test_the_lowered_modules_compile_with_nvrtc():
-    pytest.importorskip("cuda.bindings.nvrtc")
+def test_the_lowered_modules_compile_with_nvrtc(nvrtc):
     from hawk_fx.emit import cuda as hcuda
     buf = np.arange(10.0)
     with fake():

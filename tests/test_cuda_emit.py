@@ -6,7 +6,6 @@ tests skip, except under CI (the CI variable set), where a missing NVRTC is a fa
 """
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -26,23 +25,6 @@ P = prims.P
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 FLOATS = [F32, F64]
 INTS = [np.dtype(d) for d in (np.int32, np.uint32, np.int64, np.bool_)]
-
-
-def _nvrtc_required() -> bool:
-    # CI installs the nvrtc extra, which brings NVRTC on these platforms: there it must be usable
-    return bool(os.environ.get("CI")) and sys.platform in ("linux", "win32")
-
-
-@pytest.fixture(scope="module")
-def nvrtc():
-    if not _nvrtc_required():
-        pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC's Python bindings are not installed")
-    try:
-        return cuda.nvrtc_version()
-    except (ImportError, RuntimeError, OSError) as exc:   # no bindings, or no libnvrtc for them
-        if _nvrtc_required():
-            pytest.fail(f"NVRTC is not usable under CI ({exc!r}); the 'nvrtc' extra should install it")
-        pytest.skip(f"NVRTC cannot be loaded: {exc}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ interpretation of it equals the NumPy backend's result, for several cell values 
 No GPU is needed; the NVRTC checks skip without NVRTC (as in test_cuda_emit)."""
 from __future__ import annotations
 
-import os
 import re
 import sys
 import types
@@ -411,22 +410,6 @@ def test_the_fake_checks_kernel_arguments():
 
 # ---------------------------------------------------------------------------------------------
 # the sources compile (NVRTC; no GPU)
-
-def _nvrtc_required() -> bool:
-    return bool(os.environ.get("CI")) and sys.platform in ("linux", "win32")
-
-
-@pytest.fixture(scope="module")
-def nvrtc():
-    if not _nvrtc_required():
-        pytest.importorskip("cuda.bindings.nvrtc", reason="NVRTC's Python bindings are not installed")
-    try:
-        return hcuda.nvrtc_version()
-    except (ImportError, RuntimeError, OSError) as exc:
-        if _nvrtc_required():
-            pytest.fail(f"NVRTC is not usable under CI ({exc!r}); the 'nvrtc' extra should install it")
-        pytest.skip(f"NVRTC cannot be loaded: {exc}")
-
 
 def test_every_module_of_the_tour_compiles(nvrtc):
     with warnings.catch_warnings():
