@@ -14,7 +14,6 @@
 Every figure is a ratio of medians of timeit repeats taken in one process.
 """
 import sys
-import timeit
 
 import numpy as np
 
@@ -22,20 +21,12 @@ import eagle_fx as eagle
 import hawk_fx as hawk
 from hawk_fx import Param, Scalar
 from eagle_fx.backends import fusion
+from timing import median_ratio
 from workloads import l_chain, w_chain
 
 TARGET = 1.3
 QUICK = "--quick" in sys.argv
 REPEAT = 5 if QUICK else 15
-
-
-def _ratio(a, b, number):
-    """median(a) / median(b), their repeats interleaved so that a busy machine slows both alike."""
-    ta, tb = [], []
-    for _ in range(REPEAT):
-        ta.append(timeit.timeit(a, number=number))
-        tb.append(timeit.timeit(b, number=number))
-    return float(np.median(ta) / np.median(tb))
 
 
 def grad_call_vs_replay(n):
@@ -48,7 +39,7 @@ def grad_call_vs_replay(n):
         g.launch()
         np.array(g.result)
     number = max(1, int(2e5 // n)) if n < 1e4 else 20
-    return _ratio(lambda: eagle.grad(l_chain)(x), replay, number)
+    return median_ratio(lambda: eagle.grad(l_chain)(x), replay, number, REPEAT)
 
 
 DT, STEPS, TURNS, B, LR = 0.1, 200, 25, 16, 0.05
@@ -123,7 +114,7 @@ def oscillator_fit():
     ke, ce = fit_eagle()
     kj, cj = fit_jax()
     np.testing.assert_allclose([ke, ce], [kj, cj], rtol=1e-9)
-    return (ke, ce), _ratio(fit_eagle, fit_jax, 1), None
+    return (ke, ce), median_ratio(fit_eagle, fit_jax, 1, REPEAT), None
 
 
 def rebuild_speedup():
@@ -133,7 +124,7 @@ def rebuild_speedup():
     def cold():
         fusion._FUSED.clear()
         w_chain(x)
-    return _ratio(cold, lambda: w_chain(x), 5)
+    return median_ratio(cold, lambda: w_chain(x), 5, REPEAT)
 
 
 def main():

@@ -14,18 +14,13 @@ Hessian-vector product 2 * 2**20 * v, which NumPy computes in a few array operat
     gradient and HVP, n = 1e5.
 Medians over repeats; the machine is shared, so read the ratios, not the times.
 """
-import timeit
 
 import numpy as np
 
 import eagle_fx as eagle
 
+from timing import median_time
 from workloads import l_chain, l_loop
-
-
-def median(fn, number, repeat=7):
-    fn()
-    return float(np.median(timeit.repeat(fn, number=number, repeat=repeat))) / number
 
 
 def numpy_grad(x):
@@ -46,7 +41,7 @@ def main():
     def loop():
         for g in per:
             g.launch()
-    t_v, t_np, t_loop = median(gb.launch, 20), median(lambda: numpy_grad(xs), 20), median(loop, 1, 3)
+    t_v, t_np, t_loop = median_time(gb.launch, 20), median_time(lambda: numpy_grad(xs), 20), median_time(loop, 1, 3)
     print(f"vmap(grad(L-chain)) B={B} n={n}: / NumPy gradient = {t_v / t_np:5.2f}; "
           f"{t_loop / t_v:6.1f}x faster than {B} replays of prebuilt grad graphs")
 
@@ -60,7 +55,7 @@ def main():
     def recorded():
         gr.launch()
         eagle.diff.reverse(gr.record, {"result": ones}, wrt=("x",))
-    t_g, t_r, t_np = median(gg.launch, 20), median(recorded, 20), median(lambda: numpy_grad(x), 20)
+    t_g, t_r, t_np = median_time(gg.launch, 20), median_time(recorded, 20), median_time(lambda: numpy_grad(x), 20)
     print(f"grad(L-chain) n={n}: Program-transform graph / recorded forward + reverse = {t_g / t_r:5.2f}; "
           f"/ NumPy gradient = {t_g / t_np:5.2f}")
 
@@ -80,7 +75,7 @@ def main():
     recorded_loop()
     program_loop()
     assert np.allclose(gl.result, eagle.diff.reverse(grl.record, {"result": ones}, wrt=("x",))["x"])
-    t_pl, t_rl = median(program_loop, 5), median(recorded_loop, 5)
+    t_pl, t_rl = median_time(program_loop, 5), median_time(recorded_loop, 5)
     print(f"grad(L-loop: 50 turns of sin(x) * x) n={n}: Program-transform graph / recorded forward + reverse = "
           f"{t_pl / t_rl:5.2f}")
 
@@ -90,7 +85,7 @@ def main():
 
     def numpy_hvp():
         return numpy_grad(x), 2.0 * 2.0 ** 20 * v
-    t_h, t_hn = median(gh.launch, 20), median(numpy_hvp, 20)
+    t_h, t_hn = median_time(gh.launch, 20), median_time(numpy_hvp, 20)
     print(f"jvp(grad(L-chain)) n={n}, the HVP graph replayed: / NumPy (gradient, HVP) = {t_h / t_hn:5.2f}")
 
 if __name__ == "__main__":

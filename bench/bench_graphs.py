@@ -6,12 +6,12 @@ Prints, per workload, the median time ratio graph / NumPy over repeats (both run
 Targets: <= 1.5 at n = 8; <= 1.0 at n = 1e6.
 """
 import sys
-import timeit
 
 import numpy as np
 
 
 
+from timing import median_time
 from workloads import w_chain, w_fork, w_loop
 
 
@@ -41,10 +41,6 @@ def numpy_fork(x, a, b, c, t):
     for _ in range(3):
         np.multiply(t, 0.5, out=t); np.add(t, 1.0, out=t)
     np.copyto(c, t)
-
-
-def median_time(fn, number, repeat):
-    return float(np.median(timeit.repeat(fn, number=number, repeat=repeat))) / number
 
 
 def compare(label, graph_fn, numpy_fn, n):

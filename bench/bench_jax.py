@@ -103,11 +103,6 @@ hand_vg = jax.jit(jax.value_and_grad(hand_loss))
 
 # -- timing -------------------------------------------------------------------------------------------
 
-def median_time(fn, number, repeat):
-    fn()
-    return float(np.median(timeit.repeat(fn, number=number, repeat=repeat))) / number
-
-
 def blocking(fn):
     return lambda: jax.block_until_ready(fn())
 

@@ -18,7 +18,6 @@ checkpoints = 8, 32, 128 and without (every turn stored): the peak memory of a f
 turns the schedule runs again per turn of the loop.
 """
 import argparse
-import timeit
 import tracemalloc
 
 import numpy as np
@@ -28,6 +27,7 @@ import hawk_fx as hawk
 from eagle_fx.transforms import checkpoint
 from hawk_fx import Scalar
 from hawk_fx import math as hm
+from timing import median_ratio, median_time
 from workloads import k1, k2
 
 TARGET = 2.5
@@ -45,22 +45,6 @@ def bell(x, record=False):
     g = eagle.Graph(record=record)
     g.result = k2(x)
     return g
-
-
-def median_time(fn, number, repeat):
-    fn()
-    return float(np.median(timeit.repeat(fn, number=number, repeat=repeat))) / number
-
-
-def median_ratio(num, den, number, repeat):
-    """median time of num / median time of den, the repeats interleaved (a load that comes and
-    goes on the machine falls on both alike)."""
-    num(), den()
-    tn, td = [], []
-    for _ in range(repeat):
-        tn.append(timeit.timeit(num, number=number))
-        td.append(timeit.timeit(den, number=number))
-    return float(np.median(tn) / np.median(td))
 
 
 def jax_ratio(f, x, number, repeat):

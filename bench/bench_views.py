@@ -11,7 +11,6 @@
 Every figure is a ratio of medians of timeit repeats, interleaved, in one process.
 """
 import sys
-import timeit
 
 import numpy as np
 
@@ -19,17 +18,10 @@ import eagle_fx as eagle
 import hawk_fx as hawk
 import hawk_fx.math as hm
 from hawk_fx import Scalar
+from timing import median_ratio
 
 QUICK = "--quick" in sys.argv
 REPEAT = 5 if QUICK else 15
-
-
-def _ratio(a, b, number):
-    ta, tb = [], []
-    for _ in range(REPEAT):
-        ta.append(timeit.timeit(a, number=number))
-        tb.append(timeit.timeit(b, number=number))
-    return float(np.median(ta) / np.median(tb))
 
 
 @hawk.kernel
@@ -83,8 +75,9 @@ def main():
         np.testing.assert_allclose(gv(), gw(), rtol=1e-12)
         gs, gh = staged_math(x), hand_math(x)
         np.testing.assert_allclose(gs(), gh(), rtol=1e-12)
-        print(f"n = {n:>9}: strided view / contiguous input  {_ratio(gv.launch, gw.launch, number):5.2f}   "
-              f"staged ufuncs / one hand kernel  {_ratio(gs.launch, gh.launch, number):5.2f}")
+        views = median_ratio(gv.launch, gw.launch, number, REPEAT)
+        math = median_ratio(gs.launch, gh.launch, number, REPEAT)
+        print(f"n = {n:>9}: strided view / contiguous input  {views:5.2f}   staged ufuncs / one hand kernel  {math:5.2f}")
 
 
 if __name__ == "__main__":

@@ -8,19 +8,14 @@ n = 8 graph, one per instance (bind + replay), and (b) one graph over 8000 sampl
 loop over 8000 samples. Medians over repeats, in this process. Targets: >= 20x faster than (a),
 within 1.3x of (b); the batched loop within 1.5x of the unbatched one.
 """
-import timeit
 
 import numpy as np
 
 import eagle_fx as eagle
 
 
+from timing import median_time
 from workloads import w_chain, w_loop_to as w_loop
-
-
-def median(fn, number, repeat=7):
-    fn()
-    return float(np.median(timeit.repeat(fn, number=number, repeat=repeat))) / number
 
 
 def main():
@@ -42,10 +37,10 @@ def main():
         for g in graphs:
             g.launch()
 
-    t_v = median(gb.launch, 20)
-    t_a = median(loop_of_replays, 1, 3)
-    t_p = median(loop_of_prebuilt, 1, 3)
-    t_b = median(flat.launch, 20)
+    t_v = median_time(gb.launch, 20)
+    t_a = median_time(loop_of_replays, 1, 3)
+    t_p = median_time(loop_of_prebuilt, 1, 3)
+    t_b = median_time(flat.launch, 20)
     assert np.allclose(gb(), flat().reshape(B, n))
     print(f"W-chain vmap B={B} n={n}: {t_a / t_v:6.1f}x faster than {B} bind+replays of one graph, "
           f"{t_p / t_v:6.1f}x faster than replays of {B} prebuilt graphs (target >= 20); "
@@ -67,7 +62,7 @@ def main():
     def run_flat():
         fflag[0] = 1
         gflat.launch()
-    t_lb, t_lf = median(run_batched, 5), median(run_flat, 5)
+    t_lb, t_lf = median_time(run_batched, 5), median_time(run_flat, 5)
     run_batched()
     assert np.allclose(gl.result, np.ldexp(1.0, turns)[:, None] * np.ones((B, n)))
     print(f"W-loop vmap B={B} n={n}, trips 1..50: vmap / unbatched loop over {B * n} samples (50 turns) = "
