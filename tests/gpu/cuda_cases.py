@@ -27,11 +27,13 @@ _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
-import test_cuda_lowering as tour          # noqa: E402  the builder tour's builders (mirrors eagle_fx/tour.py)
+import tour_builders as tour               # noqa: E402  the builder tour's builders (those of eagle_fx/tour.py)
+import tour_kernels as kernels             # noqa: E402  the builder tour's kernels
+import test_cuda_lowering as lowering      # noqa: E402  the lowering tests' builders: keep with `mine` passed in, ...
 import test_graph_control as control      # noqa: E402
 import test_graph_running as running      # noqa: E402
 
-cell = tour.cell
+cell = kernels.cell
 VERBS = ("call", "call_n", "launch", "enqueue")
 
 
@@ -69,12 +71,12 @@ CASES = [
          _cells({1: 1, 2: 0}, {1: 1, 2: 1}, {1: 0, 2: 0}, {1: 1, 2: 0})),
     Case("tour.chooser", tour.chooser, lambda: (np.full(4, 3.0), cell(0)),
          _cells({1: 0}, {1: 1}, {1: 2}, {1: 5}, {1: 0})),
-    Case("tour.keep", tour.keep, lambda: (np.arange(4.0), np.zeros(4)),
+    Case("tour.keep", lowering.keep, lambda: (np.arange(4.0), np.zeros(4)),
          [{}, {"bind": {"x": _f(4.0, -1.0, 0.5, 2.0)}}, {}, {"bind": {"mine": np.zeros(4)}}]),
     Case("tour.void", tour.void, lambda: (np.arange(4.0), np.zeros(4))),
-    Case("tour.peaked", tour.peaked, lambda: (np.zeros(4), cell(1)),
+    Case("tour.peaked", lowering.peaked, lambda: (np.zeros(4), cell(1)),
          _cells({1: 1}, {1: 0}, {1: 1}, {1: 1})),
-    Case("tour.turns", tour.turns, lambda: (np.zeros(4), cell(0)), _cells({1: 0}, {1: 2}, {1: 5}, {1: 1})),
+    Case("tour.turns", lowering.turns, lambda: (np.zeros(4), cell(0)), _cells({1: 0}, {1: 2}, {1: 5}, {1: 1})),
     Case("tour.whole", tour.whole, lambda: (np.arange(8.0), cell(1), np.zeros(8)),
          _cells({1: 1}, {1: 0}, {1: 1}, {1: 1})),
     Case("tour.model", tour.model, lambda: (np.arange(4.0), np.zeros(4))),
@@ -142,12 +144,12 @@ def pair_out(x: Scalar, s: Mutable[Scalar]):
 _rng = np.random.default_rng(3)
 _x, _v = _rng.normal(size=7), _rng.normal(size=(3, 7))
 EAGER = [   # (kernel, arguments): eager calls on device arrays against the NumPy call
-    (tour.inc, (_x,)),
-    (tour.affine, (_x, 2.0, -1.0)),
-    (tour.affine, (_x, np.array([0.5]), np.float64(3.0))),   # a one-cell Param array, a NumPy scalar
-    (tour.below, (_x, 0.25, cell(9))),
-    (tour.peak_below, (_x, 10.0, cell(0))),
-    (tour.accumulate, (_x, np.zeros(7))),
+    (kernels.inc, (_x,)),
+    (kernels.affine, (_x, 2.0, -1.0)),
+    (kernels.affine, (_x, np.array([0.5]), np.float64(3.0))),   # a one-cell Param array, a NumPy scalar
+    (kernels.below, (_x, 0.25, cell(9))),
+    (lowering.peak_below, (_x, 10.0, cell(0))),
+    (kernels.accumulate, (_x, np.zeros(7))),
     (norm3, (_v, 1.5)),
     (centre, (_x,)),
     (pair_out, (_x, np.ones(7))),

@@ -144,7 +144,7 @@ def test_a_kernel_called_on_cupy_arrays_equals_the_numpy_call(k):
 def test_a_kernel_on_a_million_samples():
     x = np.linspace(-1.0, 1.0, 1_000_003)
     flag = cp.asarray(cell(0))
-    tour.below(cp.asarray(x), 0.25, flag)
+    cuda_cases.kernels.below(cp.asarray(x), 0.25, flag)
     assert int(flag[0]) == int(np.sum(x < 0.25))
     got = cp.asnumpy(cuda_cases.centre(cp.asarray(x)))
     np.testing.assert_allclose(got, x - x.mean(), rtol=0, atol=1e-12)
