@@ -28,7 +28,7 @@ from eagle_fx.backends import cuda  # noqa: E402
 from eagle_fx.testing.fake_cuda import FakeBuilder, FakeCudaError, FakeRuntime  # noqa: E402
 from hawk_fx import Mutable, Scalar  # noqa: E402
 
-tour = cuda_cases.tour
+tour, kernels = cuda_cases.tour, cuda_cases.kernels
 cell = cuda_cases.cell
 
 
@@ -248,7 +248,7 @@ def test_a_builder_on_cupy_arrays_is_refused_at_build(no_gpu_stack):
 
 def test_a_kernel_on_cupy_arrays_is_refused_naming_the_argument(no_gpu_stack):
     with pytest.raises(RuntimeError) as info:
-        tour.affine(FakeCupyArray((5,)), 2.0, 1.0)
+        kernels.affine(FakeCupyArray((5,)), 2.0, 1.0)
     msg = str(info.value)
     assert "hawk.kernel affine: argument 'x' is a cupy.FakeCupyArray" in msg
     assert "pip install -e '.[cuda12]'" in msg and "cupy" in msg
@@ -323,7 +323,7 @@ def test_call_kernel_refuses_mutables_sharing_memory():
 
 def test_a_kernel_call_stays_on_numpy_arrays_outside_graphs():
     x = np.arange(3.0)
-    np.testing.assert_array_equal(tour.inc(x), x + 1.0)
+    np.testing.assert_array_equal(kernels.inc(x), x + 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,9 +471,9 @@ def test_core_runtime_refusals(mock_gpu):
     with pytest.raises(ValueError, match=r"^eagle_fx: the array argument 'x' is not C-contiguous"):
         tour.first(cupy.asarray(np.arange(8.0))[::2])
     with pytest.raises(ValueError, match=r"^hawk.kernel affine: argument 'x' is not C-contiguous"):
-        tour.affine(cupy.asarray(np.arange(8.0))[::2], 2.0, 1.0)
+        kernels.affine(cupy.asarray(np.arange(8.0))[::2], 2.0, 1.0)
     with pytest.raises(ValueError, match=r"Mutable written on the GPU"):
-        tour.accumulate(cupy.asarray(np.arange(3.0)), np.zeros(3))
+        kernels.accumulate(cupy.asarray(np.arange(3.0)), np.zeros(3))
     g = tour.first(cupy.asarray(np.arange(4.0)))
     assert repr(g).endswith(", cuda>")
     with pytest.raises(ValueError, match="eagle.Graph.bind: 'x'"):
