@@ -37,6 +37,10 @@ class Guarded(np.ndarray):
         out = super().__getitem__(index)
         return out if isinstance(out, np.ndarray) else np.asarray(out).view(Guarded)
 
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
     def _refuse(self, what):
         if not _ACTIVE:
             return

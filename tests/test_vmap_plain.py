@@ -106,7 +106,8 @@ def test_vmap_of_a_function_that_takes_another_python_path_per_instance_is_refus
 
 @pytest.mark.parametrize("decide", [lambda x: x[0] > 0, lambda x: float(x.max()) > 0, lambda x: np.any(x * 2.0 > 0),
                                     lambda x: x.sum().item() > 0, lambda x: np.stack([x, x])[0, 0] > 0,
-                                    lambda x: np.dot(x, x) > 1.0, lambda x: int(np.argmax(x)) == 0])
+                                    lambda x: np.dot(x, x) > 1.0, lambda x: int(np.argmax(x)) == 0,
+                                    lambda x: any(v > 0 for v in x)])
 def test_a_python_decision_on_argument_values_is_refused(decide):
     def pick(x):
         return doubled(x) if decide(x) else doubled(-x)
