@@ -115,8 +115,9 @@ def blocking(fn):
 def row(label, n, hand, eagle_fns, quick):
     """Repeats interleave the hand-written function and each eagle one, so that load from other
     processes falls on all of them alike; the ratio is of the medians. At small n a repeat is a few
-    hundred microseconds (many short repeats), so that a change of load falls on both sides."""
-    number, repeat = ((20, 101) if quick else (20, 301)) if n <= 1000 else ((3, 7) if quick else (10, 21))
+    hundred microseconds, at n = 1e6 two calls (many short repeats), so that a change of load falls
+    on both sides."""
+    number, repeat = ((20, 101) if quick else (20, 301)) if n <= 1000 else ((2, 15) if quick else (2, 61))
     fns = [blocking(hand)] + [blocking(fn) for _, fn in eagle_fns if fn is not None]
     times = [[] for _ in fns]
     for fn in fns:

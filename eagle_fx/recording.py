@@ -6,8 +6,9 @@ a buffer is the gradient with respect to its probe), goes through vjp_graph and 
 residual boundary (transforms/split.py):
 
   * the forward half (inputs -> outputs and residuals: the stacks of loop carries, which grow with
-    the turns run, the values the kernels' backwards read) is what the graph runs on launch; it is functional, so an argument
-    the graph writes is copied back after each run, its value on entry kept for the derivatives;
+    the turns run, the values the kernels' backwards read) is what the graph runs on launch; it
+    is functional, so an argument the graph writes is copied back after each run, its value on
+    entry kept for the derivatives;
   * the backward half (residuals, cotangents -> input cotangents) is lowered once, on the first
     `eagle_fx.diff.reverse`, and replayed with the record's residuals and the seeds bound;
   * `eagle_fx.diff.forward` runs jvp_graph of the same Program on the recorded run's inputs.

@@ -8,6 +8,7 @@ inputs, and reports the outer planes it writes, which become outputs of the cond
 """
 from __future__ import annotations
 
+import gc
 import warnings
 import weakref
 
@@ -287,9 +288,10 @@ class GraphTrace:
             return
         raise TypeError(f"eagle.Graph.builder {_here()}: {what} of a value that the device if/match/loop at "
                         f"{entry[0]} gave its name. In NumPy the name may still be the array it held before (an "
-                        "arm that keeps it, a loop of 0 turns, the first turn of a loop), which another name, view "
-                        "or result still sees; staged, it is a new array, so the update cannot mean the same. Make a new array "
-                        "(y = y + 1.0 rather than y += 1.0), or update the array before the if/loop")
+                        "arm that keeps it, a loop of 0 turns, the first turn of a loop), which another name, "
+                        "view or result still sees; staged, it is a new array, so the update cannot mean the "
+                        "same. Make a new array (y = y + 1.0 rather than y += 1.0), or update the array before "
+                        "the if/loop")
 
     def _observable(self, origin, root, collected=False) -> bool:
         if origin is _SHARED or not isinstance(origin, PlaneKey) or any(b.key is origin for b in self.buffers):
@@ -297,7 +299,6 @@ class GraphTrace:
         if any(h.key is not root and views.root_key(h.key) is origin for h in list(self.handles)):
             if collected:
                 return True
-            import gc
             gc.collect()            # planes held only by garbage (closure cycles) do not count
             return self._observable(origin, root, True)
         return False
@@ -834,7 +835,7 @@ class Runtime:
             h.label = names[i]
             parent.define(h.key, v)
             new_state[i] = h
-            shared = any(_is_device(o[i]) and any(o[i2] is o[i] for i2 in range(len(names)) if i2 != i) for o in outs)
+            shared = any(_aliased(o, i, range(len(names))) for o in outs)     # two names, one array, in an arm
             trace.note_phi(h, [(o[i], s.local) for o, s in zip(outs, scopes)], self.where(line), shared)
         for k, v in zip(written, out_vars[len(name_outs):]):
             parent.write(k, v)

@@ -297,3 +297,56 @@ def test_a_buffer_label_means_its_value_after_later_in_place_updates_in_gradient
     np.testing.assert_allclose(r["x"], 2.0 * np.ones(3))
     r = eagle.diff.reverse(g.record, {"result": np.ones(1)}, wrt=("a",))
     np.testing.assert_allclose(r["a"], 2.0 * a_final(x))          # d sum(a^2) / d a, at a's final value
+
+
+# -- random sequences of in-place updates through names and views, against NumPy ---------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+SLICES = {4: ("[:]", "[...]"), 3: ("[1:]", "[:-1]"), 2: ("[::2]", "[1::2]", "[2:]")}
+
+
+@st.composite
+def inplace_programs(draw):
+    """Builder source: fresh planes y0, y1, the arguments x, w, views of them held by names, and a few
+    in-place updates (some inside a counted device loop over cell n), each through a name or a view."""
+    names = ["y0", "y1", "x", "w"]
+    lines = ["y0 = dbl(x)", "y1 = inc(w)"]
+    for k in range(draw(st.integers(0, 2))):                        # views held by names: aliases
+        size = draw(st.sampled_from(sorted(SLICES)))
+        lines.append(f"v{k} = {draw(st.sampled_from(names))}{draw(st.sampled_from(SLICES[size]))}")
+    views = [ln.split(" = ")[0] for ln in lines[2:]]
+
+    def update():
+        size = draw(st.sampled_from(sorted(SLICES)))
+        target = draw(st.sampled_from(names)) + draw(st.sampled_from(SLICES[size]))
+        op = draw(st.sampled_from(["+=", "-=", "*="]))
+        src = draw(st.sampled_from(names)) + draw(st.sampled_from(SLICES[size]))
+        rhs = draw(st.sampled_from([src, f"np.sin({src})", "0.5", f"np.tanh({src}) * 0.5"] if op != "*=" else
+                                   ["0.5", f"np.tanh({src})"]))
+        return f"{target} {op} {rhs}"
+    for _ in range(draw(st.integers(1, 4))):
+        lines.append(update())
+    if draw(st.booleans()):
+        lines.append("for _ in range(n):")
+        lines += ["    " + update() for _ in range(draw(st.integers(1, 2)))]
+    lines.append("g.result = {" + ", ".join(f"'{v}': {v} * 1.0" for v in names + views) + "}")
+    body = "\n".join("    " + ln for ln in ["g = eagle.Graph()"] + lines + ["return g"])
+    return f"def prog(x, w, n):\n{body}\n"
+
+
+@settings(max_examples=60, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(inplace_programs(), st.integers(0, 3))
+def test_random_in_place_updates_agree_with_numpy_and_eager(src, turns):
+    ns = {"np": np, "eagle": eagle, "dbl": dbl, "inc": inc}
+    exec(compile(src, "<in-place program>", "exec"), ns)
+    import linecache
+    linecache.cache["<in-place program>"] = (len(src), None, src.splitlines(True), "<in-place program>")
+    try:
+        _agree(ns["prog"], (np.array([0.5, -1.0, 2.0, 0.25]), np.array([1.0, 0.5, -0.5, 3.0]), cell(turns)),
+               replays=2)
+    except Exception as e:
+        e.add_note(src)
+        raise

@@ -163,17 +163,22 @@ class JaxExecutable:
         return [jax.device_put(a, s) for a, s in zip(self.arrays, self.shardings)]
 
     def replay(self, times: int = 1):
+        # The last replay's outputs are let go before the next one runs: unless the caller holds
+        # them, their memory is free for it, so a replay needs one set of outputs at a time, not two.
         run = self._compiled or self.compile()
         if self._lean:              # jax.Arrays, no host node, no trip check: nothing but the calls
-            arrays, written, outs = self.arrays, self.written, self.values
+            arrays, written = self.arrays, self.written
             for _ in range(times):
+                self.values = None
                 outs = run(*arrays)
                 for j, i in written:
                     arrays[i] = outs[j]
-            self.values = outs
+                self.values = outs
+                del outs
             return
         lw = self.lowering
         for _ in range(times):
+            self.values = outs = None
             if lw.trip_checks:
                 self._check_trips()
             outs = run(*self._inputs())
