@@ -35,6 +35,7 @@ from hawk_fx.tree import tree_flatten
 
 from . import cache
 from .closed import Closed, closed_of
+from .guards import guarding, release
 from .transforms.program import TransformError, dce
 
 _STAGING = ThreadStack()     # non-empty: a transform is staging a plain function; transforms return Graphs
@@ -71,6 +72,7 @@ class Transformed:
         if kwargs:
             raise TypeError(f"{self.__name__}: pass the arguments positionally (got {', '.join(kwargs)} by keyword)")
         if _STAGING:
+            args = release(args)
             return self.closed(*args).lower(lazy=True)      # for the outer transform: lowered only if run
         if not self._values:
             return self.graph(*args)
@@ -117,7 +119,7 @@ def freeze(x):
 def run(g):
     """Replay `g` and return copies of its result (as its result views show it: a Jacobian in JAX's shape)."""
     g.launch()
-    return g._result_copy() if g._has_result else None
+    return g._result_copy()
 
 
 def stage(f, args, api):
@@ -147,11 +149,15 @@ def _stage(f, args, api):
     else:
         _STAGING.append(True)
         try:
-            g = f(*args)
+            with guarding(api, name_of(f), args) as guarded:
+                g = f(*guarded)
         finally:
             _STAGING.pop()
-    if not isinstance(g, Graph) and isinstance(g, (np.ndarray, np.generic, float, int)):
-        raise TypeError(f"{api}: {name_of(f)!r} returned {type(g).__name__}, not a Graph: a transform stages the "
+    from .staging import Plane
+    if not isinstance(g, Graph) and isinstance(g, (np.ndarray, np.generic, float, int, Plane)):
+        what = "ndarray" if isinstance(g, np.ndarray) else "a graph's result" if isinstance(g, Plane) else \
+            type(g).__name__
+        raise TypeError(f"{api}: {name_of(f)!r} returned {what}, not a Graph: a transform stages the "
                         "function once, so NumPy math on its arguments (or a kernel called on them, or a replayed "
                         "graph's values) would be computed in Python for the arrays it was staged with. Write it as "
                         "a builder (@eagle_fx.Graph.builder: kernel calls and NumPy on its arguments are staged "
@@ -316,7 +322,7 @@ class Staged:
 
     def graph(self, prog, extra_planes, tree, n_results):
         """The closed Program running `prog` over the staged planes and `extra_planes`."""
-        return Closed(prog, self.planes + list(extra_planes), tree, n_results, self.n, self.g.backend, self.g.mesh)
+        return self.g.derive(prog, self.planes + list(extra_planes), tree, n_results)
 
     def capacity(self, trip, e):
         return loop_capacity(self.api, trip, e, self.prog.inputs, [p.array for p in self.planes])
@@ -356,7 +362,7 @@ def select_result(g, k):
     start = sum(t.num_leaves for t in tree.children[:k])
     part = tree.children[k]
     outs = leaves[start:start + part.num_leaves]
-    return Closed(dce(c.program.replace(outputs=outs)), c.planes, part, len(outs), c.n, c.backend, c.mesh)
+    return c.derive(dce(c.program.replace(outputs=outs)), c.planes, part, len(outs))
 
 
 def arg_names(f, n):

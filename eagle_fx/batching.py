@@ -15,8 +15,8 @@ from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from . import cache, ir
 from .api import _BATCH_FULL, DERIVED, MADE, Transformed, is_array, name_of, sig, stage
-from .closed import Closed
 from .staging import Extern
+from .transforms.program import written_inputs
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
 
 
@@ -134,7 +134,7 @@ def _batch(f, args, axes, out_axes, api, name):
             eqns.append(Eqn(batch_broadcast_p, [outs[j]], [v], {"size": B}))
             outs[j] = v
     bprog = bprog.replace(eqns=eqns, outputs=outs)
-    return Closed(bprog, planes, tree, nres, g.n, g.backend, g.mesh)
+    return g.derive(bprog, planes, tree, nres)
 
 
 def _stage_instance(f, split, b, api):
@@ -269,6 +269,15 @@ def _nested(f, args, outer_axes, out_axes, api, name):
             flat.append(a)
     axes = [0 if (o is not None or i is not None) else None for _, o, i in combined]
     g = _batch(inner, flat, axes, 0, api, name)
+    written = [g.planes[i].array for i in written_inputs(g.program)]
+    for k, (a, x) in enumerate(zip(args, flat)):
+        if isinstance(x, np.ndarray) and isinstance(a, np.ndarray) and not np.may_share_memory(x, a) \
+                and any(np.may_share_memory(w, x) for w in written):
+            raise VmapError(f"{api}({name}): argument {k} is written in place (a Mutable or buffer=), and a nested "
+                            "vmap hands the graph a copy of it (its two batch axes cannot be merged into one view, "
+                            "or it is batched at one level only), so the writes would not reach your array: batch "
+                            "it at both levels, outer axis first, in a C-contiguous array "
+                            "(np.ascontiguousarray(np.moveaxis(...))) and read the writes from that array")
     g.views = [(B2, B1) + v.aval.shape[1:] for v in g.result_vars()[0]]
     return g
 

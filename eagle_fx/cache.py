@@ -75,6 +75,9 @@ class Entry:
         return self
 
     def __exit__(self, exc_type, *exc):
+        if not self.back:
+            self.lock.release()
+            return False
         try:
             if exc_type is None:
                 for dst, src in self.back:        # a Mutable argument: the caller's array is written, as a loop would
@@ -86,7 +89,7 @@ class Entry:
 
     def bind(self, leaves):
         """Copy the call's arrays into the graph's own; False when a trip count outgrew the graph."""
-        back = [(leaves[i], self.owned[i]) for i in self.writes]
+        back = [(leaves[i], self.owned[i]) for i in self.writes] if self.writes else ()
         for dst, _ in back:
             if not dst.flags.writeable:
                 raise ValueError("eagle_fx: the transformed function writes an argument in place (a Mutable or "

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 
 class Closed:
-    __slots__ = ("program", "planes", "tree", "n_results", "n", "backend", "mesh", "views", "record", "made", "extra")
+    __slots__ = ("program", "planes", "tree", "n_results", "n", "backend", "mesh", "views", "record", "made", "extra",
+                 "tree_args")
 
     def __init__(self, program, planes, tree, n_results, n, backend=None, mesh=None, views=None, record=False):
         self.program, self.planes, self.tree = program, list(planes), tree
@@ -17,6 +18,14 @@ class Closed:
         self.record = record           # staged from a record=True graph (transforms refuse it)
         self.made = []                 # planes of arrays a plain function made while staging
         self.extra = None              # what a transform keeps for its caller (vjp's pullback)
+        self.tree_args = {}            # builder argument name -> (tree, leaf planes) of a tree argument, for bind
+
+    def derive(self, program, planes, tree, n_results, views=None):
+        """A closed Program a transform made from this one: the same sample count, backend and
+        argument names, its planes (in this one's order, then any it adds), its result."""
+        c = Closed(program, planes, tree, n_results, self.n, self.backend, self.mesh, views)
+        c.tree_args = self.tree_args
+        return c
 
     @property
     def has_result(self):

@@ -15,6 +15,7 @@ from hawk_fx.diff import match_tree
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from . import cache, ir
+from .guards import release
 from .api import (_STAGING, MADE, Staged, Transformed, arg_names, argnums_of, float_array, graph_of, is_array, name_of,
                   run, sig)
 from .staging import Extern
@@ -63,7 +64,7 @@ def jvp(f, primals, tangents):
     """(result, result tangent) for tangents given per argument: a tree like the argument's, or
     None (no tangent; a cell or integer leaf takes None)."""
     api = "eagle_fx.jvp"
-    primals, tangents = tuple(primals), tuple(tangents)
+    primals, tangents = release(tuple(primals)), release(tuple(tangents))
     if len(primals) != len(tangents):
         raise ValueError(f"{api}: {len(primals)} primals and {len(tangents)} tangents; give one tangent (or None) "
                          "per argument")

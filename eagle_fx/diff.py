@@ -85,17 +85,7 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
             raise KeyError(_unknown(api, key))
         kind, (v_in, v_out) = names[key]
         _seed(ct, h, v_out, seed, api, key)
-    residuals = record.residuals()
-    exe = h.backward_exe(residuals, g._exe.n)
-    cts = h.backward.inputs[len(residuals):]
-    for k, j in h.ct_of.items():
-        if k >= h.seedable:
-            continue                             # shown only: the backward does not read its cotangent
-        arr = exe.array_of(cts[j])
-        if k in ct:
-            np.copyto(arr, ct[k])
-        else:
-            arr.fill(0)
+    exe = h.backward_exe(record.residuals(), ct, g._exe.n)
     exe.replay(1)
     out = {}
     for w in wrt:
@@ -115,7 +105,7 @@ def _seed(ct, h, v, s, api, name):
     k = h.index.get(v)
     if k is None or k not in h.ct_of:
         return                                   # no float output there: nothing flows from it
-    ct[k] = s if k not in ct else ct[k] + s
+    ct[k] = np.ascontiguousarray(s) if k not in ct else ct[k] + s
 
 
 def _top_level_buffers(api, g, names, keys):

@@ -9,6 +9,8 @@ this mode as an independent meaning of each builder form.
 What stays as staged: a name labelled `buffer=` that device flow rebinds keeps its buffer (the array
 holds the value after the loop or arm), and `buffer=array` writes the result into that array.
 Hand-made graphs (`eagle.Graph()` outside a builder) and transforms (grad, vmap, jvp) keep staging.
+As staged, `g()` hands out the same result arrays at every run (the first run's, refilled), so a
+result kept without `.copy()` changes with the next run in both modes.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import numpy as np
 
 from hawk_fx.kernel import GRAPH_STAGING
 from hawk_fx.perthread import ThreadStack
+from hawk_fx.tree import tree_flatten, tree_unflatten
 from hawk_fx.trace import UNDEF
 
 from .staging import UncappedLoopWarning, _is_cell, _is_device, is_array
@@ -122,6 +125,7 @@ class EagerGraph:
         self._record = False
         self.result = None
         self._last = None
+        self._owned = None          # (leaves, treedef) of the first run's result: the arrays g() hands out
         self.buffers: dict = {}
 
     # what the builder's body calls on its graph
@@ -194,8 +198,46 @@ class EagerGraph:
         if ret is not self:
             raise TypeError(f"{self._builder.__name__}: a builder returns its graph: `return g`; declare the arrays "
                             "with `g.result = ...`")
-        self._last = self.result
+        self._last = self.result = self._own_results(self.result)
         self.buffers = dict(run.labels)     # label -> its buffer, holding the label's value after the run
+
+    def _own_results(self, tree):
+        """The result arrays of the first run, holding this run's values: as a staged graph's g() hands
+        out its own arrays, which the next replay overwrites (docs: sharp bits). A leaf that is the
+        caller's memory (an argument, a view of one) is returned as it is, as staged."""
+        try:
+            leaves, treedef = tree_flatten(tree, is_leaf=lambda x: isinstance(x, np.ndarray))
+        except TypeError:
+            return tree          # not a result tree: g() returns it as it is
+        if self._owned is None or self._owned[1] != treedef:
+            self._owned = (leaves, treedef)
+            return tree
+        users = list(_arrays_in((self._bound.args, self._bound.kwargs)))
+        out = []
+        for old, new in zip(self._owned[0], leaves):
+            if old is new or not _owns(old, users) or not _owns(new, users) \
+                    or (old.shape, old.dtype) != (new.shape, new.dtype):
+                out.append(new)
+            else:
+                np.copyto(old, new)
+                out.append(old)
+        return tree_unflatten(treedef, out)
+
+
+def _arrays_in(value):
+    if isinstance(value, np.ndarray):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _arrays_in(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _arrays_in(v)
+
+
+def _owns(a, users) -> bool:
+    """Is `a` an array the run made (not the memory of an argument)?"""
+    return isinstance(a, np.ndarray) and a.flags.writeable and not any(np.shares_memory(a, u) for u in users)
 
 
 def call_builder(builder, args, kwargs):

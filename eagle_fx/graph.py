@@ -23,6 +23,7 @@ from .autograph import convert_builder
 from .backends import cuda as _cuda
 from .backends import select as _select
 from .backends.numpy import NumpyExecutable
+from .guards import release
 from .staging import GraphTrace, Plane
 
 
@@ -225,8 +226,10 @@ class Graph:
             backend = getattr(self._exe, "backend_name", None)
         else:
             backend = _select.choose(arrays, "jax" if self._mesh is not None else self._backend)
-        return Closed(prog, list(self._trace.input_planes), tree, len(leaves), self._trace.n,
-                      "jax" if backend == "jax" else None, self._mesh, record=self._record)
+        c = Closed(prog, list(self._trace.input_planes), tree, len(leaves), self._trace.n,
+                   "jax" if backend == "jax" else None, self._mesh, record=self._record)
+        c.tree_args = self._tree_args
+        return c
 
     @classmethod
     def _from_program(cls, program, input_planes, tree, n_results, n, backend=None, mesh=None, views=None,
@@ -258,6 +261,7 @@ class Graph:
                 g._views[id(h)] = view
         g._input_names = {e.name: i for i, e in enumerate(t.input_planes) if e.name}
         g._closed_src = closed
+        g._tree_args = dict(closed.tree_args) if closed is not None else {}
         g._pending = backend or "numpy"
         if not lazy:
             g._lower_pending()
@@ -405,7 +409,9 @@ class Graph:
         return Record(self, self._generation)
 
     def _result_copy(self):
-        """Copies of the result arrays (as its views show them), after a launch."""
+        """Copies of the result arrays (as its views show them) after a launch; None without a result."""
+        if not self._has_result:
+            return None
         leaves, tree = self._result_flat
         outs = self._program.outputs
         if tree.kind == "leaf":
@@ -426,7 +432,8 @@ class Graph:
                 names[e.name] = ("written" if final is not v else "arg", (v, final))
         for h in t.buffers:
             if h.label and h.label not in names and h.var is not None:
-                names[h.label] = ("buffer", (h.var, h.var))
+                final = t.buffer_value(h)
+                names[h.label] = ("buffer", (final, final))
         names["result"] = ("result", (None, None))
         return names
 
@@ -684,6 +691,7 @@ class Builder:
             return self._call_block(args, kwargs)
         if eager.staging_disabled():
             return eager.call_builder(self, args, kwargs)
+        args, kwargs = release(args), release(kwargs)      # a plain function's guarded arguments (guards.py)
         bound = self._bind(args, kwargs)
         bound.apply_defaults()
         names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
@@ -748,7 +756,7 @@ class Builder:
         given: dict = {}        # id(plane) -> the caller's array it stands for
 
         def enter(arr):
-            p = graph._trace.block_argument(arr)
+            p = graph._trace.plane_of_array(arr)
             given[id(p)] = arr
             return p
         staging._source_stack.append(self.source)

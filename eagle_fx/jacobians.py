@@ -17,7 +17,6 @@ from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from .api import Staged, Transformed, float_array, graph_of, is_array, name_of, select_result, sig
 from .batching import vmap
-from .closed import Closed
 from .derivatives import _grad_trees, jvp, promote, seed_planes, vjp_program
 from .transforms.program import ct_aval
 
@@ -126,8 +125,7 @@ def _one_result(s):
 def _reshaped(c, tree, outputs, views):
     """The closed Program `c` with result `tree` (leaves: its Vars, one per entry of `outputs`)
     seen through `views`."""
-    return Closed(c.program.replace(outputs=outputs), c.planes, tree, len(outputs), c.n, c.backend, c.mesh,
-                  views=views)
+    return c.derive(c.program.replace(outputs=outputs), c.planes, tree, len(outputs), views)
 
 
 def _jacobian(f, argnums, api, forward):

@@ -6,8 +6,9 @@ a buffer is the gradient with respect to its probe), goes through vjp_graph and 
 residual boundary (transforms/split.py):
 
   * the forward half (inputs -> outputs and residuals: the stacks of loop carries, which grow with
-    the turns run, the values the kernels' backwards read) is what the graph runs on launch; it is functional, so an argument
-    the graph writes is copied back after each run, its value on entry kept for the derivatives;
+    the turns run, the values the kernels' backwards read) is what the graph runs on launch; it
+    is functional, so an argument the graph writes is copied back after each run, its value on
+    entry kept for the derivatives;
   * the backward half (residuals, cotangents -> input cotangents) is lowered once, on the first
     `eagle_fx.diff.reverse`, and replayed with the record's residuals and the seeds bound;
   * `eagle_fx.diff.forward` runs jvp_graph of the same Program on the recorded run's inputs.
@@ -70,14 +71,25 @@ class Halves:
         self._bw = None
         self._jvp = None
 
-    def backward_exe(self, residuals, n):
+    def backward_exe(self, residuals, seeds, n):
+        """The backward executable reading `residuals` and the seeds ({q output place: array}) where
+        they lie: no copy. A cotangent not seeded reads a private zeros array (the backward is
+        functional: it writes none of its inputs)."""
         if self._bw is None:
-            cts = [np.zeros(v.aval.shape, v.aval.dtype) for v in self.backward.inputs[len(residuals):]]
-            self._bw = NumpyExecutable(self.backward, list(residuals) + cts, set(), n)
+            self._zero_cts = [np.zeros(v.aval.shape, v.aval.dtype) for v in self.backward.inputs[len(residuals):]]
+            self._bw = NumpyExecutable(self.backward, list(residuals) + self._zero_cts, set(), n)
         exe = self._bw
-        for i, arr in enumerate(residuals):
+        arrays = list(residuals) + list(self._zero_cts)
+        for k, j in self.ct_of.items():
+            if k < self.seedable and k in seeds:
+                arrays[len(residuals) + j] = seeds[k]
+        changed = False
+        for i, arr in enumerate(arrays):
             if exe.slots[exe.input_slots[i]] is not arr:
-                exe.rebind(i, arr)
+                exe.slots[exe.input_slots[i]] = arr
+                changed = True
+        if changed:
+            exe._link()
         return exe
 
     def jvp_exe(self, n):
@@ -160,7 +172,7 @@ def recorded_executable(g, keep, arrays, n) -> RecordedExecutable:
     t, prog = g._trace, g._program
     written = [(i, final) for i, (v, e) in enumerate(zip(prog.inputs, t.input_planes))
                if (final := t.root.current.get(e, v)) is not v]
-    labelled = [h.var for h in t.buffers if h.label and h.var is not None]
+    labelled = [t.buffer_value(h) for h in t.buffers if h.label and h.var is not None]
     # a record runs on NumPy, whose stacks of saved turns grow with the turns run: no capacity
     halves = Halves(prog, [f for _, f in written] + labelled, list(keep) + list(t.root.current.values()), labelled,
                     lambda trip, e: None, g._checkpoints)

@@ -115,8 +115,8 @@ def stage_ufunc(uf, method, inputs, kwargs, where):
         raise _refuse(where, name, WRITE_KERNEL)
     if kwargs:
         raise _refuse(where, f"{name}({', '.join(k + '=' for k in kwargs)}...)",
-                      "call it without out=/where=/dtype=; to write into an array, assign (y[...] = np.sin(x)) or pass "
-                      "it to a kernel as its Mutable")
+                      "call it without where=/dtype=/casting= (out=y alone is staged); for a masked update write "
+                      "y[...] = np.where(mask, np.sin(x), y)")
     fname, body = UFUNCS.get(uf), None
     if fname is None and uf in COMPOSED:
         fname, body = COMPOSED[uf]
@@ -125,6 +125,38 @@ def stage_ufunc(uf, method, inputs, kwargs, where):
     inputs = [_operand(a) for a in inputs]
     _check_broadcast(inputs, where, name)
     return _kernel_for(fname, inputs, where, name, body)(*inputs)
+
+
+def stage_ufunc_into(uf, method, inputs, kwargs, out, where):
+    """`np.add(a, b, out=y)`, and so `y += b`: NumPy's meaning, the result written into the array y
+    names, in place, at every replay (visible through every name and view of y; a builder argument
+    is the caller's array). Returns y, as NumPy does."""
+    from .staging import active_trace
+    name = f"np.{uf.__name__}"
+    if len(out) != 1:
+        raise _refuse(where, f"{name}(out=<{len(out)} arrays>)", "assign each result: y[...] = ...")
+    target = out[0]
+    result = stage_ufunc(uf, method, inputs, kwargs, where)
+    plane = target if isinstance(target, NdarrayProtocol) else active_trace().plane_of_array(target)
+    write_into(plane, result, where, f"{name}(..., out=y) (or an in-place operator such as y += ...)")
+    return target
+
+
+def write_into(plane, value, where, what):
+    """plane[...] = value with NumPy's casting rule for in-place results ('same_kind': float64 into
+    float32 casts, float into int is refused); the value has the plane's shape."""
+    have, want = np.dtype(value.dtype), plane.aval.dtype
+    if have != want:
+        if not np.can_cast(have, want, "same_kind"):
+            raise TypeError(f"{API} {where}: {what}: the result is {have.name} and y is {want.name}; NumPy refuses "
+                            f"this cast ('same_kind'): compute in {want.name}, or make a new array: y = y + ...")
+        value = stage_cast(value, want, where)
+    shape = tuple(value.shape)
+    if shape != plane.aval.shape:
+        raise ValueError(f"{API} {where}: {what}: the result has shape {shape} and y has {plane.aval.shape}; an "
+                         "in-place result keeps y's shape: give the operands y's shape (a view, .reshape), or make "
+                         "a new array: y = y + ...")
+    plane[...] = value
 
 
 def _check_broadcast(operands, where, name):
@@ -325,11 +357,15 @@ class NdarrayProtocol:
         return stage_cast(self, np.dtype(dtype), self._where())
 
     def __array_ufunc__(self, uf, method, *inputs, **kwargs):
-        if not any(isinstance(a, NdarrayProtocol) and a._staging(uf.__name__) is not None for a in inputs):
-            if "out" in kwargs:
-                kwargs = dict(kwargs, out=tuple(_arrays(kwargs["out"])))
+        out = kwargs.pop("out", None)
+        if not any(isinstance(a, NdarrayProtocol) and a._staging(uf.__name__) is not None
+                   for a in (*inputs, *(out or ()))):
+            if out is not None:
+                kwargs["out"] = tuple(_arrays(out))
             return getattr(uf, method)(*_arrays(inputs), **kwargs)
-        return stage_ufunc(uf, method, inputs, kwargs, self._where())
+        if out is None:
+            return stage_ufunc(uf, method, inputs, kwargs, self._where())
+        return stage_ufunc_into(uf, method, inputs, kwargs, out, self._where())
 
     def __array_function__(self, func, types, args, kwargs):
         if self._staging(func.__name__) is None:
@@ -385,7 +421,11 @@ class NdarrayProtocol:
             raise IndexError(f"eagle.Graph.builder {self._where()}: {e}") from None
         if not isinstance(index[-1], range):        # one sample: a region of one sample (the value is one too)
             index = index[:-1] + (range(index[-1], index[-1] + 1),)
-        t.stage_assign(self._view(index, idx), value, self._where())    # an update of this plane, every replay
+        view = self._view(index, idx)
+        t.check_inplace(view.key, "an in-place update (y[...] = ..., y += ...)")
+        if isinstance(value, NdarrayProtocol) and value.key == view.key:
+            return          # `y[1:] += v`: Python assigns the updated view back to itself; it is there already
+        t.stage_assign(view, value, self._where())    # an update of this plane, every replay
 
     def __getattr__(self, name):
         if hasattr(np.ndarray, name) and not name.startswith("__"):
@@ -413,6 +453,9 @@ for _name, _uf in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply), 
 for _name, _uf in (("lt", np.less), ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal),
                    ("eq", np.equal), ("ne", np.not_equal)):
     setattr(NdarrayProtocol, f"__{_name}__", _dunder(_uf))
+for _name, _uf in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("truediv", np.divide),
+                   ("pow", np.power), ("mod", np.remainder), ("floordiv", np.floor_divide)):
+    setattr(NdarrayProtocol, f"__i{_name}__", lambda self, other, _uf=_uf: _uf(self, other, out=(self,)))
 NdarrayProtocol.__neg__ = lambda self: np.negative(self)
 NdarrayProtocol.__pos__ = lambda self: self
 NdarrayProtocol.__abs__ = lambda self: np.absolute(self)

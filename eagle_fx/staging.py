@@ -8,6 +8,7 @@ inputs, and reports the outer planes it writes, which become outputs of the cond
 """
 from __future__ import annotations
 
+import gc
 import warnings
 import weakref
 
@@ -232,6 +233,7 @@ class GraphTrace:
         self.accesses: list[Access] = []
         self.waits: list[Wait] = []
         self.pinned: dict[int, tuple] = {}  # id(array) -> (array, plane): a block's result handed out as an array
+        self.phis: dict = {}               # plane key -> (where, origin keys): a name's value after device flow
         self.branch: tuple = ()
         self.fork_ids = 0
         self.seq = 0
@@ -247,9 +249,9 @@ class GraphTrace:
             e = self.externs[id(arr)] = Extern(arr, self.arg_names.get(id(arr)))
         return e
 
-    def block_argument(self, arr) -> Plane:
-        """An array a block gets from plain code (a hand-made graph), as the block sees it: a staged
-        plane over the array, or over the block result it stands for, so NumPy on it is staged."""
+    def plane_of_array(self, arr) -> Plane:
+        """A staged plane over a user's array (or over the block result the array stands for): how a
+        block called from plain code sees its arguments, and what `out=arr` writes into."""
         key = self.extern(arr)
         pin = self.pinned.get(id(arr))
         aval = pin[1].aval if pin is not None and pin[0] is arr else ir.plane_aval(arr.shape, arr.dtype)
@@ -257,6 +259,49 @@ class GraphTrace:
         p.label = getattr(key, "name", None)
         self.handles.add(p)
         return p
+
+    # -- in-place writes to names device flow rebound ---------------------------------------------
+    def note_phi(self, plane, values, where, shared=False):
+        """`plane` is a name's value after a device if/loop (or a loop carry at the start of a turn).
+        In NumPy the name is then one of several arrays: `values` lists (value, keys made inside the
+        arm or None) for each way in; a value not made there (kept by an arm, the entry value of a
+        loop that may run 0 turns) is an origin: NumPy would update it in place through the name."""
+        origins = {_SHARED} if shared else set()
+        for v, local in values:
+            if not _is_device(v):
+                continue
+            k = self.key_of(v, "eagle", "a value")
+            if local is not None and k in local:
+                continue
+            r = views.root_key(k)
+            origins.add(r if isinstance(k, PlaneKey) else _SHARED)     # an argument, a view: seen elsewhere
+            origins |= self.phis.get(r, (None, set()))[1]
+        if origins:
+            self.phis[plane.key] = (where, origins)
+
+    def check_inplace(self, key, what):
+        """Refuse an in-place write to a name's value after device flow when an array NumPy could be
+        writing through it (see note_phi) is still seen through another name, view or result."""
+        root = views.root_key(key)
+        entry = self.phis.get(root)
+        if entry is None or not any(self._observable(o, root) for o in entry[1]):
+            return
+        raise TypeError(f"eagle.Graph.builder {_here()}: {what} of a value that the device if/match/loop at "
+                        f"{entry[0]} gave its name. In NumPy the name may still be the array it held before (an "
+                        "arm that keeps it, a loop of 0 turns, the first turn of a loop), which another name, "
+                        "view or result still sees; staged, it is a new array, so the update cannot mean the "
+                        "same. Make a new array (y = y + 1.0 rather than y += 1.0), or update the array before "
+                        "the if/loop")
+
+    def _observable(self, origin, root, collected=False) -> bool:
+        if origin is _SHARED or not isinstance(origin, PlaneKey) or any(b.key is origin for b in self.buffers):
+            return True
+        if any(h.key is not root and views.root_key(h.key) is origin for h in list(self.handles)):
+            if collected:
+                return True
+            gc.collect()            # planes held only by garbage (closure cycles) do not count
+            return self._observable(origin, root, True)
+        return False
 
     def root_input(self, key) -> Var:
         if isinstance(key, Extern):
@@ -304,6 +349,11 @@ class GraphTrace:
         # the buffer's entry, even one a construct nested inside this one already moved on
         self.buffers[:] = [h if b.key is old.key and b.label == old.label else b for b in self.buffers]
         return h
+
+    def buffer_value(self, h: Plane) -> Var:
+        """The Var a buffer label means in gradients: the buffer's last version at the top level (after
+        in-place updates that followed its kernel), or its own Var for one made inside device flow."""
+        return self.root.current.get(h.key, h.var)
 
     # -- equations ---------------------------------------------------------------------------
     def info(self, name=None) -> EqnInfo:
@@ -393,6 +443,7 @@ class GraphTrace:
                 scope.write(h.key, v)
             writes.append((h.key, "out"))
         for key, name, v in commits:
+            self.check_inplace(key, f"hawk.kernel {kernel.name}: the Mutable write to '{name}'")
             scope.write(key, v)
             writes.append((key, name))
         self.add_access(info, reads, writes, kernel.name)
@@ -493,9 +544,17 @@ class GraphTrace:
         return Program(self.inputs, self.root.eqns, outs)
 
 
+_SHARED = object()       # an origin seen by another name for sure (an argument, a view, an alias in the arm)
+
+
 def _buffer_named(trace, value, name) -> bool:
     """Is `value` the buffer labelled `name` (`name = k(..., buffer=...)`) of this graph?"""
     return isinstance(value, Plane) and value.graph is trace.graph and value.kept and value.label == name
+
+
+def _aliased(values, i, among) -> bool:
+    """Is values[i] an array that another of the names `among` also holds (one array, two names)?"""
+    return _is_device(values[i]) and any(j != i and values[j] is values[i] for j in among)
 
 
 def _finished(graph) -> bool:
@@ -603,7 +662,12 @@ class Runtime:
 
     @staticmethod
     def load(scope, names):
-        return tuple(scope.get(n, UNDEF) for n in names)
+        """The construct's state from the builder's `locals()`. That dict is the frame's snapshot, which
+        would keep the names' old values alive after they are rebound (so an in-place check would see
+        them as still named): emptied once read; the next locals() fills it again."""
+        state = tuple(scope.get(n, UNDEF) for n in names)
+        scope.clear()
+        return state
 
     @staticmethod
     def label(value, name):
@@ -771,6 +835,8 @@ class Runtime:
             h.label = names[i]
             parent.define(h.key, v)
             new_state[i] = h
+            shared = any(_aliased(o, i, range(len(names))) for o in outs)     # two names, one array, in an arm
+            trace.note_phi(h, [(o[i], s.local) for o, s in zip(outs, scopes)], self.where(line), shared)
         for k, v in zip(written, out_vars[len(name_outs):]):
             parent.write(k, v)
         for i, h0 in via_key.items():
@@ -867,14 +933,15 @@ class Runtime:
     def _stage_loop(self, cond_fn, body_fn, state, names, line, cap, trip, target):
         trace = active_trace()
         parent = trace.scope
-        carried: list[int] = [i for i, v in enumerate(state) if _is_device(v)]
+        carried: list[int] = []     # names the body rebinds; a name only updated in place is not a carry:
+        #                            its writes land in the array it names (in place), seen through every alias
         inplace: list = []
         while True:     # the carries and in-place planes only grow, so this reaches a fixpoint
             body = Scope(trace, parent)
             counter = Var(ir.U32_CELL, "turn")
             counter_h = trace.new_plane(ir.U32_CELL, var=counter)
             body.define(counter_h.key, counter)
-            carry_in, body_state = self._seed(trace, body, state, carried, inplace)
+            carry_in, body_state = self._seed(trace, body, state, carried, inplace, self.where(line))
             trace.scope = body
             try:
                 out = tuple(body_fn(counter_h, *body_state) if target else body_fn(*body_state))
@@ -892,7 +959,10 @@ class Runtime:
             new_inplace = inplace + [k for k in body.written if k not in inplace]
             if sorted(new_carried) == sorted(carried) and new_inplace == inplace:
                 break
-            carried, inplace = sorted(new_carried), new_inplace
+            # the carries only grow, and for fixed carries so do the in-place planes: a fixpoint. New carries
+            # start the in-place planes afresh (what a name wrote before it was a carry, its carry takes now)
+            inplace = new_inplace if sorted(new_carried) == sorted(carried) else []
+            carried = sorted(new_carried)
         # the guard, in its own scope over the same carries
         cscope = Scope(trace, parent)
         c_in, c_state = self._seed(trace, cscope, state, carried, inplace)
@@ -962,12 +1032,14 @@ class Runtime:
             h.label = names[i]
             parent.define(h.key, out_vars[j])
             new_state[i] = h
+            trace.note_phi(h, [(state[i], None), (out[i], body.local)], self.where(line),
+                           _aliased(state, i, carried) or _aliased(out, i, carried))
         for k, v in zip(inplace, out_vars[n_names:]):
             parent.write(k, v)
         return tuple(new_state)
 
     @staticmethod
-    def _seed(trace, scope, state, carried, inplace):
+    def _seed(trace, scope, state, carried, inplace, where=None):
         """Fresh carry inputs: carried names become new planes, in-place planes are pre-seeded."""
         seeded, st = [], list(state)
         for i in carried:
@@ -976,6 +1048,8 @@ class Runtime:
             var = Var(aval)
             h = trace.new_plane(aval, var=var)
             scope.define(h.key, var)
+            if where is not None:       # on the first turn, the carry is the array the name held on entry,
+                trace.note_phi(h, [(v, None)], where, True)     # which the builder's frame still holds
             st[i] = h
             seeded.append(var)
         for k in inplace:

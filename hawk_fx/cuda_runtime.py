@@ -6,13 +6,13 @@ entries are launched one after another on CuPy's current stream (`call_kernel`).
 
     KernelModule   CUDA C compiled as one module (a hawk body, or guard/lowering kernels)
     body_module    the module of a hawk Specialization: `hawk_<sha256 of its source[:16]>`
-    CoreRuntime    CuPy device memory, NVRTC-compiled kernels (cuda.core), CuPy's current stream;
-                   eagle_fx's CUDA graph runtime extends it with graphs
+    KernelRuntime  CuPy device memory, NVRTC-compiled kernels (cuda.core), CuPy's current stream;
+                   eagle_fx's CUDA graph runtime (backends/cuda_graph.py) extends it with graphs
     call_kernel    a kernel's entries launched directly on device arrays
     require_gpu    the refusal where the GPU stack (CuPy, cuda.core, a device, driver >= 12.8) is missing
 
-The runtime protocol call_kernel needs (CoreRuntime here; a recording fake in eagle_fx.testing):
-    is_device(a), device_arrays(arrays, names), check_array(a, what), empty(shape, dtype),
+The runtime protocol call_kernel needs (KernelRuntime here; a recording fake in eagle_fx.testing):
+    is_device(a), device_arrays(arrays, names, api), check_array(a, what), empty(shape, dtype),
     to_device(host), overlaps(a, b), and run_now(steps): ('kernel', module, entry, grid, block,
     args) and ('memset', array, value) steps, launched in order on the current stream.
 
@@ -82,7 +82,6 @@ def require_gpu(what: str = "eagle_fx: CuPy arrays run as CUDA graphs") -> int:
     return driver
 
 
-
 # ---------------------------------------------------------------------------------------------
 # kernel modules
 
@@ -103,7 +102,6 @@ class KernelModule:
         return f"<KernelModule {self.name} {self.kind}{' ' + self.label if self.label else ''}>"
 
 
-
 _body_modules: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # Specialization -> KernelModule
 
 
@@ -117,7 +115,6 @@ def body_module(spec) -> KernelModule:
         mod = KernelModule(ek.name, ek.source, tuple(ek.entry_names()), "body", ek, spec, spec.kernel.name)
         _body_modules[spec] = mod
     return mod
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,17 +228,17 @@ class KernelRuntime:
     def is_device(self, a) -> bool:
         return isinstance(a, self.cupy.ndarray)
 
-    def device_arrays(self, arrays, names=None) -> list:
+    def device_arrays(self, arrays, names=None, api="eagle_fx") -> list:
         """The arrays a launch or graph runs on: device arrays as they are (checked: C-contiguous, this
         device); NumPy arrays that are not named arguments (a constant or scratch cell a graph's
-        builder made) are copied to the device once."""
+        builder made) are copied to the device once. `api` starts the refusals."""
         names = list(names) if names is not None else [None] * len(arrays)
         out = []
         for a, name in zip(arrays, names):
-            what = f"the array argument {name!r}" if name else "an array the builder reached"
+            what = f"{api}: " + (f"the array argument {name!r}" if name else "an array the builder reached")
             if isinstance(a, np.ndarray):
                 if name:
-                    raise ValueError(f"eagle_fx: {what} is a NumPy array, and other arrays of this graph are CuPy "
+                    raise ValueError(f"{what} is a NumPy array, and other arrays of this graph are CuPy "
                                      f"arrays; a graph runs on one device: pass cupy.asarray({name}) (or NumPy "
                                      "arrays only, to run on the CPU)")
                 out.append(self.to_device(a))
@@ -252,14 +249,15 @@ class KernelRuntime:
             out.append(a)
         return out
 
-    def check_array(self, a, what="an array"):
+    def check_array(self, a, what="eagle_fx: an array"):
+        """Refuse what a kernel cannot read densely on this device; `what` names the array, API first."""
         if not a.flags.c_contiguous:
-            raise ValueError(f"eagle_fx: {what} is not C-contiguous (strides {a.strides}); CUDA kernels read planes "
+            raise ValueError(f"{what} is not C-contiguous (strides {a.strides}); CUDA kernels read planes "
                              "densely: pass cupy.ascontiguousarray(...)")
         dev = int(a.device.id)
         if dev != self.device_id:
-            raise ValueError(f"eagle_fx: {what} lives on CUDA device {dev}, the graph on device {self.device_id}; "
-                             "a graph runs on one device")
+            raise ValueError(f"{what} lives on CUDA device {dev}, and this runs on device {self.device_id} (CuPy's "
+                             "current device); a call or a graph runs on one device")
 
     def zeros(self, shape, dtype):
         return self.cupy.zeros(tuple(shape), np.dtype(dtype))
@@ -350,7 +348,8 @@ def call_kernel(spec, values, n: int, runtime=None) -> list:
     for k, (name, v) in enumerate(zip(kernel.param_names, values)):
         where = f"hawk.kernel {kernel.name}: argument '{name}'"
         if runtime.is_device(v) or is_device_array(v):
-            (dev[k],) = runtime.device_arrays([v], [name]) if not runtime.is_device(v) else (v,)
+            if not runtime.is_device(v):            # another __cuda_array_interface__ array: a CuPy view
+                (dev[k],) = runtime.device_arrays([v], [name], api=f"hawk.kernel {kernel.name}")
             runtime.check_array(dev[k], where)
         elif k in commits:
             raise ValueError(f"{where} is a Mutable written on the GPU, but it is a {type(v).__name__}, not a "

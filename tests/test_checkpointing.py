@@ -19,6 +19,7 @@ import hawk_fx as hawk
 from eagle_fx.transforms import checkpoint
 from hawk_fx import Scalar
 from hawk_fx import math as hm
+from test_compose import central, nested as compose_nested, numpy_nested
 from test_grad_graph import capped, counted, fd_grads, nested
 from test_one_reverse_mode import jax_grad, numpy_turns, settle, settle_counted, settle_uncapped
 from tour_kernels import below, cell, total
@@ -155,6 +156,33 @@ def test_under_vmap_each_instance_reverses_its_own_turns():
     np.testing.assert_allclose(got, stored, rtol=1e-13)
     for b in range(B):
         np.testing.assert_allclose(got[b], jax_grad(xs3[b], int(trips[b, 0])), rtol=1e-12)
+
+
+@pytest.mark.parametrize("K", [None, 3])
+def test_an_uncapped_loop_under_vmap(K):
+    """Stored or checkpointed: each instance its own number of turns (the guard is set on entry,
+    so an instance already past 100 still runs one)."""
+    xs = np.stack([np.linspace(1.0, 2.0, 20), np.linspace(30.0, 40.0, 20), np.linspace(100.0, 140.0, 20)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = eagle.vmap(eagle.grad(settle_uncapped, checkpoints=K))(xs, np.ones((3, 1), np.uint32))
+    for b in range(3):
+        np.testing.assert_allclose(got[b], jax_grad(xs[b], max(1, numpy_turns(xs[b]))), rtol=1e-12)
+
+
+def test_nested_loops_under_vmap_with_a_trip_count_and_a_flag_per_instance():
+    """Counted loops in a counted loop, a conditional arm and a written argument: every instance
+    its own turns; checkpointed == stored, and central differences of plain NumPy agree."""
+    rng = np.random.default_rng(0)
+    xs, y, a = rng.random((3, 5)), np.linspace(0.2, 0.5, 5), np.array([0.6])
+    ns, cs = np.array([[2], [0], [3]], np.uint32), np.array([[1], [0], [1]], np.uint32)
+    stored = eagle.vmap(eagle.grad(compose_nested), in_axes=(0, None, None, 0, 0))(xs, y, a, ns, cs)
+    for K in (1, 2, 4):
+        got = eagle.vmap(eagle.grad(compose_nested, checkpoints=K), in_axes=(0, None, None, 0, 0))(xs, y, a, ns, cs)
+        np.testing.assert_allclose(got, stored, rtol=1e-13, err_msg=f"K={K}")
+    for b in range(3):
+        fd = central(lambda x: numpy_nested(x, y, a, int(ns[b, 0]), int(cs[b, 0])), xs[b])
+        np.testing.assert_allclose(got[b], fd, rtol=1e-5, atol=1e-7 * np.max(np.abs(fd)))    # fd's own error
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,12 +6,14 @@ reads memory it writes through another view, so these tests fail on a lowering w
 at any size. The oracle is that NumPy line."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import eagle_fx
 import hawk_fx as hawk
 from eagle_fx.backends.cuda import use_backend
 from eagle_fx.testing.fake_cuda import FakeRuntime
 from hawk_fx import Mutable, Param, Scalar
+from hawk_fx.cuda_runtime import call_kernel as cuda_call_kernel
 from hawk_fx.emit.numpy import CHUNK
 
 
@@ -209,3 +211,36 @@ def test_the_lowered_modules_compile_with_nvrtc():
         cubin = hcuda.compile_cubin(mod.source, "sm_90")
         for entry in mod.entries:
             assert b"\0" + entry.encode() + b"\0" in cubin, f"{name}: entry {entry} missing"
+
+
+SIZES = st.sampled_from([1, 2, 17, 255, 256, 257, CHUNK - 1, CHUNK, CHUNK + 1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=SIZES, shift=st.integers(-3, 3).filter(bool), path=st.sampled_from(["graph", "loop", "eager"]),
+       order=st.sampled_from(["creation", "lifo", 11]))
+def test_overlapping_views_compute_as_numpy(n, shift, path, order):
+    """Any shift either way, sizes around a block and the NumPy chunk, through a graph, a device
+    loop of two turns and an eager call on the fake device, in any order the edges allow."""
+    buf = np.random.default_rng(n + 10 * abs(shift)).standard_normal(n + abs(shift))
+    want = numpy_smooth(buf, shift, 2 if path == "loop" else 1)
+    s, y = views(buf, shift)
+    if path == "eager":
+        values = [s, y]
+        layout, m = smooth.layout_of(values)
+        cuda_call_kernel(smooth.specialize(layout), values, m, runtime=FakeRuntime(order=order))
+    else:
+        with fake(order):
+            g = smooth_graph(s, y) if path == "graph" else smooth_loop(s, y, np.array([2], np.uint32))
+        g()
+    np.testing.assert_array_equal(buf, want)
+
+
+
+def test_alias_pairs_are_overlaps_that_are_not_one_view():
+    from eagle_fx.backends.cuda_lower import alias_pairs
+    buf, other = np.arange(10.0), np.arange(10.0)
+    arrays = [buf[:-1], buf[1:], buf[1:], other, buf[5:6]]     # 1 and 2: the same view, twice
+    assert alias_pairs(arrays) == {(0, 1), (0, 2), (0, 4), (1, 4), (2, 4)}
+    assert alias_pairs(arrays, 4) == {(0, 4), (1, 4), (2, 4)}
+    assert alias_pairs(arrays, 3) == set()

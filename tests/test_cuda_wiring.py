@@ -378,6 +378,40 @@ def test_use_backend_nests_and_restores():
         cuda.choose([np.zeros(2)])
 
 
+def test_threads_calling_one_kernel_on_the_fake_device_at_once():
+    """Each eager call has its own workspace and results: threads sharing one runtime do not mix
+    (a kernel with a sample reduction, whose workspace would be the shared state)."""
+    import threading
+
+    @hawk.kernel
+    def centre(x: Scalar) -> Scalar:
+        return x - hawk.mean(x)
+
+    rt = FakeRuntime()
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(5000) for _ in range(8)]
+    layout, n = centre.layout_of([inputs[0]])
+    spec = centre.specialize(layout)
+    got, errors = {}, []
+
+    def work(k):
+        try:
+            for rep in range(5):
+                (out,) = cuda.call_kernel(spec, [inputs[k]], n, runtime=rt)
+                got[(k, rep)] = out
+        except Exception as exc:          # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for (k, rep), out in got.items():
+        np.testing.assert_allclose(out, inputs[k] - inputs[k].mean(), rtol=0, atol=1e-12)
+
+
 # ---------------------------------------------------------------------------------------------
 # the real CoreRuntime / CoreGraphBuilder over stand-ins for cupy and cuda.core (tests/gpu/mock_core.py)
 
@@ -434,8 +468,10 @@ def test_core_runtime_refusals(mock_gpu):
     cupy, mc, device = mock_gpu
     with pytest.raises(ValueError, match=r"'hi' is a NumPy array"):
         cuda_cases.control.jumps(cupy.zeros(3), cupy.asarray(cell(1)), np.array([10.0]))
-    with pytest.raises(ValueError, match="not C-contiguous"):
+    with pytest.raises(ValueError, match=r"^eagle_fx: the array argument 'x' is not C-contiguous"):
         tour.first(cupy.asarray(np.arange(8.0))[::2])
+    with pytest.raises(ValueError, match=r"^hawk.kernel affine: argument 'x' is not C-contiguous"):
+        tour.affine(cupy.asarray(np.arange(8.0))[::2], 2.0, 1.0)
     with pytest.raises(ValueError, match=r"Mutable written on the GPU"):
         tour.accumulate(cupy.asarray(np.arange(3.0)), np.zeros(3))
     g = tour.first(cupy.asarray(np.arange(4.0)))

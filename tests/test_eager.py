@@ -351,3 +351,34 @@ def test_a_capped_loop_is_device_flow_in_eager_runs_too():
             e = f(x, cell(1), cell(stop))
         np.testing.assert_array_equal(e(), (x + 1.0) * (2.0 if stop else 8.0))
         np.testing.assert_array_equal(M, (x + 1.0) * (2.0 if stop else 8.0))
+
+
+def test_g_hands_out_the_same_result_arrays_at_every_run_as_staged():
+    @eagle.Graph.builder
+    def parts(x):
+        g = eagle.Graph()
+        y = dbl(x)
+        g.result = {"y": y, "tail": y[1:], "x": x, "xs": x[:2]}
+        return g
+
+    x0, x1 = np.arange(3.0), np.array([5.0, -1.0, 0.5])
+    results = []
+    for staged in (True, False):
+        x = x0.copy()
+        if staged:
+            g = parts(x)
+        else:
+            with eagle.disable_staging():
+                g = parts(x)
+        a = g()
+        g.bind(x=x1.copy())
+        b = g()
+        assert a["y"] is b["y"] and a["tail"] is b["tail"]      # the graph's own arrays
+        np.testing.assert_array_equal(a["y"], 2.0 * x1)           # the first run's array, refilled
+        np.testing.assert_array_equal(a["tail"], 2.0 * x1[1:])
+        np.testing.assert_array_equal(a["x"], x0)                 # the caller's arrays are never written
+        np.testing.assert_array_equal(b["x"], x1)
+        np.testing.assert_array_equal(b["xs"], x1[:2])
+        results.append((a, b))
+    for k in ("y", "tail", "x", "xs"):
+        np.testing.assert_array_equal(results[0][1][k], results[1][1][k])

@@ -4,8 +4,10 @@ disabled (plain Python) on copies of the same arrays and compared value by value
 The generator writes builder source (the builder pass needs a function's text): device if/elif/else
 and match on cells, capped, counted and uncapped loops with break/continue, Python loops, forks with
 waits and blocks, buffers (True and a caller's array) whose names device flow rebinds, Mutable writes
-to arguments and cells (state carried across replays), and a run script of g(n), enqueue, cell
-changes and bind. Differentiable programs (no cell or Mutable writes) are also checked: eagle.grad and
+to arguments and cells (state carried across replays), NumPy in-place operators (on fresh values,
+on the caller's y, and on names device flow rebinds, where a build refused for NumPy's meaning
+depending on the turn or arm is counted rather than compared), blocks called on views, and a run
+script of g(n), enqueue, cell changes and bind. Differentiable programs (no cell or Mutable writes) are also checked: eagle.grad and
 record/reverse against central differences of eager runs, jvp against its eager value and differences,
 vmap against eager runs per instance.
 
@@ -33,8 +35,9 @@ PLANES = ("p0", "p1", "p2", "p3")
 CELLS = ("c0", "c1", "c2")
 UNARY = ("inc", "dbl", "half", "wave", "soft")
 BINARY = ("add", "mix")
-FORMS = ("assign", "block", "numpy", "view_write", "mutable", "cell_write", "if", "match", "capped", "counted", "uncapped", "python_for",
-         "fork", "break", "continue")
+FORMS = ("assign", "block", "block_view", "numpy", "view_write", "augassign", "augassign_device", "augassign_arg",
+         "mutable", "cell_write", "if", "match", "capped", "counted", "uncapped", "python_for", "fork", "break",
+         "continue")
 _ids = itertools.count()
 
 
@@ -58,6 +61,11 @@ class Program:
         if self.chance(1, 6):
             self.used.add("block")
             return f"blk(g, {self.pick(PLANES)})"
+        if self.chance(1, 10):
+            self.used.add("block_view")          # a block called on views, its result joined back to N samples
+            a, b = self.pick(PLANES), self.pick(PLANES)
+            return self.pick((f"np.concatenate([{a}[:1], blk(g, {b}[1:])])",
+                              f"np.concatenate([blk(g, {a}[::2]), {b}[1:2]])"))
         if self.chance(1, 5):
             self.used.add("numpy")
             a, b = self.pick(PLANES), self.pick(PLANES)
@@ -75,6 +83,27 @@ class Program:
             out += self.statement(depth, loop, frozen)
         return out
 
+    def augmented(self, depth, loop):
+        """`a += ...`, `a *= ...`, `a[1:] -= ...`: in place on the array `a` names. Inside device flow the
+        name is mostly first given a fresh array (`a = inc(a)`); without it, an update of the array it
+        held before is refused where NumPy's meaning depends on the turn or arm, and the program is
+        counted as refused instead of compared (tests/test_staged_inplace.py checks those refusals)."""
+        self.used.add("augassign")
+        a, b = self.pick(PLANES), self.pick(PLANES)
+        fresh = depth > 0 or loop is not None
+        if fresh and self.chance(1, 3):
+            fresh = False                    # may be refused: then the build must say so (check_program)
+            self.used.add("augassign_device")
+        lines = [(0, f"{a} = inc({a})")] if fresh else []
+        op = self.pick(("+=", "-=", "*="))
+        if op == "*=":
+            rhs = self.pick(("0.5", f"np.tanh({b})"))
+        else:
+            rhs = self.pick((b, f"np.sin({b}) * 0.5", "0.5", f"{b}[::-1] * 0.25"))
+        if self.chance(1, 3):
+            return lines + [(0, f"{a}[1:] {op} {b}[:-1] * 0.5" if op != "*=" else f"{a}[1:] *= 0.5")]
+        return lines + [(0, f"{a} {op} {rhs}")]
+
     def statement(self, depth, loop, frozen):
         kinds = ["assign", "assign", "assign"]
         if not self.diff:
@@ -91,12 +120,18 @@ class Program:
         self.used.add(kind)
         free = [c for c in CELLS if c not in frozen]
         if kind == "assign":
+            if self.chance(1, 6):
+                return self.augmented(depth, loop)
             if self.chance(1, 8):
                 self.used.add("view_write")
                 a, b = self.pick(PLANES), self.pick(PLANES)
                 return [(0, f"{a} = inc({a})"), (0, f"{a}[1:] = {b}[:-1] * 0.5")]
             return [(0, f"{self.pick(PLANES)} = {self.expr(depth)}")]
         if kind == "mutable":
+            if self.chance(1, 3):
+                self.used.add("augassign_arg")   # the caller's array, updated in place by NumPy operators
+                b = self.pick(PLANES)
+                return [(0, self.pick((f"y[1:] += {b}[:-1] * 0.5", "y *= 0.5", f"y -= np.tanh({b})")))]
             return [(0, f"accumulate(soft({self.pick(PLANES)}), y)")]
         if kind == "cell_write":
             if not free:
@@ -277,6 +312,12 @@ def check_program(data, differentiable):
                 check_vmap_forward(builder, args, data.draw, src)
         else:
             check_derivatives(builder, args, prog.vmappable, src, prog.label)
+    except TypeError as e:
+        if "augassign_device" in prog.used and "cannot mean the same" in str(e):
+            covered["refused_inplace"] = covered.get("refused_inplace", 0) + 1
+            return
+        e.add_note(f"the generated program:\n{src}")
+        raise
     except Exception as e:
         e.add_note(f"the generated program:\n{src}")
         raise

@@ -137,3 +137,20 @@ def test_bind_takes_a_dict_argument_leaf_by_leaf():
     refused(ValueError, lambda: g.bind(p=bad), "takes a tree of structure")
     refused(ValueError, lambda: g.bind(p=dict(q, w=np.ones(N + 1))), "changed shape/dtype")
     np.testing.assert_allclose(g(), float(jmodel(q, X, T, 1, 2)), rtol=1e-12)    # a refused bind changed nothing
+
+
+def test_a_transformed_graph_binds_a_dict_argument():
+    p, q = params(), params()
+    h = ef.make_graph(ef.hessian(model))(p, X, T, cell(1), cell(2))
+    same(h(), jax.hessian(jmodel)(p, X, T, 1, 2))
+    h.bind(p=q)
+    same(h(), jax.hessian(jmodel)(q, X, T, 1, 2))
+    g = ef.grad(model).graph(p, X, T, cell(0), cell(3))
+    g.bind(p=q, x=X[::-1].copy())
+    same(g(), jax.grad(jmodel)(q, X[::-1], T, 0, 3))
+    P = {"first": {"a": np.array([[0.7], [0.4]]), "b": np.array([[-0.2], [0.1]])}, "loop": np.array([[1.3], [0.9]]),
+         "w": np.stack([p["w"], q["w"]])}
+    vb = ef.vmap(model, in_axes=({"first": 0, "loop": 0, "w": 0}, None, None, None, None))(P, X, T, cell(1), cell(2))
+    vb.bind(p=jax.tree_util.tree_map(lambda a: a[::-1].copy(), P))
+    want = [float(jmodel(jax.tree_util.tree_map(lambda a: a[b], P), X, T, 1, 2)) for b in (1, 0)]
+    np.testing.assert_allclose(np.ravel(vb()), want, rtol=1e-12)

@@ -11,7 +11,7 @@ import pytest
 
 import eagle_fx as eagle
 import hawk_fx as hawk
-from hawk_fx import Scalar
+from hawk_fx import Param, Scalar
 from hawk_fx import math as hm
 from test_grad_graph import (capped, choose, chooser, counted, early_exit, fd_grads, forks, keep, mutating,
                              nested, skipping, whole)
@@ -183,10 +183,11 @@ def test_reverse_through_a_loop_saves_the_turns_it_runs(builder):
     assert peak < bound, (peak, bound)
 
 
-def test_counted_loop_gradient_for_more_turns_than_at_build():
+@pytest.mark.parametrize("checkpoints", [None, 2])
+def test_counted_loop_gradient_for_more_turns_than_at_build(checkpoints):
     x = np.linspace(0.1, 1.0, 7)
     n = cell(3)
-    g = eagle.grad(settle_counted).graph(x, n)
+    g = eagle.grad(settle_counted, checkpoints=checkpoints).graph(x, n)
     for turns in (3, 1, 9, 0):
         n[0] = turns
         np.testing.assert_allclose(g(), jax_grad(x, turns), rtol=1e-12, err_msg=f"{turns} turns")
@@ -202,3 +203,73 @@ def test_under_vmap_the_saved_turns_follow_the_longest_instance():
         np.testing.assert_allclose(grads[b], jax_grad(xs[b], turns[b]), rtol=1e-12, err_msg=f"instance {b}")
     bound = 4 * max(turns) * B * n * 8 + 32 * B * n * 8
     assert peak < bound, (peak, bound)
+
+
+# ---------------------------------------------------------------------------------------------
+# a call's forward keeps the costly values its backward would compute again
+
+@hawk.kernel
+def wave_k(x: Scalar) -> Scalar:
+    return hm.sin(x) * x
+
+
+@hawk.kernel
+def bell_k(x: Scalar, a: Param) -> Scalar:
+    return hm.exp(-a * x * x) + x
+
+
+@eagle.Graph.builder
+def wave_bell(x, a):
+    g = eagle.Graph()
+    g.result = total(bell_k(wave_k(x), a))
+    return g
+
+
+def test_a_kernel_backward_reads_the_costly_values_of_its_forward():
+    x, a = np.linspace(-1.0, 1.5, 6), np.array([0.7])
+    prog = eagle.make_program(eagle.grad(wave_bell, argnums=(0, 1)))(x, a)
+    prims = {e.params["kernel"].name: [q.prim.name for q in e.params["spec"].prog.eqns]
+             for e in prog.eqns if e.prim.name == "call"}
+    assert "sin" in prims["wave_k"] and "sin" not in prims["vjp(wave_k)"]      # read back, not recomputed
+    assert "exp" in prims["bell_k"] and "exp" not in prims["vjp(bell_k)"]
+    assert "cos" in prims["vjp(wave_k)"]                                     # the forward never had it
+    dx, da = eagle.grad(wave_bell, argnums=(0, 1))(x, a)
+    w = np.sin(x) * x                                                        # the chain rule in NumPy
+    e = np.exp(-a * w * w)
+    y = e + w
+    dy = 2 * y
+    np.testing.assert_allclose(dx, dy * (1 - 2 * a * w * e) * (np.sin(x) + x * np.cos(x)), rtol=1e-12)
+    np.testing.assert_allclose(da, [np.sum(dy * -w * w * e)], rtol=1e-12)
+
+
+@eagle.Graph.builder
+def settle_rec(x, flag, record=False):
+    g = eagle.Graph(record=record)
+    for _ in range(500):
+        if not flag: break
+        x = creep(x)
+        below(x, 100.0, flag)
+    g.result = x
+    return g
+
+
+def test_a_kept_record_holds_its_own_saved_turns():
+    """record.copy() keeps the stacks of a run (numpy_stack.Stack): a later launch with other
+    turns does not change the gradients it gives."""
+    x, seed = np.linspace(1.0, 2.0, 50), np.linspace(-1.0, 1.0, 50)
+    g = settle_rec(x.copy(), cell(1), record=True)
+    g()
+    kept = g.record.copy()
+    first = eagle.diff.reverse(g.record, {"result": seed}, wrt="x")["x"]
+    assert kept.nbytes >= numpy_turns(x) * 50 * 8
+    g.bind(x=x + 40.0, flag=cell(1))                 # fewer turns
+    g()
+    np.testing.assert_array_equal(eagle.diff.reverse(kept, {"result": seed}, wrt="x")["x"], first)
+    turns = numpy_turns(x)
+    want = seed.copy()
+    v = [x.copy()]
+    for _ in range(turns - 1):
+        v.append(1.1 * v[-1] + 0.05 * np.sin(v[-1]))
+    for u in reversed(v):                            # d/du of 1.1 u + 0.05 sin(u), last turn first
+        want = want * (1.1 + 0.05 * np.cos(u))
+    np.testing.assert_allclose(first, want, rtol=1e-12)

@@ -255,9 +255,9 @@ def no_kernel_for_it(x):
 
 
 @eagle.Graph.builder
-def out_argument(x, y):
+def out_where(x, y):
     g = eagle.Graph()
-    np.sin(x, out=y)
+    np.sin(x, out=y, where=x > 0.0)
     g.result = total(y)
     return g
 
@@ -311,7 +311,7 @@ def test_refusals_name_the_line_and_the_fix(rng):
     _refused(TypeError, method_reduces, (x,), "x.sum()", ".sum of a staged plane", "write a kernel")
     _refused(TypeError, no_kernel_for_it, (x,), "np.cumsum", "np.cumsum on a staged plane is not staged",
              "write a kernel")
-    _refused(TypeError, out_argument, (x, y), "out=y", "np.sin(out=...)", "Mutable", untouched=(y,))
+    _refused(TypeError, out_where, (x, y), "out=y", "np.sin(where=...)", "np.where(mask", untouched=(y,))
     _refused(TypeError, converts, (x,), "np.asarray", "converted to a NumPy array", "baked")
     _refused(IndexError, sample_int, (x,), "x[0]", "sample axis", "x[..., k:k+1]")
     _refused(IndexError, new_axis, (x,), "x[None]", "None (np.newaxis)", ".reshape")

@@ -100,8 +100,30 @@ def test_an_array_made_in_python_that_is_the_same_for_every_instance_is_shared()
 
 def test_vmap_of_a_function_that_takes_another_python_path_per_instance_is_refused():
     def pick(x):
-        return doubled(x * 1.0) if x[0] > 0 else doubled(x[1:3] * 1.0)
+        return doubled(x * 1.0) if np.stack([x])[0, 0] > 0 else doubled(x[1:3] * 1.0)   # np.stack drops the guard
     refused(VmapError, lambda: eagle.vmap(pick)(np.stack([X[1], -X[2]])), "stages a different graph for instance 1")
+
+
+@pytest.mark.parametrize("decide", [lambda x: x[0] > 0, lambda x: float(x.max()) > 0, lambda x: np.any(x * 2.0 > 0),
+                                    lambda x: x.sum().item() > 0])
+def test_a_python_decision_on_argument_values_is_refused(decide):
+    def pick(x):
+        return doubled(x) if decide(x) else doubled(-x)
+
+    def pick_loss(x):
+        return loss(x) if decide(x) else loss(x * x)
+    for call in (lambda: eagle.vmap(pick)(np.stack([X[1], -X[2]])), lambda: eagle.grad(pick_loss)(X[1]),
+                 lambda: eagle.jvp(pick, (X[1],), (X[0],)), lambda: eagle.jacfwd(pick)(X[1]),
+                 lambda: eagle.vmap(lambda x: eagle.grad(pick_loss)(x))(X)):
+        refused(TypeError, call, "pick", "reads the value of an array computed from its arguments in Python",
+                "Decide on the device")
+
+
+def test_shapes_and_python_numbers_stay_readable_while_staging():
+    def scaled(x, c):
+        assert x.shape == (5,) and len(x) == 5 and x.ndim == 1
+        return doubled(x * c) if c > 0 else doubled(x)
+    np.testing.assert_allclose(eagle.vmap(scaled, in_axes=(0, None))(X, 2.0), loop(lambda x: 4 * x, X))
 
 
 @pytest.mark.parametrize("fn", [lambda x: x * 2.0 + np.sin(x), lambda x: dbl(x), lambda x: doubled(x)()])
@@ -180,3 +202,18 @@ def test_a_read_only_mutable_is_refused_and_nothing_is_written():
     f(X, M2)                                              # the layout now cached: refused on a hit too
     refused(ValueError, lambda: f(X, M), "read-only")
     assert not M.any()
+
+
+def test_nested_vmap_writes_the_mutable_back_or_refuses_a_copy():
+    X3 = np.arange(24.0).reshape(2, 3, 4)
+    want = np.zeros((2, 3, 4))
+    for i in range(2):
+        for j in range(3):
+            accumulate(X3[i, j], want[i, j])()
+    M = np.zeros((2, 3, 4))
+    out = eagle.vmap(eagle.vmap(lambda x, m: accumulate(x, m)))(X3, M)
+    np.testing.assert_allclose(out, 2 * X3)
+    np.testing.assert_allclose(M, want)
+    Mt = np.zeros((3, 2, 4))            # batch axes swapped: merging them needs a copy the writes would miss
+    refused(VmapError, lambda: eagle.vmap(eagle.vmap(lambda x, m: accumulate(x, m)), in_axes=(0, 1))(X3, Mt),
+            "argument 1 is written in place", "a copy of it", untouched=(Mt,))

@@ -36,7 +36,8 @@ The builder protocol
 The runtime protocol: what CudaExecutable needs beyond the builder (CoreRuntime here, which extends
 hawk_fx.cuda_runtime.KernelRuntime with graphs; eagle_fx.testing.fake_cuda.FakeRuntime for tests)
     name                          'cuda' (shown by repr(g)) or 'fake-cuda'
-    device_arrays(arrays, names)  the arrays a graph runs on: device arrays as they are (checked:
+    device_arrays(arrays, names, api)
+                                  the arrays a graph runs on: device arrays as they are (checked:
                                   C-contiguous, this device); NumPy arrays the builder reached (not
                                   its named arguments) are copied to the device once
     is_device(a), zeros, empty, to_device, overlaps(a, b)
@@ -321,7 +322,8 @@ class CudaExecutable:
         self.synchronize()
         inputs = list(self.inputs)
         inputs[input_index] = new
-        if alias_pairs(inputs) != plan.aliasing:     # copies of overlapping inputs come or go: lower again
+        if alias_pairs(inputs, input_index) != {p for p in plan.aliasing if input_index in p}:
+            # the copies the lowering made for overlapping inputs come or go: lower again
             self.inputs = inputs
             self._lower()
             self.last_bind = "instantiate"

@@ -123,7 +123,8 @@ class PlanNode:
     """One node of the lowered graph. kind: 'kernel' | 'memset' | 'memcpy' | 'host' | 'join' |
     'if' | 'if_else' | 'switch' | 'while'. role of a kernel: 'body' (a hawk entry), 'init' (a
     workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic), 'select' (switch index), 'copy'
-    (eagle_strided_copy: slice, update, concat). For a conditional node `cond` is the condition it reads, `bodies` its body trees."""
+    (eagle_strided_copy: slice, update, concat). For a conditional node `cond` is the condition it
+    reads, `bodies` its body trees."""
 
     __slots__ = ("kind", "role", "label", "handle", "after", "module", "entry", "grid", "block", "args", "cond",
                  "bodies", "dst", "src")
@@ -325,11 +326,13 @@ class _Chain:
 # ---------------------------------------------------------------------------------------------
 # the lowering
 
-def alias_pairs(arrays) -> frozenset:
+def alias_pairs(arrays, of=None) -> frozenset:
     """(i, j), i < j, for the arrays that share memory without being the very same view (two views
-    of one caller's buffer, shifted or strided): what a node must not read while it writes."""
-    return frozenset((i, j) for j in range(len(arrays)) for i in range(j)
-                     if overlaps(arrays[i], arrays[j]) and not same_view(arrays[i], arrays[j]))
+    of one caller's buffer, shifted or strided): what a node must not read while it writes. `of`:
+    only the pairs that hold array `of`."""
+    pairs = ((i, j) for j in range(len(arrays)) for i in range(j)) if of is None else \
+        ((min(i, of), max(i, of)) for i in range(len(arrays)) if i != of)
+    return frozenset((i, j) for i, j in pairs if overlaps(arrays[i], arrays[j]) and not same_view(arrays[i], arrays[j]))
 
 
 def lower(program: Program, input_arrays, keep, n: int, builder) -> CudaPlan:
@@ -432,8 +435,9 @@ class _Lowering(SlotPlanner):
         if not self.aliases.get(s, set()) & set(writes):
             return self.slots[s]
         if s not in private:
-            t = self._sub_slot(atom.aval)
-            chain.memcpy(self.slots[t], self.slots[s], label="overlapping input")
+            src = self.slots[s]
+            t = self._new_slot(self._zeros(src.shape, src.dtype))
+            chain.memcpy(self.slots[t], src, label="overlapping input")
             private[s] = self.slots[t]
         return private[s]
 
@@ -626,12 +630,8 @@ class _Lowering(SlotPlanner):
         """Lower `sub` on `level` after `start`, its inputs bound to the operands' slots and its
         outputs landing in out_slots; returns its tails."""
         seq = _Seq(self, level, start)
-        for v, a in zip(sub.inputs, operands):
-            if isinstance(a, Literal):
-                self.slot_of[v] = self._sub_slot(v.aval)
-                self._copy_item(seq, self.slot_of[v], a)
-            else:
-                self.slot_of[v] = self.slot_of[a]
+        for s, a in self._bind_operands(sub, operands):
+            self._copy_item(seq, s, a)
         pre = direct_outputs(sub, out_slots, self.slot_of)
         for i, e in enumerate(sub.eqns):
             self._gen_eqn(seq, sub, i, e, pre)

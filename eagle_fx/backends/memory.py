@@ -67,6 +67,18 @@ class SlotPlanner:
             return pre[v]
         return self._alloc(v.aval, fits) if top else self._sub_slot(v.aval)
 
+    def _bind_operands(self, sub, operands) -> list:
+        """Bind a sub-program's inputs to its operands' slots; a Literal operand gets a slot of its
+        own, returned as a (slot, literal) copy to make first."""
+        fills = []
+        for v, a in zip(sub.inputs, operands):
+            if isinstance(a, Literal):
+                self.slot_of[v] = self._sub_slot(v.aval)
+                fills.append((self.slot_of[v], a))
+            else:
+                self.slot_of[v] = self.slot_of[a]
+        return fills
+
     def _copy_moves(self, srcs, out_slots) -> list:
         """(destination slot, source atom) copies that land `srcs` in `out_slots` as one parallel
         assignment, in order: a source that is also a destination is first copied aside (into a

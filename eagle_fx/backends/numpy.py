@@ -230,12 +230,8 @@ class NumpyExecutable(SlotPlanner):
 
     def _gen_sub(self, g, d, sub: Program, operands, out_slots):
         """Generate `sub` with its inputs bound to the operands' slots and its outputs landing in out_slots."""
-        for v, a in zip(sub.inputs, operands):
-            if isinstance(a, Literal):
-                self.slot_of[v] = self._sub_slot(v.aval)
-                g.emit(d, f"np.copyto(b{self.slot_of[v]}, {self.b(a)})")
-            else:
-                self.slot_of[v] = self.slot_of[a]
+        for s, a in self._bind_operands(sub, operands):
+            g.emit(d, f"np.copyto(b{s}, {self.b(a)})")
         pre = direct_outputs(sub, out_slots, self.slot_of)
         start = len(g.lines)
         for i, e in enumerate(sub.eqns):
@@ -289,7 +285,8 @@ class NumpyExecutable(SlotPlanner):
         the kept states are stacks indexed by slot, so they too grow only as they are used."""
         fwd, bwd, K, nc = e.params["forward"], e.params["backward"], e.params["checkpoints"], e.params["n_consts"]
         nk = len(fwd.outputs)
-        turns, consts, init, start = e.inputs[0], e.inputs[1:1 + nc], e.inputs[1 + nc:1 + nc + nk], e.inputs[1 + nc + nk:]
+        turns, consts = e.inputs[0], e.inputs[1:1 + nc]
+        init, start = e.inputs[1 + nc:1 + nc + nk], e.inputs[1 + nc + nk:]
         self._gen_copies(g, d, start, outs)                  # the seeds and zero sums: what the steps update
         work = [self._sub_slot(a.aval) for a in init]
         kept = [self._new_slot(Stack(ir.stack_aval(K, a.aval.shape, a.aval.dtype))) for a in init]

@@ -648,22 +648,22 @@ class FakeRuntime:
     def is_device(a) -> bool:
         return isinstance(a, np.ndarray)
 
-    def device_arrays(self, arrays, names=None) -> list:
+    def device_arrays(self, arrays, names=None, api="eagle_fx") -> list:
         names = list(names) if names is not None else [None] * len(arrays)
         out = []
         for a, name in zip(arrays, names):
-            what = f"the array argument {name!r}" if name else "an array the builder reached"
+            what = f"{api}: " + (f"the array argument {name!r}" if name else "an array the builder reached")
             if not isinstance(a, np.ndarray):
-                raise ValueError(f"eagle_fx fake-cuda: {what} is a {type(a).__name__}; the fake's device memory is "
+                raise ValueError(f"{what} is a {type(a).__name__}; the fake-cuda backend's device memory is "
                                  "NumPy arrays")
             self.check_array(a, what)
             out.append(a)
         return out
 
     @staticmethod
-    def check_array(a, what="an array"):
+    def check_array(a, what="eagle_fx: an array"):
         if not a.flags.c_contiguous:
-            raise ValueError(f"eagle_fx: {what} is not C-contiguous (strides {a.strides}); CUDA kernels read planes "
+            raise ValueError(f"{what} is not C-contiguous (strides {a.strides}); CUDA kernels read planes "
                              "densely: pass cupy.ascontiguousarray(...)")
 
     @staticmethod

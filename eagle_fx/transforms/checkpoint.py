@@ -22,6 +22,7 @@ for ir.revolve_p. `cost` counts the turns a schedule runs again, for the docs an
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from math import comb
 
 
@@ -30,6 +31,7 @@ def beta(c: int, r: int) -> int:
     return comb(c + r, c)
 
 
+@lru_cache(maxsize=1 << 14)
 def repetitions(T: int, K: int) -> int:
     """The most times a turn runs again when T turns are reversed keeping K states."""
     r = 0

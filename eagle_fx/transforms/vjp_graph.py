@@ -2,7 +2,9 @@
 
 The result is one functional Program: the forward, then the backward reading the forward's values.
   * call: the kernel's vjp body (hawk_fx.diff.vjp_spec) maps the call's inputs and the cotangents
-    of its outputs to the cotangents of its inputs;
+    of its outputs to the cotangents of its inputs; where that body would compute again a costly
+    value the kernel computes (sin(x) for sin(x) * x), the forward call also returns it and the
+    backward reads it (kernel_residuals.py);
   * cond/switch: a cond on the same predicate whose arms are the vjp of each arm (an arm's
     forward runs again inside its backward: nothing of the arm needs saving);
   * while: the forward loop also pushes each turn's carries onto a stack (a carry of its own,
@@ -22,6 +24,7 @@ from hawk_fx.diff import kernel_vjp, vjp_spec
 
 from .. import ir
 from . import structure
+from .kernel_residuals import split_kernel
 from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, inline, is_float, \
     refuse_untransformable
 
@@ -48,8 +51,11 @@ class _Vjp:
         self.alias: dict = {}       # a sub-program's input -> the outer atom it reads (for trip counts)
         self.in_loop = 0            # > 0: building the vjp of a loop body (its values come from saved turns)
         self.top: set = set()       # the inputs of the outermost Program
+        self.kept: dict = {}        # a call -> the residuals its forward returns for its backward
 
-    def program(self, prog, wrt):
+    def program(self, prog, wrt, values=True):
+        """The vjp of `prog`: its outputs, then the cotangents of its inputs flagged in `wrt`
+        (values=False: the cotangents only, for a construct's backward, which has the values)."""
         inputs = [Var(v.aval, v.hint) for v in prog.inputs]
         env = dict(zip(prog.inputs, inputs))
         ct_in = [Var(ct_aval(a.aval)) for a in prog.outputs if is_float(a.aval)]
@@ -59,6 +65,8 @@ class _Vjp:
             refuse_untransformable(e, self.api)
             if e.prim is ir.while_p:
                 saved[e] = self.forward_loop(e, env, eqns)
+            elif e.prim is ir.call_p and not e.params.get("inplace") and split_kernel(e.params["spec"]):
+                self.forward_call(e, env, eqns)
             else:
                 copy_eqn(e, env, eqns)
         ct: dict = {}
@@ -89,19 +97,36 @@ class _Vjp:
                 raise NotImplementedError(f"{self.api}: no reverse rule for primitive '{e.prim}'")
         outs = [a if isinstance(a, Literal) else env[a] for a in prog.outputs]
         grads = [ct.get(v) or eqns.zeros(ct_aval(v.aval)) for v, w in zip(prog.inputs, wrt) if w]
-        return dce(Program(inputs + ct_in, eqns, outs + grads))
+        return _settle(dce(Program(inputs + ct_in, eqns, (outs if values else []) + grads)), self.kept)
 
     # -- rules -------------------------------------------------------------------------------
+    def forward_call(self, e, env, eqns):
+        """The call, also returning the costly values its backward reads (kernel_residuals.py)."""
+        sp = split_kernel(e.params["spec"])
+        params = [_read(a, env) for a in e.inputs[:len(e.params["kernel"].param_names)]]
+        outs = eqns.call(sp.forward, params, e.params["n"], e.info)
+        env.update(zip(e.outputs, outs[:sp.n_results]))
+        self.kept[e] = _Kept(eqns[-1], sp.n_results, e)
+
     def call(self, e, cts, env, ct, eqns):
         spec, n = e.params["spec"], e.params["n"]
         params = e.inputs[:len(e.params["kernel"].param_names)]
         seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v in zip(cts, e.outputs)]
         # in a loop body, a value the kernel's backward does not read (any input of a linear body)
         # is not passed, so the loop saves no turns of it; elsewhere it is there anyway
-        reads = kernel_vjp(spec).reads
         values = [_read(a, env) if r or not self.in_loop or isinstance(a, Literal) else eqns.zeros(a.aval)
-                  for a, r in zip(params, reads)]
-        grads = iter(eqns.call(vjp_spec(spec), values + seeds, n, e.info))
+                  for a, r in zip(params, kernel_vjp(spec).reads)]
+        kept = self.kept.get(e)
+        if kept is not None:        # the backward reading the forward's residuals; the plain one kept aside
+            sp = split_kernel(spec)
+            with_res = [_read(a, env) if r or not self.in_loop or isinstance(a, Literal) else eqns.zeros(a.aval)
+                        for a, r in zip(params, sp.reads)]
+            kept.plain = values + seeds
+            residuals = list(kept.forward.outputs[sp.n_results:])
+            grads = iter(eqns.call(sp.backward, with_res + residuals + seeds, n, e.info))
+            kept.backward = eqns[-1]
+        else:
+            grads = iter(eqns.call(vjp_spec(spec), values + seeds, n, e.info))
         for a, w in zip(params, kernel_vjp(spec).wrt):
             if w:
                 _accumulate(ct, a, next(grads), eqns)
@@ -112,8 +137,7 @@ class _Vjp:
         arms = []
         for arm in e.params["branches"]:
             self._alias(arm.inputs, ops)
-            b = self.program(arm, op_wrt)
-            arms.append(dce(b.replace(outputs=b.outputs[len(arm.outputs):])))
+            arms.append(self.program(arm, op_wrt, values=False))
         seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v in zip(cts, e.outputs) if is_float(v.aval)]
         inputs = [_read(e.inputs[0], env)] + [_read(a, env) for a in ops] + seeds
         grads = eqns.bind(e.prim, inputs, dict(e.params, branches=tuple(arms), inplace=()), e.info)
@@ -130,6 +154,8 @@ class _Vjp:
             raise TransformError(f"{self.api}: the program already holds a reverse pass through a device loop; "
                                  "reverse mode over it again is not supported: take the outer derivative in "
                                  "forward mode (eagle_fx.jvp(eagle_fx.grad(f), ...): a Hessian-vector product)")
+        if self.checkpoints:
+            return None             # no stack of turns: a checkpointed loop keeps K states, whatever its length
         if e.params["cap"] is not None:
             return e.params["cap"]
         if e.params["counted"]:
@@ -175,7 +201,7 @@ class _Vjp:
         self._alias(body.inputs[1:1 + nc], consts)
         self.in_loop += 1
         try:
-            bv = self.program(body, [False] + c_wrt + k_float)    # (turn, consts, carries, cts) -> (carries, cts...)
+            bv = self.program(body, [False] + c_wrt + k_float, values=False)    # (turn, consts, carries, cts) -> cts
         finally:
             self.in_loop -= 1
         # the backward body: (turn, consts, turns, stacks, carry cts, const ct sums) -> (carry cts, sums)
@@ -188,7 +214,7 @@ class _Vjp:
         b = Eqns()
         idx = b.bind(ir.cell_rev_p, [r_turns, r_turn], {})[0]
         carries = [b.bind(ir.stack_read_p, [s, idx], {"batched": False, "turn_batched": False})[0] for s in r_stacks]
-        outs = inline(bv, [idx] + r_consts + carries + r_cts, b)[len(init):]
+        outs = inline(bv, [idx] + r_consts + carries + r_cts, b)
         const_cts, carry_cts = outs[:len(r_sums)], outs[len(r_sums):]
         sums = [b.add(s, c) for s, c in zip(r_sums, const_cts)]
         r_body = dce(Program([r_turn] + r_consts + [r_turns] + r_stacks + r_cts + r_sums, b, carry_cts + sums))
@@ -214,7 +240,7 @@ class _Vjp:
         self._alias(body.inputs[1:1 + nc], consts)
         self.in_loop += 1
         try:
-            bv = self.program(body, [False] + c_wrt + k_float)    # (turn, consts, carries, cts) -> (carries, cts...)
+            bv = self.program(body, [False] + c_wrt + k_float, values=False)    # (turn, consts, carries, cts) -> cts
         finally:
             self.in_loop -= 1
         r_turn = Var(ir.U32_CELL)
@@ -223,7 +249,7 @@ class _Vjp:
         r_cts = [Var(ct_aval(a.aval)) for a, f in zip(init, k_float) if f]
         r_sums = [Var(ct_aval(a.aval)) for a, w in zip(consts, c_wrt) if w]
         b = Eqns()
-        outs = inline(bv, [r_turn] + r_consts + r_carries + r_cts, b)[len(init):]
+        outs = inline(bv, [r_turn] + r_consts + r_carries + r_cts, b)
         const_cts, carry_cts = outs[:len(r_sums)], outs[len(r_sums):]
         sums = [b.add(s, c) for s, c in zip(r_sums, const_cts)]
         backward = dce(Program([r_turn] + r_consts + r_carries + r_cts + r_sums, b, carry_cts + sums))
@@ -243,6 +269,44 @@ def _holds_backward(prog) -> bool:
     """Does a loop body hold a reverse pass through a loop (a stack read back, a revolve)?"""
     return any(e.prim in (ir.stack_read_p, ir.revolve_p) for e in prog.eqns) or \
         any(_holds_backward(q) for q in prog.subprograms())
+
+
+class _Kept:
+    """A call whose forward returns residuals: its forward and backward equations, and the inputs
+    of its plain vjp call (what the backward becomes if the forward's results turn out unread)."""
+
+    def __init__(self, forward, n_results, eqn):
+        self.forward, self.n_results, self.eqn = forward, n_results, eqn
+        self.backward = self.plain = None
+
+
+def _settle(prog, kept):
+    """Residuals only where they pay: a forward whose residuals nothing reads calls the kernel as
+    it was; a forward whose results nothing reads (a loop body's last values, recomputed for
+    their backward only) is dropped, and its backward is the plain vjp (which computes the costly
+    values itself, with no round trip through memory)."""
+    ids = {id(q) for q in prog.eqns}
+    mine = [k for k in kept.values() if id(k.forward) in ids]
+    if not mine:
+        return prog
+    read = {a for q in prog.eqns for a in q.inputs if isinstance(a, Var)} | \
+        {a for a in prog.outputs if isinstance(a, Var)}
+    swap = {}
+    for k in mine:
+        f, e = k.forward, k.eqn
+        if not any(r in read for r in f.outputs[k.n_results:]):
+            swap[id(f)] = f.replace(params=dict(f.params, kernel=e.params["kernel"], spec=e.params["spec"]),
+                                    outputs=f.outputs[:k.n_results])
+        elif not any(o in read for o in f.outputs[:k.n_results]) and k.backward is not None \
+                and id(k.backward) in ids:
+            spec = vjp_spec(e.params["spec"])
+            swap[id(f)] = None
+            swap[id(k.backward)] = k.backward.replace(inputs=list(k.plain), params=dict(
+                k.backward.params, kernel=spec.kernel, spec=spec))
+    if not swap:
+        return prog
+    eqns = [swap.get(id(q), q) for q in prog.eqns]
+    return dce(prog.replace(eqns=[q for q in eqns if q is not None]))
 
 
 def _read(a, env):
