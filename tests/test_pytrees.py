@@ -36,25 +36,26 @@ def mean_sq(y: Scalar) -> Scalar:
 
 
 @ef.Graph.builder
-def model(params, x, t, flag, n):
-    g = ef.Graph()
+def forward(g: ef.Graph, params, x, flag, n):
     y = x
     if flag:
         y = layer(y, params["first"]["a"], params["first"]["b"])
     for _ in range(n):
         y = layer(y, params["loop"], 0.1)
-    g.result = sq_err(y, t)
+    return y
+
+
+@ef.Graph.builder
+def model(params, x, t, flag, n):
+    g = ef.Graph()
+    g.result = sq_err(forward(g, params, x, flag, n), t)
     return g
 
 
 @ef.Graph.builder
 def model_aux(params, x, t, flag, n):
     g = ef.Graph()
-    y = x
-    if flag:
-        y = layer(y, params["first"]["a"], params["first"]["b"])
-    for _ in range(n):
-        y = layer(y, params["loop"], 0.1)
+    y = forward(g, params, x, flag, n)
     g.result = (sq_err(y, t), {"spread": mean_sq(y), "y": y})
     return g
 
