@@ -32,26 +32,26 @@ def sq_err(y: Scalar, t: Scalar) -> Scalar:
 
 
 @ef.Graph.builder
-def forward(p, x, flag, n):
-    g = ef.Graph()
+def net(g: ef.Graph, p, x, flag, n):
     y = mix(x, p["w"])
     if flag:
         y = layer(y, p["first"]["a"], p["first"]["b"])
     for _ in range(n):
         y = layer(y, p["loop"], 0.1)
-    g.result = y
+    return y
+
+
+@ef.Graph.builder
+def forward(p, x, flag, n):
+    g = ef.Graph()
+    g.result = net(g, p, x, flag, n)
     return g
 
 
 @ef.Graph.builder
 def model(p, x, t, flag, n):
     g = ef.Graph()
-    y = mix(x, p["w"])
-    if flag:
-        y = layer(y, p["first"]["a"], p["first"]["b"])
-    for _ in range(n):
-        y = layer(y, p["loop"], 0.1)
-    g.result = sq_err(y, t)
+    g.result = sq_err(net(g, p, x, flag, n), t)
     return g
 
 
