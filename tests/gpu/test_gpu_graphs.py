@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cuda_cases  # noqa: E402
-from cuda_cases import CASES, EAGER, assert_same, run_case  # noqa: E402
+from cuda_cases import CASES, EAGER, NumpyDevice, assert_same, run_case  # noqa: E402
 
 
 def gpu_skip_reason():
@@ -50,7 +50,8 @@ tour, control, running = cuda_cases.tour, cuda_cases.control, cuda_cases.running
 cell = cuda_cases.cell
 
 
-class CupyDevice:
+class CupyDevice(NumpyDevice):
+    """The same builders on CuPy arrays: CUDA graphs."""
     suffix = ", cuda>"
 
     @staticmethod
@@ -60,14 +61,6 @@ class CupyDevice:
     @staticmethod
     def get(a):
         return cp.asnumpy(a) if isinstance(a, cp.ndarray) else a
-
-    @staticmethod
-    def set_cell(a, v):
-        a[0] = v
-
-    @staticmethod
-    def build(builder, args, kwargs):
-        return builder(*args, **kwargs)
 
 
 BIND_MODES: dict = {}
