@@ -17,8 +17,6 @@ from test_grad_graph import (capped, choose, chooser, counted, early_exit, fd_gr
                              nested, skipping, whole)
 from tour_kernels import below, cell, dbl, total
 
-pytestmark = pytest.mark.usefixtures("backend_heavy")     # on numpy; on jax too with -m slow (compiles)
-
 X3 = np.array([0.3, -0.7, 1.1])
 
 # (builder, its arguments by name, the float arguments to differentiate)
@@ -48,6 +46,7 @@ def _seed_like(out, rng):
     return rng.normal(size=np.shape(out))
 
 
+@pytest.mark.usefixtures("backend_heavy")     # on numpy; on jax too with -m slow (compiles)
 @pytest.mark.parametrize("form", list(CASES))
 def test_reverse_of_a_record_equals_vjp_and_finite_differences(form):
     builder, args, wrt = CASES[form]
@@ -80,6 +79,7 @@ def uncapped(x, flag, record=False):
     return g
 
 
+@pytest.mark.usefixtures("backend_heavy")
 def test_an_uncapped_loop_cannot_be_recorded_but_vjp_takes_it():
     """record=True refuses an uncapped loop at build (the builder tour prints it); vjp saves the
     turns it runs, however many: the gradient of x doubled until no sample is below 10 is 2**k."""
