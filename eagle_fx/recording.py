@@ -166,6 +166,12 @@ class RecordedExecutable:
     def residual_arrays(self):
         return [self.exe.array_of(r) for r in self.h.residuals]
 
+    def saved_arrays(self):
+        """The residuals this run saved: not those that are the caller's own (unwritten) arrays."""
+        f = self.h.forward
+        given = {v for i, v in enumerate(f.inputs[:len(self.h.inputs)]) if i not in self.user}
+        return [self.exe.array_of(r) for r in self.h.residuals if r not in given]
+
 
 def recorded_executable(g, keep, arrays, n) -> RecordedExecutable:
     """The executable of record=True graph `g` (its Program staged, `keep` the Vars it shows)."""
