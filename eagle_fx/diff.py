@@ -87,7 +87,7 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
             raise KeyError(_unknown(api, key))
         kind, (v_in, v_out) = names[key]
         _seed(ct, h, v_out, seed, api, key)
-    exe = h.backward_exe(record.residuals(), ct, g._exe.n)
+    exe = h.backward_exe(record.residuals(), ct, g._exe.n, g._exe.backend)
     exe.replay(1)
     out = {}
     for w in wrt:
