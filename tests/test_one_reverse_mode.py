@@ -372,3 +372,45 @@ def test_gradients_of_a_record_that_writes_the_callers_arrays():
     fd = fd_grads(writes, args, seeds, ["x", "y"])
     for w in ("x", "y"):
         np.testing.assert_allclose(got[w], fd[w], rtol=1e-6, atol=1e-7, err_msg=f"d/d{w}")
+
+
+@hawk.kernel
+def halve_up(y: hawk.Mutable[Scalar]):          # linear: its derivative reads nothing
+    y = 0.5 * y + 1.0
+
+
+@hawk.kernel
+def square_in_place(y: hawk.Mutable[Scalar]):   # its derivative reads the value the write destroys
+    y = y * y
+
+
+@eagle.Graph.builder
+def ten_writes(y, linear, record=False):
+    g = eagle.Graph(record=record)
+    for _ in range(10):                          # a Python loop: ten writes staged
+        if linear:
+            halve_up(y)
+        else:
+            square_in_place(y)
+    return g
+
+
+@pytest.mark.parametrize("linear", [True, False])
+def test_a_record_saves_what_a_later_write_destroys_and_nothing_else(linear):
+    """Ten in-place writes of y: a linear one saves nothing; y*y saves each version of y its
+    write destroys (the value on entry and nine more), ten planes, and reverses to prod(2 y_k)."""
+    n = 1000
+    y0 = np.linspace(0.5, 1.0, n)
+    y, y_plain = y0.copy(), y0.copy()
+    g = ten_writes(y, linear, record=True)
+    g()
+    ten_writes(y_plain, linear)()
+    np.testing.assert_array_equal(y, y_plain)
+    assert g.record.nbytes == (0 if linear else 10 * n * 8), g.record.nbytes
+    seed = np.cos(np.arange(n))
+    want, v = seed.copy(), y0.copy()
+    for _ in range(10):                          # the chain rule in NumPy
+        want = want * (0.5 if linear else 2.0 * v)
+        v = 0.5 * v + 1.0 if linear else v * v
+    np.testing.assert_allclose(v, y, rtol=1e-13)
+    np.testing.assert_allclose(eagle.diff.reverse(g.record, {"y": seed}, wrt="y")["y"], want, rtol=1e-12)
