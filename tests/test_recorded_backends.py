@@ -144,3 +144,25 @@ def test_cuda_refuses_a_record_at_build(records_on):
     x = np.array([0.3, -0.7, 1.1, 0.4])
     with pytest.raises(NotImplementedError, match="record=True"):
         keep(x, record=True).build()
+
+
+def test_forward_mode_and_a_kept_record_on_jax_equal_numpy(records_on):
+    """diff.forward of a JAX record, and diff.reverse of a record kept with copy() across a launch
+    on other arrays: the NumPy backend's values."""
+    tangents = {"x": np.ones(3), "y": np.array([1.0, 0.0, 2.0])}
+    out = {}
+    for backend in ("numpy", "jax"):
+        records_on(backend)
+        g = writes(**_writes_args(), record=True)
+        g()
+        fwd = eagle.diff.forward(g.record, tangents, of=("result", "y"))
+        kept = g.record.copy()
+        other = _writes_args()
+        other["x"] += 1.0
+        g.bind(**other)
+        g()
+        out[backend] = (fwd, eagle.diff.reverse(kept, {"result": np.ones(3)}, wrt="x")["x"])
+    (f_np, r_np), (f_jx, r_jx) = out["numpy"], out["jax"]
+    for k in ("result", "y"):
+        np.testing.assert_allclose(f_jx[k], f_np[k], rtol=1e-13, err_msg=k)
+    np.testing.assert_allclose(r_jx, r_np, rtol=1e-13)
