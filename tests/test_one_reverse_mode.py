@@ -168,6 +168,7 @@ def peak_of(run):
     return out, peak
 
 
+@pytest.mark.numpy_only        # the NumPy backend's stacks and bitwise values; JAX records: test_recorded_backends.py
 @pytest.mark.parametrize("builder", [settle, settle_uncapped])
 def test_reverse_through_a_loop_saves_the_turns_it_runs(builder):
     n = 2000
@@ -183,6 +184,7 @@ def test_reverse_through_a_loop_saves_the_turns_it_runs(builder):
     assert peak < bound, (peak, bound)
 
 
+@pytest.mark.numpy_only        # the NumPy backend's stacks and bitwise values; JAX records: test_recorded_backends.py
 @pytest.mark.parametrize("checkpoints", [None, 2])
 def test_counted_loop_gradient_for_more_turns_than_at_build(checkpoints):
     x = np.linspace(0.1, 1.0, 7)
@@ -296,6 +298,7 @@ def chain(x, record=False):
     return g
 
 
+@pytest.mark.numpy_only        # the NumPy backend's stacks and bitwise values; JAX records: test_recorded_backends.py
 def test_a_chain_without_overwrites_saves_no_copy_of_its_input():
     """d/dx of the chain reads x (the caller's array, read where it lies) and the input of the
     second square_plus: one plane saved, not a plane per kernel."""
@@ -334,6 +337,7 @@ def _writes_args():
             "flag": cell(1)}
 
 
+@pytest.mark.numpy_only        # the NumPy backend's stacks and bitwise values; JAX records: test_recorded_backends.py
 def test_a_record_writes_the_callers_arrays_as_the_plain_graph_does():
     """Mutable arguments, a buffer= array and the result after each launch, g(n) and bind: the
     arrays of the recorded graph equal those of the plain one, bit for bit."""
@@ -395,6 +399,7 @@ def ten_writes(y, linear, record=False):
     return g
 
 
+@pytest.mark.numpy_only        # the NumPy backend's stacks and bitwise values; JAX records: test_recorded_backends.py
 @pytest.mark.parametrize("linear", [True, False])
 def test_a_record_saves_what_a_later_write_destroys_and_nothing_else(linear):
     """Ten in-place writes of y: a linear one saves nothing; y*y saves each version of y its
