@@ -7,8 +7,9 @@ instance and every later call with the same layout. A Python decision on an argu
 (ConcretizationTypeError). While such a function stages, its array arguments are `Guarded`
 views: arithmetic on them stays Guarded, and turning one into a Python bool, number or list is
 refused with what to write instead. Builders, transforms and jvp take the plain arrays back
-(`release`), so graphs never hold a Guarded array. Best effort: NumPy functions that return
-plain arrays (np.stack, np.dot) drop the guard.
+(`release`), so graphs never hold a Guarded array. Best effort: a NumPy function that returns a
+Python bool (np.allclose) or a copy through Python (x.copy().tolist() is refused, np.array(list(x))
+is not) lets a value through.
 """
 from __future__ import annotations
 
@@ -28,9 +29,17 @@ class Guarded(np.ndarray):
     def __array_wrap__(self, arr, context=None, return_scalar=False):
         return (arr if isinstance(arr, np.ndarray) else np.asarray(arr)).view(Guarded)
 
+    def __array_function__(self, func, types, args, kwargs):
+        out = super().__array_function__(func, types, args, kwargs)
+        return _guard_result(out)
+
     def __getitem__(self, index):
         out = super().__getitem__(index)
         return out if isinstance(out, np.ndarray) else np.asarray(out).view(Guarded)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
 
     def _refuse(self, what):
         if not _ACTIVE:
@@ -70,6 +79,17 @@ class Guarded(np.ndarray):
     def tolist(self):
         self._refuse(".tolist()")
         return super().tolist()
+
+
+def _guard_result(out):
+    """A NumPy function's result on Guarded arrays, guarded too (np.stack, np.dot, np.max)."""
+    if isinstance(out, np.ndarray):
+        return out if isinstance(out, Guarded) else out.view(Guarded)
+    if isinstance(out, np.generic):
+        return np.asarray(out).view(Guarded)
+    if type(out) in (tuple, list):
+        return type(out)(_guard_result(x) for x in out)
+    return out
 
 
 def _is_array(x):

@@ -44,7 +44,7 @@ def python_blocks(page):
 
 
 @pytest.mark.parametrize("page", ["index.md", "getting-started.md", "kernels.md", "graphs.md", "sharp-bits.md",
-                                  "backends.md"])
+                                  "backends.md", "jax-backend.md"])
 def test_the_code_on_a_page_runs(page, tmp_path):
     # one script per page, in order (later blocks use earlier ones); a file, since kernels need source
     script = tmp_path / (page.replace("-", "_").replace(".md", "") + "_page.py")

@@ -270,3 +270,18 @@ def test_no_array_a_caller_holds_is_donated():
     np.testing.assert_allclose(y1, wy, rtol=1e-13)
     np.testing.assert_array_equal(y0, np.zeros(4))
     np.testing.assert_array_equal(on, cell(1))
+
+
+def test_numpy_arguments_written_in_place_are_donated_as_the_replays_own_copies():
+    x0, flag, y = np.array([0.5, 1.0, 2.0, 40.0]), cell(1), np.zeros(4)
+    keep_x = x0.copy()
+    g = climb(x0, flag, y)
+    assert sorted(g._exe.donated) == [1, 2]              # flag and y (written), not x (read only)
+    for k in range(3):
+        flag[0] = 1
+        res = g()
+        want, _, _ = ref_climb(x0, 1, 0)
+        np.testing.assert_allclose(res["x"], want, rtol=1e-13)
+        np.testing.assert_allclose(y, (k + 1) * want, rtol=1e-13)     # y += x at every replay, in place
+    np.testing.assert_array_equal(x0, keep_x)
+    assert y.flags.writeable and flag.flags.writeable

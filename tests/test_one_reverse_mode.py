@@ -168,7 +168,7 @@ def peak_of(run):
     return out, peak
 
 
-@pytest.mark.numpy_only        # the NumPy backend's stacks and bitwise values; JAX records: test_recorded_backends.py
+@pytest.mark.numpy_only          # stacks that grow with the turns run: the NumPy backend's (XLA needs a static size)
 @pytest.mark.parametrize("builder", [settle, settle_uncapped])
 def test_reverse_through_a_loop_saves_the_turns_it_runs(builder):
     n = 2000
@@ -184,7 +184,7 @@ def test_reverse_through_a_loop_saves_the_turns_it_runs(builder):
     assert peak < bound, (peak, bound)
 
 
-@pytest.mark.numpy_only        # the NumPy backend's stacks and bitwise values; JAX records: test_recorded_backends.py
+@pytest.mark.numpy_only          # growing stacks and checkpointing run on the NumPy backend; JAX refuses both at build
 @pytest.mark.parametrize("checkpoints", [None, 2])
 def test_counted_loop_gradient_for_more_turns_than_at_build(checkpoints):
     x = np.linspace(0.1, 1.0, 7)

@@ -116,8 +116,12 @@ class JaxExecutable:
         if mesh is not None and not self.on_jax:
             shardings = [plane_sharding(mesh, np.shape(a), n, self.names, k) for k, a in enumerate(self.arrays)]
         self.shardings = shardings
-        self.fn = fn                # the pure function of the Program (bench_jax.py jits it with donation)
-        self._jit = jax.jit(lambda *xs: fn(*xs), in_shardings=shardings)
+        self.fn = fn                # the pure function of the Program (bench_jax.py jits it without donation)
+        # NumPy arguments: a replay's device copies of them are its own, so those of the written
+        # arguments are donated (their outputs reuse them; the caller's arrays get the values copied
+        # back). jax.Arrays are never donated: the caller may hold them.
+        self.donated = () if self.on_jax else tuple(sorted({i for _, i in self.written}))
+        self._jit = jax.jit(lambda *xs: fn(*xs), in_shardings=shardings, donate_argnums=self.donated)
         self._compiled = None
         self._lean = False
         self.values = None          # the outputs of the last replay (jax mode), in out_vars order
