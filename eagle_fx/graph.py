@@ -351,7 +351,7 @@ class Graph:
         backend = _select.choose(arrays, "jax" if self._mesh is not None else self._backend)
         if backend == "jax" and self._record and self._backend is None and self._mesh is None \
                 and all(isinstance(a, np.ndarray) for a in arrays):
-            backend = "numpy"          # use_backend('jax') around a record=True graph: records are the NumPy backend's
+            backend = "numpy"          # use_backend('jax') keeps records on NumPy (growing stacks, checkpoints=)
         if backend == "jax" and self._record:               # the forward half of its vjp, on XLA
             from .recording import recorded_executable
             self._exe = recorded_executable(self, keep, arrays, t.n or 1, "jax")

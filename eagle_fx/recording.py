@@ -8,9 +8,14 @@ residual boundary (transforms/split.py):
   * the forward half (inputs -> outputs and residuals: the stacks of loop carries, which grow with
     the turns run, the values the kernels' backwards read) is what the graph runs on launch; it
     is functional, so an argument the graph writes is copied back after each run, its value on
-    entry kept for the derivatives;
+    entry kept for the derivatives. Its residuals are what the backward reads: a value a later
+    write replaces is kept (that is the save), a value only a linear kernel's derivative would be
+    handed is not (the backward passes it zeros: split.py), and the caller's unwritten arrays are
+    read where they lie;
   * the backward half (residuals, cotangents -> input cotangents) is lowered once, on the first
     `eagle_fx.diff.reverse`, and replayed with the record's residuals and the seeds bound;
+  * both halves run on the graph's backend: NumPy, or JAX (NumPy arrays with backend="jax"; its
+    stacks have static sizes, so a checkpointed record is refused at build there);
   * `eagle_fx.diff.forward` runs jvp_graph of the same Program on the recorded run's inputs.
 """
 from __future__ import annotations
