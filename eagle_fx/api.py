@@ -330,23 +330,19 @@ class Staged:
 
 def loop_capacity(api, trip, e, inputs, arrays):
     """The most turns a counted loop of trip count `trip` (one of a Program's `inputs`, bound to
-    `arrays`) runs, for reverse mode to size its stack: its value now, the largest over the
-    instances under vmap."""
-    if trip in inputs and TRACED:
+    `arrays`) runs, for a backend with static shapes to size its stack: its value now, the largest
+    over the instances under vmap. (A trip count computed in the graph has none: its stack grows.)"""
+    if TRACED:
         raise TransformError(f"{api}: reverse mode through the counted loop at {e.info.where} saves each of "
                              "its turns, and its trip count is an argument traced by JAX (eagle_fx.to_jax: its "
                              "value is unknown while staging): cap the loop (`for _ in range(N): if not cell: "
                              "break`) so its turns are bounded")
-    if trip in inputs:
-        arr = arrays[inputs.index(trip)]
-        full = _BATCH_FULL.get(id(arr))
-        src = full if full is not None else arr
-        cap = int(np.max(src))
-        cache.note_capacity(src, cap)
-        return cap
-    raise TransformError(f"{api}: the trip count of the counted loop at {e.info.where} is computed in the "
-                         "graph; reverse mode needs to know its turns: cap the loop "
-                         "(`for _ in range(N): if not cell: break`)")
+    arr = arrays[inputs.index(trip)]
+    full = _BATCH_FULL.get(id(arr))
+    src = full if full is not None else arr
+    cap = int(np.max(src))
+    cache.note_capacity(src, cap)
+    return cap
 
 
 def graph_of(s: Staged, prog, outputs, extra_planes):

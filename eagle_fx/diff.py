@@ -38,8 +38,10 @@ class Record:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the residuals (what this run saved for the reverse)."""
-        return sum(r.nbytes for r in self.residuals())
+        """Bytes this run saved for the reverse: its residuals, less the caller's arrays the graph
+        reads and does not write (read where they lie; a copy() holds copies of them too)."""
+        saved = self._residuals if self._residuals is not None else self.graph._exe.saved_arrays()
+        return sum(r.nbytes for r in saved)
 
     def __repr__(self):
         return f"<eagle_fx.diff.Record of {self.graph!r}, {self.nbytes} bytes saved>"
@@ -85,7 +87,7 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
             raise KeyError(_unknown(api, key))
         kind, (v_in, v_out) = names[key]
         _seed(ct, h, v_out, seed, api, key)
-    exe = h.backward_exe(record.residuals(), ct, g._exe.n)
+    exe = h.backward_exe(record.residuals(), ct, g._exe.n, g._exe.backend)
     exe.replay(1)
     out = {}
     for w in wrt:

@@ -351,12 +351,11 @@ class Graph:
         backend = _select.choose(arrays, "jax" if self._mesh is not None else self._backend)
         if backend == "jax" and self._record and self._backend is None and self._mesh is None \
                 and all(isinstance(a, np.ndarray) for a in arrays):
-            backend = "numpy"          # use_backend('jax') around a record=True graph: records are the NumPy backend's
-        if backend == "jax":                                 # one XLA executable (backends/jax.py)
-            if self._record:
-                raise NotImplementedError("eagle.Graph: record=True graphs (for eagle_fx.diff) run on the NumPy "
-                                          "backend; for gradients on the jax backend use eagle_fx.grad / vjp with "
-                                          "backend='jax', or eagle_fx.to_jax and jax.grad")
+            backend = "numpy"          # use_backend('jax') keeps records on NumPy (growing stacks, checkpoints=)
+        if backend == "jax" and self._record:               # the forward half of its vjp, on XLA
+            from .recording import recorded_executable
+            self._exe = recorded_executable(self, keep, arrays, t.n or 1, "jax")
+        elif backend == "jax":                               # one XLA executable (backends/jax.py)
             self._exe = _jax_executable(self._program, arrays, keep, t.n or 1, [e.name for e in t.input_planes],
                                         self._mesh)
         elif backend != "numpy":                             # CuPy arrays: one CUDA graph (backends/cuda.py)

@@ -275,3 +275,147 @@ def test_a_kept_record_holds_its_own_saved_turns():
     for u in reversed(v):                            # d/du of 1.1 u + 0.05 sin(u), last turn first
         want = want * (1.1 + 0.05 * np.cos(u))
     np.testing.assert_allclose(first, want, rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# a record's forward writes the caller's arrays as the plain graph does, and saves only what the
+# reverse reads that the run itself would not keep
+
+@hawk.kernel
+def square_plus(x: Scalar) -> Scalar:
+    return x * x + 1.0
+
+
+@hawk.kernel
+def affine(x: Scalar) -> Scalar:          # linear: its derivative reads none of its inputs
+    return 3.0 * x - 2.0
+
+
+@eagle.Graph.builder
+def chain(x, record=False):
+    g = eagle.Graph(record=record)
+    g.result = affine(square_plus(affine(square_plus(x))))
+    return g
+
+
+@pytest.mark.numpy_only        # the NumPy backend's stacks and bitwise values; JAX records: test_recorded_backends.py
+def test_a_chain_without_overwrites_saves_no_copy_of_its_input():
+    """d/dx of the chain reads x (the caller's array, read where it lies) and the input of the
+    second square_plus: one plane saved, not a plane per kernel."""
+    n = 1000
+    x = np.linspace(-1.0, 1.0, n)
+    g = chain(x, record=True)
+    out = g()
+    np.testing.assert_array_equal(out, chain(x.copy())())
+    assert g.record.nbytes == n * 8, g.record.nbytes
+    seed = np.cos(np.arange(n))
+    c = 3.0 * (x * x + 1.0) - 2.0                       # the chain rule in NumPy
+    want = seed * 3.0 * 2.0 * c * 3.0 * 2.0 * x
+    np.testing.assert_allclose(eagle.diff.reverse(g.record, {"result": seed}, wrt="x")["x"], want, rtol=1e-13)
+
+
+@hawk.kernel
+def nudge(s: Scalar, y: hawk.Mutable[Scalar]):          # reads the value it overwrites
+    y = 0.9 * y + 0.1 * hm.sin(s)
+
+
+@eagle.Graph.builder
+def writes(x, y, out, flag, record=False):
+    g = eagle.Graph(record=record)
+    for _ in range(20):
+        if not flag: break
+        nudge(x, y)                                     # a loop carry in the caller's array
+        below(y, 0.0, flag)                             # runs while some y is below 0
+    m = square_plus(y, buffer=out)                      # into the caller's array
+    nudge(m, y)                                         # y written after the loop too
+    g.result = affine(m)
+    return g
+
+
+def _writes_args():
+    return {"x": np.array([0.4, -1.3, 2.2]), "y": np.array([-0.5, 0.2, -0.05]), "out": np.zeros(3),
+            "flag": cell(1)}
+
+
+@pytest.mark.numpy_only        # the NumPy backend's stacks and bitwise values; JAX records: test_recorded_backends.py
+def test_a_record_writes_the_callers_arrays_as_the_plain_graph_does():
+    """Mutable arguments, a buffer= array and the result after each launch, g(n) and bind: the
+    arrays of the recorded graph equal those of the plain one, bit for bit."""
+    a, b = _writes_args(), _writes_args()
+    plain, rec = writes(**a), writes(**b, record=True)
+    for step in range(3):
+        if step == 1:
+            r_plain, r_rec = plain(3), rec(3)
+        else:
+            r_plain, r_rec = plain(), rec()
+        np.testing.assert_array_equal(r_rec, r_plain)
+        for k in a:
+            np.testing.assert_array_equal(b[k], a[k], err_msg=f"launch {step}: {k}")
+        a["flag"][0] = b["flag"][0] = 1
+    a2, b2 = _writes_args(), _writes_args()
+    for d in (a2, b2):
+        d["y"] -= 0.3
+    plain.bind(**a2)
+    rec.bind(**b2)
+    plain.launch()
+    rec.launch()
+    for k in a2:
+        np.testing.assert_array_equal(b2[k], a2[k], err_msg=f"after bind: {k}")
+    assert not np.array_equal(a2["y"], a["y"])
+
+
+def test_gradients_of_a_record_that_writes_the_callers_arrays():
+    """The record's gradients (y's value on entry, x; seeds on the result, y's value on exit and
+    the buffer= array) against central differences of the plain graph."""
+    args = _writes_args()
+    rng = np.random.default_rng(5)
+    seeds = {"result": rng.normal(size=3), "y": rng.normal(size=3), "out": rng.normal(size=3)}
+    g = writes(**{k: v.copy() for k, v in args.items()}, record=True)
+    g()
+    got = eagle.diff.reverse(g.record, seeds, wrt=("x", "y"))
+    fd = fd_grads(writes, args, seeds, ["x", "y"])
+    for w in ("x", "y"):
+        np.testing.assert_allclose(got[w], fd[w], rtol=1e-6, atol=1e-7, err_msg=f"d/d{w}")
+
+
+@hawk.kernel
+def halve_up(y: hawk.Mutable[Scalar]):          # linear: its derivative reads nothing
+    y = 0.5 * y + 1.0
+
+
+@hawk.kernel
+def square_in_place(y: hawk.Mutable[Scalar]):   # its derivative reads the value the write destroys
+    y = y * y
+
+
+@eagle.Graph.builder
+def ten_writes(y, linear, record=False):
+    g = eagle.Graph(record=record)
+    for _ in range(10):                          # a Python loop: ten writes staged
+        if linear:
+            halve_up(y)
+        else:
+            square_in_place(y)
+    return g
+
+
+@pytest.mark.numpy_only        # the NumPy backend's stacks and bitwise values; JAX records: test_recorded_backends.py
+@pytest.mark.parametrize("linear", [True, False])
+def test_a_record_saves_what_a_later_write_destroys_and_nothing_else(linear):
+    """Ten in-place writes of y: a linear one saves nothing; y*y saves each version of y its
+    write destroys (the value on entry and nine more), ten planes, and reverses to prod(2 y_k)."""
+    n = 1000
+    y0 = np.linspace(0.5, 1.0, n)
+    y, y_plain = y0.copy(), y0.copy()
+    g = ten_writes(y, linear, record=True)
+    g()
+    ten_writes(y_plain, linear)()
+    np.testing.assert_array_equal(y, y_plain)
+    assert g.record.nbytes == (0 if linear else 10 * n * 8), g.record.nbytes
+    seed = np.cos(np.arange(n))
+    want, v = seed.copy(), y0.copy()
+    for _ in range(10):                          # the chain rule in NumPy
+        want = want * (0.5 if linear else 2.0 * v)
+        v = 0.5 * v + 1.0 if linear else v * v
+    np.testing.assert_allclose(v, y, rtol=1e-13)
+    np.testing.assert_allclose(eagle.diff.reverse(g.record, {"y": seed}, wrt="y")["y"], want, rtol=1e-12)

@@ -8,7 +8,7 @@ are made again in the backward instead of being saved.
 """
 from __future__ import annotations
 
-from hawk_fx.core import Program, Var
+from hawk_fx.core import Eqn, Program, Var
 
 from .program import dce
 
@@ -28,6 +28,7 @@ def split(prog: Program, n_primals: int, n_outputs: int):
             known.update(e.outputs)
         else:
             bwd.append(e)
+    bwd = _unread_as_zeros(bwd, known)
     made_in_bwd = {v for e in bwd for v in e.outputs} | set(prog.inputs[n_primals:])
     grads = prog.outputs[n_outputs:]
     read = {a for e in bwd for a in e.inputs if isinstance(a, Var)} | {a for a in grads if isinstance(a, Var)}
@@ -44,6 +45,33 @@ def split(prog: Program, n_primals: int, n_outputs: int):
     forward = dce(Program(list(prog.inputs[:n_primals]), free + fwd, list(prog.outputs[:n_outputs]) + residuals))
     backward = dce(Program(residuals + list(prog.inputs[n_primals:]), copies + bwd, list(grads)))
     return forward, backward, residuals
+
+
+def _unread_as_zeros(bwd, known):
+    """The backward's calls reading zeros, not a forward value, where the kernel body reads not
+    that parameter (the vjp of a linear kernel reads none of its inputs): no residual is kept for
+    it. One zeros value per type, made in the backward."""
+    from .. import ir
+    zeros: dict = {}
+    out = []
+    for e in bwd:
+        if e.prim is ir.call_p:
+            body = e.params["spec"].prog
+            read = {a for q in body.eqns for a in q.inputs if isinstance(a, Var)} | \
+                {a for a in body.outputs if isinstance(a, Var)}
+            ins = list(e.inputs)
+            for k, v in enumerate(body.inputs[:len(ins)]):
+                a = ins[k]
+                if v not in read and isinstance(a, Var) and a in known:
+                    if a.aval not in zeros:
+                        z = Var(a.aval)
+                        zeros[a.aval] = z
+                        out.insert(0, Eqn(ir.zeros_p, [], [z], {"aval": a.aval}))
+                    ins[k] = zeros[a.aval]
+            if ins != list(e.inputs):
+                e = e.replace(inputs=ins)
+        out.append(e)
+    return out
 
 
 def _ordered(eqns, outputs):
