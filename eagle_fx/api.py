@@ -30,6 +30,7 @@ import weakref
 import numpy as np
 
 from hawk_fx.core import Var
+from hawk_fx.emit.jax import is_jax_array
 from hawk_fx.perthread import ThreadDict, ThreadStack
 from hawk_fx.tree import tree_flatten
 
@@ -71,6 +72,8 @@ class Transformed:
     def __call__(self, *args, **kwargs):
         if kwargs:
             raise TypeError(f"{self.__name__}: pass the arguments positionally (got {', '.join(kwargs)} by keyword)")
+        if not TRACED:
+            _refuse_jax_arrays(self.__name__, args)
         if _STAGING:
             args = release(args)
             return self.closed(*args).lower(lazy=True)      # for the outer transform: lowered only if run
@@ -94,6 +97,15 @@ class Transformed:
 
     def __repr__(self):
         return f"<eagle_fx transformed function {self.__name__}>"
+
+
+def _refuse_jax_arrays(name, args):
+    """Transforms run on NumPy arrays; on jax.Arrays the way in is to_jax and JAX's own transforms."""
+    for k, a in enumerate(args):
+        if any(is_jax_array(leaf) for leaf in tree_flatten(a)[0]):
+            raise TypeError(f"{name}: argument {k} holds a jax.Array; eagle_fx's transforms take NumPy arrays "
+                            "(pass np.asarray(x)), or make the function a JAX one with eagle_fx.to_jax(f) and use "
+                            "jax.grad / jax.vjp / jax.jvp / jax.vmap / jax.jacfwd on it")
 
 
 def name_of(f):

@@ -16,8 +16,8 @@ from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from . import cache, ir
 from .guards import release
-from .api import (_STAGING, MADE, Staged, Transformed, arg_names, argnums_of, float_array, graph_of, is_array, name_of,
-                  run, sig)
+from .api import (_STAGING, MADE, TRACED, Staged, Transformed, _refuse_jax_arrays, arg_names, argnums_of, float_array,
+                  graph_of, is_array, name_of, run, sig)
 from .staging import Extern
 from .transforms.jvp_graph import jvp_graph
 from .transforms.program import TransformError, ct_aval, is_float
@@ -64,6 +64,8 @@ def jvp(f, primals, tangents):
     """(result, result tangent) for tangents given per argument: a tree like the argument's, or
     None (no tangent; a cell or integer leaf takes None)."""
     api = "eagle_fx.jvp"
+    if not TRACED:
+        _refuse_jax_arrays(api, tuple(primals) + tuple(tangents))
     primals, tangents = release(tuple(primals)), release(tuple(tangents))
     if len(primals) != len(tangents):
         raise ValueError(f"{api}: {len(primals)} primals and {len(tangents)} tangents; give one tangent (or None) "
@@ -191,6 +193,8 @@ def vjp(f, *args, has_aux=False, checkpoints=None):
     a Python float). checkpoints=K: the reverse through a device loop keeps at most K of its
     states and runs the loop again from them (less memory, more time; see docs, Checkpointing)."""
     api = "eagle_fx.vjp"
+    if not TRACED:
+        _refuse_jax_arrays(api, args)
     if _STAGING:
         raise TransformError(f"{api}: inside a transformed function, use eagle_fx.grad or eagle_fx.jacrev (they "
                              "return their graph to the outer transform); vjp returns a Python pullback")

@@ -68,3 +68,22 @@ def test_transform_argument_errors():
         ef.vmap(ef.grad(loss), in_axes=({"a": 0}, None, None))(np.stack([X, X]), cell(1), cell(2))
     with pytest.raises(TypeError, match=r"grad\(loss\): pass the arguments positionally"):
         ef.grad(loss)(x=X, flag=cell(1), n=cell(2))
+
+
+def test_transforms_on_jax_arrays_point_to_to_jax_and_jax_transforms():
+    jnp = pytest.importorskip("jax.numpy")
+    import jax
+    xj, aj = jnp.asarray(X), jnp.asarray([2.0])
+    calls = {"grad": lambda: ef.grad(fit)(xj, aj), "value_and_grad": lambda: ef.value_and_grad(fit)(xj, aj),
+             "vmap": lambda: ef.vmap(fit)(jnp.stack([xj, xj]), jnp.stack([aj, aj])),
+             "jacrev": lambda: ef.jacrev(fit)(xj, aj), "hessian": lambda: ef.hessian(fit)(xj, aj),
+             "eagle_fx.vjp": lambda: ef.vjp(fit, xj, aj),
+             "eagle_fx.jvp": lambda: ef.jvp(fit, (xj, aj), (jnp.ones(5), jnp.ones(1)))}
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=rf"{name}.*argument 0 holds a jax.Array.*np.asarray.*eagle_fx.to_jax"):
+            call()
+    # the way it points to works, and agrees with eagle_fx.grad on NumPy arrays (and with the closed form)
+    want = ef.grad(fit)(X, np.array([2.0]))
+    got = jax.grad(lambda x: ef.to_jax(fit)(x, aj)[0])(xj)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
+    np.testing.assert_allclose(want, 2 * 2.0 * (2.0 * X + 0.5), rtol=1e-12)
