@@ -193,45 +193,37 @@ class _Vjp:
         if self.checkpoints:
             return self.revolve(e, cts, env, ct, eqns, saved[1])
         stacks, turns = saved
-        body, nc = e.params["body"], e.params["n_consts"]
-        head = 1 if e.params["counted"] else 0
-        consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
-        c_wrt = [isinstance(a, Var) and is_float(a.aval) for a in consts]
-        k_float = [is_float(a.aval) for a in init]
-        self._alias(body.inputs[1:1 + nc], consts)
-        self.in_loop += 1
-        try:
-            bv = self.program(body, [False] + c_wrt + k_float, values=False)    # (turn, consts, carries, cts) -> cts
-        finally:
-            self.in_loop -= 1
+        w = self._loop_parts(e)
         # the backward body: (turn, consts, turns, stacks, carry cts, const ct sums) -> (carry cts, sums)
-        r_turn = Var(ir.U32_CELL)
-        r_consts = [Var(a.aval) for a in consts]
-        r_turns = Var(ir.U32_CELL)
+        r_turn, r_turns = Var(ir.U32_CELL), Var(ir.U32_CELL)
+        r_consts = [Var(a.aval) for a in w.consts]
         r_stacks = [Var(s.aval) for s in stacks]
-        r_cts = [Var(ct_aval(a.aval)) for a, f in zip(init, k_float) if f]
-        r_sums = [Var(ct_aval(a.aval)) for a, w in zip(consts, c_wrt) if w]
         b = Eqns()
         idx = b.bind(ir.cell_rev_p, [r_turns, r_turn], {})[0]
         carries = [b.bind(ir.stack_read_p, [s, idx], {"batched": False, "turn_batched": False})[0] for s in r_stacks]
-        outs = inline(bv, [idx] + r_consts + carries + r_cts, b)
-        const_cts, carry_cts = outs[:len(r_sums)], outs[len(r_sums):]
-        sums = [b.add(s, c) for s, c in zip(r_sums, const_cts)]
-        r_body = dce(Program([r_turn] + r_consts + [r_turns] + r_stacks + r_cts + r_sums, b, carry_cts + sums))
-        seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v, f in zip(cts, e.outputs, k_float) if f]
-        zeros = [eqns.zeros(v.aval) for v in r_sums]
-        inputs = [turns] + [_read(a, env) for a in consts] + [turns] + list(stacks) + seeds + zeros
-        params = {"body": r_body, "cond": None, "cap": None, "counted": True, "n_consts": nc + 1 + len(stacks),
-                  "inplace": ()}
-        grads = eqns.bind(ir.while_p, inputs, params, e.info)
-        for a, g in zip([a for a, f in zip(init, k_float) if f], grads[:len(r_cts)]):
-            _accumulate(ct, a, g, eqns)
-        for a, g in zip([a for a, w in zip(consts, c_wrt) if w], grads[len(r_cts):]):
-            _accumulate(ct, a, g, eqns)
-
+        body_cts = w.body_cts(b, idx, r_consts, carries)
+        r_body = dce(Program([r_turn] + r_consts + [r_turns] + r_stacks + w.r_cts + w.r_sums, b, body_cts))
+        inputs = [turns] + [_read(a, env) for a in w.consts] + [turns] + list(stacks) + w.seeds(cts, eqns)
+        params = {"body": r_body, "cond": None, "cap": None, "counted": True,
+                  "n_consts": w.nc + 1 + len(stacks), "inplace": ()}
+        w.accumulate(eqns.bind(ir.while_p, inputs, params, e.info), ct, eqns)
 
     def revolve(self, e, cts, env, ct, eqns, turns):
         """The checkpointed backward: one revolve equation over the loop's carries on entry."""
+        w = self._loop_parts(e)
+        r_turn = Var(ir.U32_CELL)
+        r_consts = [Var(a.aval) for a in w.consts]
+        r_carries = [Var(a.aval) for a in w.init]
+        b = Eqns()
+        body_cts = w.body_cts(b, r_turn, r_consts, r_carries)
+        backward = dce(Program([r_turn] + r_consts + r_carries + w.r_cts + w.r_sums, b, body_cts))
+        inputs = [turns] + [_read(a, env) for a in w.consts + w.init] + w.seeds(cts, eqns)
+        params = {"forward": copy_program(e.params["body"]), "backward": backward,
+                  "checkpoints": self.checkpoints, "n_consts": w.nc}
+        w.accumulate(eqns.bind(ir.revolve_p, inputs, params, e.info), ct, eqns)
+
+    def _loop_parts(self, e) -> "_LoopBackward":
+        """What both loop backwards (stored turns, revolve) share: the body's vjp and its operands."""
         body, nc = e.params["body"], e.params["n_consts"]
         head = 1 if e.params["counted"] else 0
         consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
@@ -243,25 +235,32 @@ class _Vjp:
             bv = self.program(body, [False] + c_wrt + k_float, values=False)    # (turn, consts, carries, cts) -> cts
         finally:
             self.in_loop -= 1
-        r_turn = Var(ir.U32_CELL)
-        r_consts = [Var(a.aval) for a in consts]
-        r_carries = [Var(a.aval) for a in init]
-        r_cts = [Var(ct_aval(a.aval)) for a, f in zip(init, k_float) if f]
-        r_sums = [Var(ct_aval(a.aval)) for a, w in zip(consts, c_wrt) if w]
-        b = Eqns()
-        outs = inline(bv, [r_turn] + r_consts + r_carries + r_cts, b)
-        const_cts, carry_cts = outs[:len(r_sums)], outs[len(r_sums):]
-        sums = [b.add(s, c) for s, c in zip(r_sums, const_cts)]
-        backward = dce(Program([r_turn] + r_consts + r_carries + r_cts + r_sums, b, carry_cts + sums))
-        seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v, f in zip(cts, e.outputs, k_float) if f]
-        zeros = [eqns.zeros(v.aval) for v in r_sums]
-        inputs = [turns] + [_read(a, env) for a in consts + init] + seeds + zeros
-        params = {"forward": copy_program(body), "backward": backward, "checkpoints": self.checkpoints,
-                  "n_consts": nc}
-        grads = eqns.bind(ir.revolve_p, inputs, params, e.info)
-        for a, g in zip([a for a, f in zip(init, k_float) if f], grads[:len(r_cts)]):
-            _accumulate(ct, a, g, eqns)
-        for a, g in zip([a for a, w in zip(consts, c_wrt) if w], grads[len(r_cts):]):
+        return _LoopBackward(e, nc, consts, init, c_wrt, k_float, bv)
+
+
+class _LoopBackward:
+    """A loop's body vjp and the cotangent operands of its backward loop (carry cts, const ct sums)."""
+
+    def __init__(self, e, nc, consts, init, c_wrt, k_float, bv):
+        self.e, self.nc, self.consts, self.init = e, nc, consts, init
+        self.c_wrt, self.k_float, self.bv = c_wrt, k_float, bv
+        self.r_cts = [Var(ct_aval(a.aval)) for a, f in zip(init, k_float) if f]
+        self.r_sums = [Var(ct_aval(a.aval)) for a, w in zip(consts, c_wrt) if w]
+
+    def body_cts(self, b, turn, consts, carries):
+        """One backward turn into `b`: (carry cts, const ct sums + this turn's const cts)."""
+        outs = inline(self.bv, [turn] + consts + carries + self.r_cts, b)
+        const_cts, carry_cts = outs[:len(self.r_sums)], outs[len(self.r_sums):]
+        return carry_cts + [b.add(s, c) for s, c in zip(self.r_sums, const_cts)]
+
+    def seeds(self, cts, eqns):
+        """The backward loop's initial carries: the outputs' cotangents (zeros where none), zero sums."""
+        seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v, f in zip(cts, self.e.outputs, self.k_float) if f]
+        return seeds + [eqns.zeros(v.aval) for v in self.r_sums]
+
+    def accumulate(self, grads, ct, eqns):
+        floats = [a for a, f in zip(self.init, self.k_float) if f] + [a for a, w in zip(self.consts, self.c_wrt) if w]
+        for a, g in zip(floats, grads):
             _accumulate(ct, a, g, eqns)
 
 
