@@ -23,6 +23,7 @@ from eagle_fx.graph import opaque
 from hawk_fx import Mutable, Param, Scalar, UInt32
 from hawk_fx import math as hm
 from hawk_fx.emit import cuda as hcuda
+from conftest import stand_in_module
 from tour_kernels import add, cell, dbl, inc, square
 from tour_builders import (capped, choose, chooser, counted, early_exit, first, forks, polish, skipping, twice,
                            void, whole)
@@ -437,7 +438,7 @@ def test_every_module_of_the_tour_compiles(nvrtc):
 
 def test_require_gpu_names_what_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)
-    monkeypatch.setitem(sys.modules, "cuda.core", None)
+    stand_in_module(monkeypatch, "cuda.core", None)
     with pytest.raises(RuntimeError) as info:
         cuda.require_gpu()
     msg = str(info.value)
@@ -452,7 +453,7 @@ def test_require_gpu_without_a_device(monkeypatch):
     fake_cupy.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=no_device,
                                                                          driverGetVersion=no_device))
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    monkeypatch.setitem(sys.modules, "cuda.core", types.ModuleType("cuda.core"))
+    stand_in_module(monkeypatch, "cuda.core", types.ModuleType("cuda.core"))
     with pytest.raises(RuntimeError, match="needs a CUDA device") as info:
         cuda.require_gpu()
     assert "cudaErrorInsufficientDriver" in str(info.value)

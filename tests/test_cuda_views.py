@@ -64,8 +64,7 @@ def test_views_inside_device_flow(c):
     run_both(in_control(x, p, cell(3), cell(c)), times=2)
 
 
-def test_the_modules_compile_with_nvrtc():
-    pytest.importorskip("cuda.bindings.nvrtc")
+def test_the_modules_compile_with_nvrtc(nvrtc):
     from hawk_fx.emit import cuda as hcuda
     run = run_both(views(np.arange(5.0) + 1.0, np.ones((2, 5))), orders=("creation",))
     for name, mod in run.plan.modules.items():           # the staged ufuncs' bodies and the copy kernel

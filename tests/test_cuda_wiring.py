@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu
 import cuda_cases  # noqa: E402
 import eagle_fx as eagle  # noqa: E402
 import hawk_fx as hawk  # noqa: E402
+from conftest import stand_in_module  # noqa: E402
 from cuda_cases import CASES, EAGER, NumpyDevice, run_case  # noqa: E402
 from eagle_fx.backends import cuda  # noqa: E402
 from eagle_fx.testing.fake_cuda import FakeBuilder, FakeCudaError, FakeRuntime  # noqa: E402
@@ -62,7 +63,7 @@ class FakeCupyArray:
 def no_gpu_stack(monkeypatch):
     """This machine as one without CuPy and cuda.core, whatever is installed."""
     monkeypatch.setitem(sys.modules, "cupy", None)
-    monkeypatch.setitem(sys.modules, "cuda.core", None)
+    stand_in_module(monkeypatch, "cuda.core", None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,7 +264,7 @@ def test_a_machine_with_cupy_but_no_device(monkeypatch):
                                                                          driverGetVersion=no_device,
                                                                          getDevice=no_device))
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    monkeypatch.setitem(sys.modules, "cuda.core", types.ModuleType("cuda.core"))
+    stand_in_module(monkeypatch, "cuda.core", types.ModuleType("cuda.core"))
     with pytest.raises(RuntimeError, match="needs a CUDA device") as info:
         tour.first(FakeCupyArray((4,)))
     assert "cudaErrorNoDevice" in str(info.value) and "pip install" in str(info.value)

@@ -24,6 +24,7 @@ import types
 
 import numpy as np
 
+from conftest import stand_in_module
 from eagle_fx.backends import cuda as ecuda
 from hawk_fx import cuda_runtime
 from hawk_fx.emit import cuda as hcuda
@@ -377,7 +378,7 @@ def install(monkeypatch):
     graph.Graph = Graph
     core.graph = graph
     monkeypatch.setitem(sys.modules, "cupy", cupy)
-    monkeypatch.setitem(sys.modules, "cuda.core", core)
+    stand_in_module(monkeypatch, "cuda.core", core)
     monkeypatch.setitem(sys.modules, "cuda.core.graph", graph)
     monkeypatch.setattr(hcuda, "compile_cubin", lambda source, arch="sm_90", options=(): source.encode())
     for cls in (ecuda.CoreRuntime, ecuda.KernelRuntime):      # runtimes and kernels made over the stand-ins
