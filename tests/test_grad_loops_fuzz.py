@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import re
 
 import jax
 import numpy as np
@@ -76,3 +77,252 @@ def test_reverse_through_a_loop_whose_kernel_backward_skips_an_input():
     r = eagle.diff.reverse(g.record, {"result": np.ones(1)}, wrt=("x", "y"))
     np.testing.assert_allclose(r["x"], dx, rtol=1e-12)
     np.testing.assert_allclose(r["y"], dy, rtol=1e-12)
+
+
+@eagle.Graph.builder
+def ignores_x(x, y, record=False):
+    g = eagle.Graph(record=record)
+    g.result = sum_sq(y)
+    return g
+
+
+@pytest.mark.xfail(strict=True, raises=KeyError, reason="bug: eagle.diff.reverse refuses an argument the graph "
+                   "does not read as 'not a builder argument' (eagle.grad gives its zero gradient)")
+def test_reverse_wrt_an_argument_the_graph_does_not_read():
+    x, y = np.ones(N), np.arange(N, dtype=float)
+    g = ignores_x(x, y, record=True)
+    g()
+    r = eagle.diff.reverse(g.record, {"result": np.ones(1)}, wrt=("x", "y"))
+    np.testing.assert_array_equal(r["x"], np.zeros(N))
+    np.testing.assert_allclose(r["y"], 2 * y)
+
+
+# -- the fuzzer ---------------------------------------------------------------------------------------
+
+UNARY = ("exp({})", "sin({})", "cos({})", "tanh({})", "log1p({0} * {0})", "sqrt(1.0 + {0} * {0})")
+INLINE = ("({0} / (1.0 + {0} * {0}))", "(0.5 * {})", "(-{})")
+BINARY = ("({} + {})", "({} - {})", "({} * {})")
+SELECT = "where({0} > 0.0, {0} * {1}, 0.25 * {1} * {1})"      # a per-sample select (value continuous at 0)
+CONTEXTS = ("python", "counted", "capped", "uncapped", "nested")
+EXTRAS = ("checkpoints", "vjp", "record", "vmap")
+
+
+def expression(rng, names, depth, root=False):
+    """(hawk text, jnp text) of a random smooth expression over `names` (not a bare leaf at the root)."""
+    if depth == 0 or (not root and rng.random() < 0.25):
+        if rng.random() < 0.15:
+            v = repr(float(rng.choice((0.5, 1.5, -0.75))))
+            return v, v
+        v = str(rng.choice(names))
+        return v, v
+    r = rng.random()
+    if r < 0.4:
+        f, (h, j) = str(rng.choice(UNARY)), expression(rng, names, depth - 1)
+        return "hm." + f.format(h), "jnp." + f.format(j)
+    if r < 0.5:
+        f, (h, j) = str(rng.choice(INLINE)), expression(rng, names, depth - 1)
+        return f.format(h), f.format(j)
+    (h1, j1), (h2, j2) = expression(rng, names, depth - 1), expression(rng, names, depth - 1)
+    if r < 0.57:
+        return "hm." + SELECT.format(h1, h2), "jnp." + SELECT.format(j1, j2)
+    f = str(rng.choice(BINARY))
+    return f.format(h1, h2), f.format(j1, j2)
+
+
+class Case:
+    """One random builder and its oracle, as source text: `hawk` (kernels and the builder) and
+    `oracle` (the jnp kernels and the builder's control flow as plain Python over them)."""
+
+    def __init__(self, rng, context):
+        self.rng, self.context = rng, context
+        self.hawk, self.oracle, self.kernels = [], [], []
+        for k in range(int(rng.integers(1, 3))):
+            params = ["a", "b", "c"][:int(rng.integers(1, 4))]
+            h, j = expression(rng, params, int(rng.integers(1, 4)), root=True)
+            while not re.search(r"\b[abc]\b", h):        # a per-sample value: the body reads a parameter
+                h, j = expression(rng, params, int(rng.integers(1, 4)), root=True)
+            if rng.random() < 0.4:                     # a linear input beside a costly value (the issue's a + exp(b))
+                op = str(rng.choice(BINARY))
+                h, j = op.format(params[0], h), op.format(params[0], j)
+            self.hawk += ["@hawk.kernel", f"def k{k}({', '.join(p + ': Scalar' for p in params)}) -> Scalar:",
+                          f"    return {h}", ""]
+            self.oracle += [f"def k{k}({', '.join(params)}):", f"    return {j}", ""]
+            self.kernels.append((f"k{k}", len(params)))
+        self.lines = []                                # (depth, builder text, oracle text)
+        if rng.random() < 0.3:
+            self.statements(0)
+        self.loop(0, context)
+        if rng.random() < 0.3:
+            self.statements(0)
+
+    def emit(self, d, builder, oracle=None):
+        self.lines.append((d, builder, builder if oracle is None else oracle))
+
+    def statements(self, d):
+        for _ in range(int(self.rng.integers(1, 3))):
+            name, arity = self.kernels[int(self.rng.integers(len(self.kernels)))]
+            args = ", ".join(str(a) for a in self.rng.choice(("x", "z", "y"), arity))
+            self.emit(d, f"{self.rng.choice(('x', 'z'))} = {name}({args})")
+
+    def loop(self, d, kind):
+        """A loop at indent d; its body at d + 1 (a nested loop holds another loop, after or before
+        its own statements). The counter t{d} rises by one a turn and clears the guard d{d} at lim."""
+        rng = self.rng
+        if kind == "nested":
+            outer = str(rng.choice(("counted", "capped", "uncapped", "python")))
+            inner = str(rng.choice(("counted", "capped", "uncapped", "python")))
+            return self.loop(d, (outer, inner))
+        outer, inner = kind if isinstance(kind, tuple) else (kind, None)
+        lim = float(rng.choice((0.5, 1.5, 2.5, 3.5)))
+        if outer in ("capped", "uncapped"):
+            self.emit(d, f"t{d} = inc(t)", f"t{d} = 1.0")
+            self.emit(d, f"below(t{d}, {lim}, d{d})", f"d{d} = int(t{d} < {lim})")
+        if outer == "python":
+            self.emit(d, "for _ in range(2):")
+        elif outer == "counted":
+            self.emit(d, "for _ in range(c):", "for _ in range(c[0]):")
+        elif outer == "capped":
+            self.emit(d, f"for _ in range({int(rng.integers(1, 5))}):")
+            self.emit(d + 1, f"if not d{d}: break")
+        else:
+            self.emit(d, f"while d{d}:")
+        first = inner is not None and rng.random() < 0.5
+        if first:
+            self.loop(d + 1, inner)
+        self.statements(d + 1)
+        if inner is not None and not first:
+            self.loop(d + 1, inner)
+        if outer in ("capped", "uncapped"):
+            self.emit(d + 1, f"t{d} = inc(t{d})", f"t{d} = t{d} + 1.0")
+            self.emit(d + 1, f"below(t{d}, {lim}, d{d})", f"d{d} = int(t{d} < {lim})")
+
+    def source(self, name):
+        builder = [f"@eagle.Graph.builder", f"def {name}(x, y, z, c, d0, d1, t, record=False):",
+                   "    g = eagle.Graph(record=record)"]
+        builder += ["    " * (d + 1) + b for d, b, _ in self.lines]
+        builder += ["    g.result = score(x, z)", "    return g", ""]
+        oracle = [f"def {name}(x, y, z, c, d0, d1):"] + ["    " * (d + 1) + o for d, _, o in self.lines]
+        oracle += ["    return jnp.sum(0.1 * x * x + 0.3 * z)", ""]
+        return "\n".join(self.hawk + builder), "\n".join(self.oracle + oracle)
+
+
+HEADER = """import numpy as np
+import eagle_fx as eagle
+import hawk_fx as hawk
+from hawk_fx import Scalar
+from hawk_fx import math as hm
+from tour_kernels import below, inc
+
+
+@hawk.kernel
+def score(x: Scalar, z: Scalar) -> Scalar:
+    return hawk.sum(0.1 * x * x + 0.3 * z)
+
+
+"""
+_ids = itertools.count()
+
+
+def load(text, name, namespace):
+    """Run generated source as if from a file (hawk's and the builder's passes read a function's text)."""
+    filename = f"<grad loop fuzz {name}>"
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    ns = dict(namespace)
+    exec(compile(text, filename, "exec"), ns)
+    return ns[name]
+
+
+def draw(seed):
+    """Case `seed`: its context (by seed), its builder, oracle and arrays; drawn again (a sub-seed)
+    until the oracle's value and gradients are finite and moderate (loops of products can blow up)."""
+    context = CONTEXTS[seed % len(CONTEXTS)]
+    for attempt in itertools.count():
+        rng = np.random.default_rng([seed, attempt])
+        name = f"case{next(_ids)}"
+        hawk_src, jnp_src = Case(rng, context).source(name)
+        oracle = load(jnp_src, name, {"jnp": jnp})
+        x, y, z = rng.uniform(-1.0, 1.0, (3, N))
+        c = cell(int(rng.integers(0, 4)))
+        value, grads = jax.value_and_grad(oracle, argnums=(0, 1))(x, y, z, c, 0, 0)
+        worst = max(abs(float(value)), *(float(np.max(np.abs(g))) for g in grads))
+        if np.isfinite(worst) and worst < 1e3:
+            return dict(builder=load(HEADER + hawk_src, name, {}), oracle=oracle, src=hawk_src, x=x, y=y, z=z, c=c,
+                        value=float(value), grads=[np.asarray(g) for g in grads])
+
+
+def close(got, want, what, rtol=RTOL):
+    scale = 1.0 + max(float(np.max(np.abs(w))) for w in want)
+    for a, b, n in zip(got, want, "xy"):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * scale, err_msg=f"{what}, d/d{n}")
+
+
+def check_case(seed):
+    k = draw(seed)
+    builder, src, x, y, z, c = k["builder"], k["src"], k["x"], k["y"], k["z"], k["c"]
+    t = np.zeros(N)
+
+    def f(x_, y_, c_=c, record=False):
+        return builder(x_, y_, z, c_, cell(0), cell(0), t, record=record)
+
+    def eager(x_, y_):
+        with eagle.disable_staging():
+            return float(np.asarray(f(x_, y_)()).reshape(-1)[0])
+    try:
+        # the oracle is the builder's math: its value is the eager run's, its gradients their differences
+        assert eager(x, y) == pytest.approx(k["value"], rel=1e-12, abs=1e-12)
+        h = 1e-6
+        fd = [np.array([(eager(*[a + h * e if i == w else a for i, a in enumerate((x, y))])
+                         - eager(*[a - h * e if i == w else a for i, a in enumerate((x, y))])) / (2 * h)
+                        for e in np.eye(N)]) for w in range(2)]
+        close(k["grads"], fd, "jax.grad of the oracle against central differences of the eager run", rtol=1e-5)
+        close(eagle.grad(f, argnums=(0, 1))(x, y), k["grads"], "eagle.grad")
+        check_program(eagle.make_program(eagle.grad(f, argnums=(0, 1)))(x, y))
+        extra = EXTRAS[(seed // len(CONTEXTS)) % len(EXTRAS)]
+        if extra == "checkpoints":
+            ck = 1 + seed % 3
+            close(eagle.grad(f, argnums=(0, 1), checkpoints=ck)(x, y), k["grads"], f"grad(checkpoints={ck})")
+            check_program(eagle.make_program(eagle.grad(f, argnums=(0, 1), checkpoints=ck))(x, y))
+        elif extra == "vjp":
+            w = 0.5 + seed % 7
+            value, pullback = eagle.vjp(f, x, y)
+            assert float(np.asarray(value).reshape(-1)[0]) == pytest.approx(k["value"], rel=1e-12, abs=1e-12)
+            close(pullback(np.array([w])), [w * g for g in k["grads"]], "vjp")
+        elif extra == "record" and "while" in src:
+            with pytest.raises(ValueError, match="uncapped device loop cannot be recorded"):
+                f(x.copy(), y.copy(), record=True)
+        elif extra == "record":
+            g = f(x.copy(), y.copy(), record=True)
+            g()
+            got = []
+            for name, want in zip("xy", k["grads"]):
+                try:
+                    got.append(eagle.diff.reverse(g.record, {"result": np.ones(1)}, wrt=(name,))[name])
+                except KeyError as e:           # an argument the graph does not read (see the xfail below)
+                    assert "is not a builder argument" in str(e) and not np.any(want), e
+                    got.append(np.zeros(N))
+            close(got, k["grads"], "record/reverse")
+        else:
+            # vmap over x and the counted loop's trip count: each instance its own turns
+            X, C = np.stack([x, 0.5 * x, -x]), np.array([[0], [1], [3]], np.uint32)
+            got = eagle.vmap(eagle.grad(lambda x_, c_: f(x_, y, c_)))(X, C)
+            for i in range(len(X)):
+                want = jax.grad(k["oracle"])(X[i], y, z, C[i], 0, 0)
+                close([got[i]], [np.asarray(want)], f"vmap(grad) instance {i}")
+    except Exception as e:
+        e.add_note(f"case {seed}, the generated builder:\n{src}")
+        raise
+
+
+DEFAULT_CASES = 60
+SLOW_CASES = 600
+
+
+@pytest.mark.parametrize("seed", range(DEFAULT_CASES))
+def test_grad_through_loops_of_random_kernels(seed):
+    check_case(seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(DEFAULT_CASES, DEFAULT_CASES + SLOW_CASES))
+def test_grad_through_loops_of_many_random_kernels(seed):
+    check_case(seed)
