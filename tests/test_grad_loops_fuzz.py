@@ -9,7 +9,7 @@ from cells and counter planes, never from x or y, so the oracle runs the same tu
 eagle.grad (wrt x and y; its Program checked: each Var defined before use) is compared with
 jax.grad of the oracle, and the oracle with central differences of the builder's eager run
 (eagle_fx.disable_staging); each case also checks one more of: checkpoints=K, vjp with a random
-cotangent, record=True + eagle.diff.reverse, vmap(grad) over x and the trip count.
+cotangent, record=True + eagle.diff.reverse, vmap(grad) over x and the trip count, jvp(grad).
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ INLINE = ("({0} / (1.0 + {0} * {0}))", "(0.5 * {})", "(-{})")
 BINARY = ("({} + {})", "({} - {})", "({} * {})")
 SELECT = "where({0} > 0.0, {0} * {1}, 0.25 * {1} * {1})"      # a per-sample select (value continuous at 0)
 CONTEXTS = ("python", "counted", "capped", "uncapped", "nested")
-EXTRAS = ("checkpoints", "vjp", "record", "vmap")
+EXTRAS = ("checkpoints", "vjp", "record", "vmap", "hvp")
 
 
 def expression(rng, names, depth, root=False):
@@ -165,16 +165,16 @@ class Case:
             self.emit(d, f"{self.rng.choice(('x', 'z'))} = {name}({args})")
 
     def loop(self, d, kind):
-        """A loop at indent d; its body at d + 1 (a nested loop holds another loop, after or before
-        its own statements). The counter t{d} rises by one a turn and clears the guard d{d} at lim."""
+        """A loop at indent d, its body at d + 1: statements, maybe a device if, a jump and (nested)
+        another loop, in a random order. A capped or uncapped loop's counter t{d} rises by one at the
+        start of each turn and clears its guard d{d} at lim; its jumps (break, continue) test d{d}."""
         rng = self.rng
         if kind == "nested":
-            outer = str(rng.choice(("counted", "capped", "uncapped", "python")))
-            inner = str(rng.choice(("counted", "capped", "uncapped", "python")))
-            return self.loop(d, (outer, inner))
+            kind = tuple(str(rng.choice(("counted", "capped", "uncapped", "python"))) for _ in range(2))
         outer, inner = kind if isinstance(kind, tuple) else (kind, None)
         lim = float(rng.choice((0.5, 1.5, 2.5, 3.5)))
-        if outer in ("capped", "uncapped"):
+        guarded = outer in ("capped", "uncapped")
+        if guarded:
             self.emit(d, f"t{d} = inc(t)", f"t{d} = 1.0")
             self.emit(d, f"below(t{d}, {lim}, d{d})", f"d{d} = int(t{d} < {lim})")
         if outer == "python":
@@ -186,15 +186,26 @@ class Case:
             self.emit(d + 1, f"if not d{d}: break")
         else:
             self.emit(d, f"while d{d}:")
-        first = inner is not None and rng.random() < 0.5
-        if first:
-            self.loop(d + 1, inner)
-        self.statements(d + 1)
-        if inner is not None and not first:
-            self.loop(d + 1, inner)
-        if outer in ("capped", "uncapped"):
+        if guarded:
             self.emit(d + 1, f"t{d} = inc(t{d})", f"t{d} = t{d} + 1.0")
             self.emit(d + 1, f"below(t{d}, {lim}, d{d})", f"d{d} = int(t{d} < {lim})")
+        parts = [self.statements]
+        if rng.random() < 0.3:
+            parts.append(lambda at: self.branch(at, f"d{d}" if guarded else "c"))
+        if guarded and rng.random() < 0.3:
+            parts.append(lambda at: self.emit(at, str(rng.choice((f"if not d{d}: break", f"if d{d}: continue")))))
+        if inner is not None:
+            parts.append(lambda at: self.loop(at, inner))
+        for k in rng.permutation(len(parts)):
+            parts[k](d + 1)
+
+    def branch(self, d, flag):
+        """A device if on a cell (the counted loops' trip count, or a guard that changes each turn)."""
+        self.emit(d, f"if {flag}:", "if c[0]:" if flag == "c" else None)
+        self.statements(d + 1)
+        if self.rng.random() < 0.5:
+            self.emit(d, "else:")
+            self.statements(d + 1)
 
     def source(self, name):
         builder = [f"@eagle.Graph.builder", f"def {name}(x, y, z, c, d0, d1, t, record=False):",
@@ -301,6 +312,12 @@ def check_case(seed):
                     assert "is not a builder argument" in str(e) and not np.any(want), e
                     got.append(np.zeros(N))
             close(got, k["grads"], "record/reverse")
+        elif extra == "hvp":
+            # forward over reverse: a Hessian-vector product through the loops
+            v = np.linspace(-1.0, 1.0, N)
+            got = eagle.jvp(eagle.grad(lambda x_: f(x_, y)), (x,), (v,))[1]
+            want = jax.jvp(jax.grad(lambda x_: k["oracle"](x_, y, z, c, 0, 0)), (x,), (v,))[1]
+            close([got], [np.asarray(want)], "jvp(grad)")
         else:
             # vmap over x and the counted loop's trip count: each instance its own turns
             X, C = np.stack([x, 0.5 * x, -x]), np.array([[0], [1], [3]], np.uint32)
