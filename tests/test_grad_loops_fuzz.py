@@ -114,8 +114,8 @@ def constant(a: Scalar) -> Scalar:
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug: a Scalar kernel whose body reads no parameter "
-                   "returns one cell, not one value per sample (as a loop carry: 'a loop-carried value changes type'); the fuzzer's kernels "
-                   "read a parameter")
+                   "returns one cell, not one value per sample (as a loop carry: 'a loop-carried value changes "
+                   "type'); the fuzzer's kernels read a parameter")
 def test_a_scalar_kernel_of_a_constant_gives_one_value_per_sample():
     np.testing.assert_array_equal(constant(np.arange(3.0)), np.full(3, 0.75))
 
