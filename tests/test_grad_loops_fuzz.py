@@ -157,7 +157,7 @@ class Case:
     `oracle` (the jnp kernels and the builder's control flow as plain Python over them)."""
 
     def __init__(self, rng, context):
-        self.rng, self.context = rng, context
+        self.rng = rng
         self.hawk, self.oracle, self.kernels = [], [], []
         for k in range(int(rng.integers(1, 3))):
             params = ["a", "b", "c"][:int(rng.integers(1, 4))]
@@ -231,7 +231,7 @@ class Case:
             self.statements(d + 1)
 
     def source(self, name):
-        builder = [f"@eagle.Graph.builder", f"def {name}(x, y, z, c, d0, d1, t, record=False):",
+        builder = ["@eagle.Graph.builder", f"def {name}(x, y, z, c, d0, d1, t, record=False):",
                    "    g = eagle.Graph(record=record)"]
         builder += ["    " * (d + 1) + b for d, b, _ in self.lines]
         builder += ["    g.result = score(x, z)", "    return g", ""]
@@ -290,7 +290,15 @@ def close(got, want, what, rtol=RTOL):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * scale, err_msg=f"{what}, d/d{n}")
 
 
+def differences(fn, x, y, h=1e-6):
+    """Central differences of fn(x, y) with respect to x and to y."""
+    return [np.array([(fn(x + h * e, y) - fn(x - h * e, y)) / (2 * h) for e in np.eye(N)]),
+            np.array([(fn(x, y + h * e) - fn(x, y - h * e)) / (2 * h) for e in np.eye(N)])]
+
+
 def check_case(seed):
+    """Case `seed`: its context is CONTEXTS[seed % 5], its extra check EXTRAS[seed // 5 % 5] (each
+    pair in every 25 seeds)."""
     k = draw(seed)
     builder, src, x, y, z, c = k["builder"], k["src"], k["x"], k["y"], k["z"], k["c"]
     t = np.zeros(N)
@@ -304,11 +312,7 @@ def check_case(seed):
     try:
         # the oracle is the builder's math: its value is the eager run's, its gradients their differences
         assert eager(x, y) == pytest.approx(k["value"], rel=1e-12, abs=1e-12)
-        h = 1e-6
-        fd = [np.array([(eager(*[a + h * e if i == w else a for i, a in enumerate((x, y))])
-                         - eager(*[a - h * e if i == w else a for i, a in enumerate((x, y))])) / (2 * h)
-                        for e in np.eye(N)]) for w in range(2)]
-        close(k["grads"], fd, "jax.grad of the oracle against central differences of the eager run", rtol=1e-5)
+        close(k["grads"], differences(eager, x, y), "jax.grad of the oracle against central differences of the eager run", rtol=1e-5)
         close(eagle.grad(f, argnums=(0, 1))(x, y), k["grads"], "eagle.grad")
         check_program(eagle.make_program(eagle.grad(f, argnums=(0, 1)))(x, y))
         extra = EXTRAS[(seed // len(CONTEXTS)) % len(EXTRAS)]
@@ -331,7 +335,7 @@ def check_case(seed):
             for name, want in zip("xy", k["grads"]):
                 try:
                     got.append(eagle.diff.reverse(g.record, {"result": np.ones(1)}, wrt=(name,))[name])
-                except KeyError as e:           # an argument the graph does not read (see the xfail below)
+                except KeyError as e:           # an argument the graph does not read (see the xfail above)
                     assert "is not a builder argument" in str(e) and not np.any(want), e
                     got.append(np.zeros(N))
             close(got, k["grads"], "record/reverse")
