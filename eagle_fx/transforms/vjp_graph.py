@@ -97,7 +97,7 @@ class _Vjp:
                 raise NotImplementedError(f"{self.api}: no reverse rule for primitive '{e.prim}'")
         outs = [a if isinstance(a, Literal) else env[a] for a in prog.outputs]
         grads = [ct.get(v) or eqns.zeros(ct_aval(v.aval)) for v, w in zip(prog.inputs, wrt) if w]
-        return _settle(dce(Program(inputs + ct_in, eqns, (outs if values else []) + grads)), self.kept)
+        return _settle(Program(inputs + ct_in, eqns, (outs if values else []) + grads), self.kept)
 
     # -- rules -------------------------------------------------------------------------------
     def forward_call(self, e, env, eqns):
@@ -283,13 +283,16 @@ def _settle(prog, kept):
     """Residuals only where they pay: a forward whose residuals nothing reads calls the kernel as
     it was; a forward whose results nothing reads (a loop body's last values, recomputed for
     their backward only) is dropped, and its backward is the plain vjp (which computes the costly
-    values itself, with no round trip through memory)."""
-    ids = {id(q) for q in prog.eqns}
+    values itself, with no round trip through memory). `prog` is not yet pruned: what is read is
+    judged on its pruned form, but the swap edits the whole one, where the plain vjp's operands (in
+    a loop body, zeros for the values it does not read, which nothing else reads) are still defined."""
+    lean = dce(prog)
+    ids = {id(q) for q in lean.eqns}
     mine = [k for k in kept.values() if id(k.forward) in ids]
     if not mine:
-        return prog
-    read = {a for q in prog.eqns for a in q.inputs if isinstance(a, Var)} | \
-        {a for a in prog.outputs if isinstance(a, Var)}
+        return lean
+    read = {a for q in lean.eqns for a in q.inputs if isinstance(a, Var)} | \
+        {a for a in lean.outputs if isinstance(a, Var)}
     swap = {}
     for k in mine:
         f, e = k.forward, k.eqn
@@ -303,7 +306,7 @@ def _settle(prog, kept):
             swap[id(k.backward)] = k.backward.replace(inputs=list(k.plain), params=dict(
                 k.backward.params, kernel=spec.kernel, spec=spec))
     if not swap:
-        return prog
+        return lean
     eqns = [swap.get(id(q), q) for q in prog.eqns]
     return dce(prog.replace(eqns=[q for q in eqns if q is not None]))
 
