@@ -143,7 +143,7 @@ def _jacobian(f, argnums, api, forward):
             return _reshaped(c, tree, leaves, views)
         m = int(np.prod(out))
         s0 = Staged(f, args, api)
-        basis = np.eye(m, dtype=ct_aval(s0.results[0].aval).dtype).reshape((-1,) + out)
+        basis = np.eye(m, dtype=ct_aval(s0.results[0].aval).dtype).reshape((m,) + out)
 
         def one(ct):
             s2 = Staged(f, args, api)
@@ -176,7 +176,7 @@ def _second(f, a, b, api, squeeze):
         out = _one_result(s).shape
         m, nb = int(np.prod(out)), xb.size
         cts = np.repeat(np.eye(m, dtype=ct_aval(s.results[0].aval).dtype), nb, axis=0).reshape((m * nb,) + out)
-        tans = [np.tile(t.reshape(nb, -1), (m, 1)).reshape((m * nb,) + t.shape[1:]) for t in xb.basis()]
+        tans = [np.tile(t.reshape(nb, int(np.prod(t.shape[1:]))), (m, 1)).reshape((m * nb,) + t.shape[1:]) for t in xb.basis()]
 
         def one(ct, *ts):
             def row(*args2):
@@ -213,7 +213,7 @@ def _second(f, a, b, api, squeeze):
 
 def _second_view(m, nb, off, size, lead, a_shape, b_shape):
     def view(t):
-        t = t.reshape((m, nb, -1))[:, off:off + size]        # [j, i, k]: d(J[j, k]) / d x_b[i]
+        t = t.reshape((m, nb, int(np.prod(a_shape))))[:, off:off + size]        # [j, i, k]: d(J[j, k]) / d x_b[i]
         return np.swapaxes(t, 1, 2).reshape(lead + a_shape + b_shape)
     return view
 
