@@ -25,6 +25,7 @@ transformed functions and jvp return Graphs lowered only if run, for the outer t
 from __future__ import annotations
 
 import inspect
+import operator
 import weakref
 
 import numpy as np
@@ -443,13 +444,34 @@ def arg_names(f, n):
     return names + [str(k) for k in range(len(names), n)]
 
 
-def argnums_of(argnums, nargs, api):
-    """(positions, multi): argnums as non-negative positions; multi when a tuple was given."""
-    multi = not isinstance(argnums, int)
-    pick = tuple(argnums) if multi else (argnums,)
+def refuse_no_float(api, name, arg):
+    """Argument `name`, picked by argnums, holds no floating array: it has no derivative. Integer
+    inputs have none, as jax.grad says (it requires inexact inputs)."""
+    ints = [x for x in tree_flatten(arg, is_leaf=is_array)[0]
+            if isinstance(x, (int, np.integer, np.ndarray)) and np.asarray(x).dtype.kind in "biu"]
+    what = f"holds no floating array, only integer values ({np.asarray(ints[0]).dtype})" if ints else \
+        f"is {type(arg).__name__} and holds no floating array"
+    raise TypeError(f"{api}: argument {name} {what}; integer inputs have no derivative (as in JAX, a derivative "
+                    "needs floating inputs): pass a float array (x.astype(np.float64)), or pick another argnums")
+
+
+def argnums_checked(argnums, api):
+    """(positions as given, multi): an int (a NumPy integer too), or a tuple or list of them when
+    multi; anything else is refused, as JAX refuses it."""
+    multi = isinstance(argnums, (tuple, list))
+    try:
+        pick = tuple(operator.index(k) for k in (argnums if multi else (argnums,)))
+    except TypeError:
+        raise TypeError(f"{api}: argnums must be an int or a tuple of ints, got {argnums!r}") from None
     if multi and not pick:
         raise ValueError(f"{api}: argnums is empty; give an int or a tuple of ints")
+    return pick, multi
+
+
+def argnums_of(argnums, nargs, api):
+    """(positions, multi): argnums as non-negative positions; multi when a tuple was given."""
+    pick, multi = argnums_checked(argnums, api)
     for k in pick:
-        if not isinstance(k, int) or not -nargs <= k < nargs:
+        if not -nargs <= k < nargs:
             raise ValueError(f"{api}: argnums {k!r} for {nargs} positional arguments")
     return tuple(k % nargs for k in pick), multi
