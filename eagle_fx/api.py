@@ -194,37 +194,47 @@ def _call_plain(f, args, api):
 
 def _restage(f, args, api, which=None):
     """Plain function f staged again on other values of its floating arguments (those in `which`;
-    all when None): the text of its Program and, per plane, a copy of its array (None for an
-    argument's plane), to compare with its staging on the real values. None when it raised:
-    other values may fail for reasons of their own (a Cholesky factor), so that proves nothing."""
+    all when None): the text of its Program, where each plane comes from (_sources) and a copy of
+    the arrays f made or reaches by name, to compare with its staging on the real values. None when
+    it raised: other values may fail for reasons of their own (a Cholesky factor), proving nothing."""
     other = other_values(args, which)
     try:
         with np.errstate(all="ignore"):
             c = closed_of(_call_plain(f, other, api))
     except Exception:
         return None
-    own = _own_planes(f, other, c)
-    return str(c.program), [None if o is None else e.array.copy() for e, o in zip(c.planes, own)]
+    src = _sources(f, other, c)
+    return str(c.program), src, [e.array.copy() if o in _OWN else None for e, o in zip(c.planes, src)]
 
 
-def _own_planes(f, args, c):
-    """Per plane of c: None for an argument, a view of one, or a plane a transform added;
-    "closure" for an array f reaches by name; "made" for an array f made while staging."""
-    leaves = [x for a in args for x in tree_flatten(a, is_leaf=is_array)[0] if isinstance(x, np.ndarray)]
+_OWN = ("closure", "made")
+
+
+def _sources(f, args, c):
+    """Per plane of c, where its array comes from: ("argument", k, j, byte offset, strides, shape)
+    for leaf j of argument k or a view of it; "added" for a plane a transform added; "closure" for
+    an array f reaches by name; "made" for an array f made while staging."""
+    leaves = [(k, j, x) for k, a in enumerate(args) for j, x in enumerate(tree_flatten(a, is_leaf=is_array)[0])
+              if isinstance(x, np.ndarray)]
     known, out = None, []
     for e in c.planes:
-        if e in MADE or any(e.array is x or np.shares_memory(e.array, x) for x in leaves):
-            out.append(None)
-            continue
-        known = _closure_arrays(f) if known is None else known
-        out.append("closure" if id(e.array) in known else "made")
+        hit = next(((k, j, x) for k, j, x in leaves if e.array is x or np.shares_memory(e.array, x)), None)
+        if e in MADE:
+            out.append("added")
+        elif hit is not None:
+            k, j, x = hit
+            at = e.array.__array_interface__["data"][0] - x.__array_interface__["data"][0]
+            out.append(("argument", k, j, at, e.array.strides, e.array.shape))
+        else:
+            known = _closure_arrays(f) if known is None else known
+            out.append("closure" if id(e.array) in known else "made")
     return out
 
 
-def _varying(c, own, other):
-    """The planes of c whose arrays differ from `other`'s (a _restage), in order."""
-    return [e for e, o, x in zip(c.planes, own, other[1])
-            if o is not None and (x is None or not np.array_equal(x, e.array, equal_nan=e.array.dtype.kind in "fc"))]
+def _varying(c, src, other):
+    """The planes of c whose arrays (made or reached by name) differ from `other`'s (a _restage)."""
+    return [e for e, o, x in zip(c.planes, src, other[2])
+            if o in _OWN and not np.array_equal(x, e.array, equal_nan=e.array.dtype.kind in "fc")]
 
 
 def _check_plain(f, args, c, api, other):
@@ -236,22 +246,22 @@ def _check_plain(f, args, c, api, other):
     `c.made` lists those that change with the arguments' values (derivatives refuse to
     differentiate through them). Staged again on other values (`other`), a function whose graph
     changes read a value in Python past the guard (np.asarray(x)[0] > 0): refused here."""
-    own = _own_planes(f, args, c)
-    if other is not None and (other[0] != str(c.program) or [o is None for o in own] != [x is None for x in other[1]]):
+    src = _sources(f, args, c)
+    if other is not None and (other[0] != str(c.program) or other[1] != src):
         raise ValueReadError(
             f"{api}: {where(f)} stages a different graph when its arguments hold other values: it reads their values "
             "in Python past the guard (np.asarray(x)[0] > 0, np.float64(x[0]), x.view(np.ndarray)) to take a "
             "branch or make a constant, which the transform would replay for every instance and every later call "
             "with the same layout. Decide on the device inside a builder (a cell: `if flag:` / hawk_fx.math.where "
             "in a kernel), or pass the value as a Python number (static: it keys the cache)")
-    varying = _varying(c, own, other) if other is not None else None
-    for e, o in zip(c.planes, own):
+    varying = _varying(c, src, other) if other is not None else None
+    for e, o in zip(c.planes, src):
         if o == "closure" and varying is not None and any(e is v for v in varying):
             raise ValueReadError(f"{api}: {where(f)} writes values computed from its arguments into an array of "
                                  f"shape {e.array.shape} it reaches by name, in Python while it is staged; the graph "
                                  "would read what the last staging wrote. Compute it inside a builder (NumPy on a "
                                  "builder's arguments is staged) or in a kernel")
-    made = [e for e, o in zip(c.planes, own) if o == "made"]
+    made = [e for e, o in zip(c.planes, src) if o == "made"]
     if made:
         cache.uncacheable()
         DERIVED.update(made)
@@ -366,8 +376,9 @@ class Staged:
         floats = {(k, j) for k, ls in enumerate(self.leaves) for j, x in enumerate(ls) if float_array(x)}
         if floats - set(wrt):
             other = _restage(self.f, self.args, self.api, set(wrt))
-            if other is not None and other[0] == str(self.g.program):
-                varying = _varying(self.g, _own_planes(self.f, self.args, self.g), other)
+            src = _sources(self.f, self.args, self.g)
+            if other is not None and other[:2] == (str(self.g.program), src):
+                varying = _varying(self.g, src, other)
                 made = [e for e in made if any(e is v for v in varying)]
         if made:
             names = arg_names(self.f, len(self.args))
