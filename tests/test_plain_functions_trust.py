@@ -236,3 +236,87 @@ def test_grad_of_an_integer_input_says_integer_inputs_have_no_derivative():
                 "only integer values (int64)", "integer inputs have no derivative", "pass a float array")
     refused(TypeError, lambda: eagle.grad(lambda d: loss(d["a"]))({"a": np.arange(3)}), "argument d",
             "integer inputs have no derivative")
+
+
+# -- the class (items 6, 7): generated plain functions u -> f(u, <an array derived from u>) ----------------
+
+VECTOR_STEPS = [   # (name, NumPy on the (guarded) array, the same in jax.numpy); each keeps the shape (5,)
+    ("copy", lambda v: v.copy(), lambda v: v),
+    ("np.array", lambda v: np.array(v), lambda v: v),
+    ("np.asarray", lambda v: np.asarray(v), lambda v: v),
+    ("reversed view", lambda v: v[::-1], lambda v: v[::-1]),
+    ("fancy index", lambda v: v[[2, 0, 4, 1, 3]], lambda v: v[jnp.array([2, 0, 4, 1, 3])]),
+    ("arithmetic", lambda v: v * 1.5 + 0.25, lambda v: v * 1.5 + 0.25),
+    ("np.sin", lambda v: np.sin(v), lambda v: jnp.sin(v)),
+    ("roll", lambda v: np.concatenate([v[1:], v[:1]]), lambda v: jnp.concatenate([v[1:], v[:1]])),
+    ("plus its sum", lambda v: v + v.sum(), lambda v: v + jnp.sum(v)),
+]
+SCALAR_STEPS = [   # (name, NumPy: a Python number or a one-cell array, for a Param; jax.numpy: a scalar)
+    ("float", lambda v: float(v[1]), lambda v: v[1]),
+    ("np.float64", lambda v: np.float64(v[1]), lambda v: v[1]),
+    ("np.asarray item", lambda v: np.asarray(v)[1], lambda v: v[1]),
+    ("sum keepdims", lambda v: v.sum(keepdims=True), lambda v: jnp.sum(v)),
+    ("max keepdims", lambda v: v.max(keepdims=True), lambda v: jnp.max(v)),
+    ("one-cell view", lambda v: v[1:2], lambda v: v[1]),
+]
+
+
+def _generated(seed):
+    """A plain function `plain(u)` = f(u, c) (or fp(u, c) for a Param c) with c derived from u by 0-2
+    vector steps and, half the time, a scalar step; its loss in jax.numpy; and the steps' names."""
+    rng = np.random.default_rng(seed)
+    steps = [VECTOR_STEPS[i] for i in rng.integers(len(VECTOR_STEPS), size=rng.integers(3))]
+    if rng.integers(2):
+        steps.append(SCALAR_STEPS[rng.integers(len(SCALAR_STEPS))])
+    builder = fp if steps and steps[-1] in SCALAR_STEPS else f
+
+    def derive(v, which):
+        for step in steps:
+            v = step[which](v)
+        return v
+
+    def plain(u):
+        return builder(u, derive(u, 1))
+    return plain, (lambda u: jnp.sum(u * u * derive(u, 2))), builder, derive, " -> ".join(s[0] for s in steps)
+
+
+def _refused_or_equal(call, want, api, what):
+    """'refused' (with the API, the function and what to change named) or 'equal' (to `want`)."""
+    try:
+        got = call()
+    except (TypeError, ValueError) as exc:            # TransformError, VmapError and ValueReadError among them
+        msg = str(exc)
+        assert api in msg and "plain" in msg, f"{what}: {msg}"
+        assert "builder" in msg or "pass the whole array" in msg, f"{what}: {msg}"
+        return "refused"
+    np.testing.assert_allclose(np.reshape(got, np.shape(want)), want, rtol=1e-11, atol=1e-12, err_msg=what)
+    return "equal"
+
+
+def _check_generated(seeds):
+    tally = {}
+    for seed in seeds:
+        plain, jax_loss, builder, derive, what = _generated(seed)
+        outcomes = []
+        u = np.linspace(0.5, 1.5, 5) + 0.1 * seed % 0.3
+        outcomes.append(_refused_or_equal(lambda: eagle.grad(plain)(u), jax.grad(jax_loss)(u), "eagle_fx.grad",
+                                          f"grad, {what}"))
+        fn = eagle.vmap(plain)
+        for xs in (X, X[::-1] * 1.5 + 0.25):           # the second call: a cached graph must read the new values
+            want = loop(lambda x: builder(x, derive(x, 1))(), xs)
+            np.testing.assert_allclose(want.ravel(), jax.vmap(jax_loss)(xs), rtol=1e-11)   # the oracles agree
+            outcomes.append(_refused_or_equal(lambda: fn(xs), want, "eagle_fx.vmap", f"vmap, {what}"))
+        for o in outcomes:
+            tally[o] = tally.get(o, 0) + 1
+    return tally
+
+
+def test_generated_plain_functions_are_refused_or_match_jax_and_the_loop():
+    tally = _check_generated(range(24))
+    assert tally.get("equal", 0) >= 12 and tally.get("refused", 0) >= 12, tally
+
+
+@pytest.mark.slow
+def test_generated_plain_functions_many():
+    tally = _check_generated(range(24, 324))
+    assert tally.get("equal", 0) >= 150 and tally.get("refused", 0) >= 150, tally
