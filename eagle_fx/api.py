@@ -184,6 +184,7 @@ def _stage(f, args, api):
 
 
 def _call_plain(f, args, api):
+    """f called on its arguments, guarded; the transforms it calls return their graphs to this one."""
     _STAGING.append(True)
     try:
         with guarding(api, f, args) as guarded:
@@ -218,10 +219,11 @@ def _sources(f, args, c):
               if isinstance(x, np.ndarray)]
     known, out = None, []
     for e in c.planes:
-        hit = next(((k, j, x) for k, j, x in leaves if e.array is x or np.shares_memory(e.array, x)), None)
         if e in MADE:
             out.append("added")
-        elif hit is not None:
+            continue
+        hit = next(((k, j, x) for k, j, x in leaves if e.array is x or np.shares_memory(e.array, x)), None)
+        if hit is not None:
             k, j, x = hit
             at = e.array.__array_interface__["data"][0] - x.__array_interface__["data"][0]
             out.append(("argument", k, j, at, e.array.strides, e.array.shape))
@@ -460,10 +462,12 @@ def refuse_no_float(api, name, arg):
     inputs have none, as jax.grad says (it requires inexact inputs)."""
     ints = [x for x in tree_flatten(arg, is_leaf=is_array)[0]
             if isinstance(x, (int, np.integer, np.ndarray)) and np.asarray(x).dtype.kind in "biu"]
-    what = f"holds no floating array, only integer values ({np.asarray(ints[0]).dtype})" if ints else \
-        f"is {type(arg).__name__} and holds no floating array"
-    raise TypeError(f"{api}: argument {name} {what}; integer inputs have no derivative (as in JAX, a derivative "
-                    "needs floating inputs): pass a float array (x.astype(np.float64)), or pick another argnums")
+    if ints:
+        raise TypeError(f"{api}: argument {name} holds no floating array, only integer values "
+                        f"({np.asarray(ints[0]).dtype}); integer inputs have no derivative (as in JAX, a derivative "
+                        "needs floating inputs): pass a float array (x.astype(np.float64)), or pick another argnums")
+    raise TypeError(f"{api}: argument {name} is {type(arg).__name__} and holds no floating array; it has no "
+                    "derivative: pass a float array (or a tree of them), or pick another argnums")
 
 
 def argnums_checked(argnums, api):

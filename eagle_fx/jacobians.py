@@ -181,7 +181,8 @@ def _second(f, a, b, api, squeeze):
         out = _one_result(s).shape
         m, nb = int(np.prod(out)), xb.size
         cts = np.repeat(np.eye(m, dtype=ct_aval(s.results[0].aval).dtype), nb, axis=0).reshape((m * nb,) + out)
-        tans = [np.tile(t.reshape(nb, int(np.prod(t.shape[1:]))), (m, 1)).reshape((m * nb,) + t.shape[1:]) for t in xb.basis()]
+        tans = [np.tile(t.reshape(nb, int(np.prod(t.shape[1:]))), (m, 1)).reshape((m * nb,) + t.shape[1:])
+                for t in xb.basis()]
 
         def one(ct, *ts):
             def row(*args2):
