@@ -165,6 +165,30 @@ def test_a_guarded_read_names_the_line_that_reads():
             "reads the value of an array computed from its arguments", "Decide on the device")
 
 
+def test_writing_argument_values_into_an_array_reached_by_name_is_refused():
+    buf = np.zeros(5)
+
+    def fills(u):
+        buf[:] = u * 2.0                           # the graph reads buf: what the last staging wrote
+        return f(u, buf)
+    for api, call in (("eagle_fx.grad", lambda: eagle.grad(fills)(U)), ("eagle_fx.vmap", lambda: eagle.vmap(fills)(X))):
+        refused(TypeError, call, api, "fills", FILE, "writes values computed from its arguments into an array",
+                "inside a builder")
+
+
+def test_a_function_that_fails_on_other_values_is_still_staged():
+    # the check's other values are no longer positive definite: its staging fails and proves nothing
+    A = np.stack([np.array([[2.0, 0.5], [0.5, 1.0]]) * s for s in (1.0, 2.0, 3.0)]).reshape(3, 4)
+
+    def factor(a):
+        return doubled(np.linalg.cholesky(a.reshape(2, 2)).ravel())
+    np.testing.assert_allclose(eagle.vmap(factor)(A), loop(lambda a: factor(a)(), A), rtol=1e-13)
+    np.testing.assert_allclose(eagle.vmap(factor)(A),
+                               jax.vmap(lambda a: 2 * jnp.linalg.cholesky(a.reshape(2, 2)).ravel())(A), rtol=1e-13)
+    refused(TransformError, lambda: eagle.grad(lambda a: loss(np.linalg.cholesky(a.reshape(2, 2)).ravel()))(A[0]),
+            "eagle_fx.grad", "<lambda>", "computed in Python from a", "inside a builder")
+
+
 # -- item 11: zero instances, zero-size arguments: JAX's zero-size answers ----------------------------
 
 def test_vmap_over_zero_instances_gives_jax_empty_results():
