@@ -25,6 +25,7 @@ transformed functions and jvp return Graphs lowered only if run, for the outer t
 from __future__ import annotations
 
 import inspect
+import operator
 import weakref
 
 import numpy as np
@@ -36,7 +37,7 @@ from hawk_fx.tree import tree_flatten
 
 from . import cache
 from .closed import Closed, closed_of
-from .guards import guarding, release
+from .guards import ValueReadError, guarding, other_values, release, where
 from .transforms.program import TransformError, dce
 
 _STAGING = ThreadStack()     # non-empty: a transform is staging a plain function; transforms return Graphs
@@ -159,12 +160,8 @@ def _stage(f, args, api):
     if isinstance(f, Builder):
         g = f(*args)
     else:
-        _STAGING.append(True)
-        try:
-            with guarding(api, name_of(f), args) as guarded:
-                g = f(*guarded)
-        finally:
-            _STAGING.pop()
+        other = _restage(f, args, api)       # first, so what the function leaves behind is from its real staging
+        g = _call_plain(f, args, api)
     from .staging import Plane
     if not isinstance(g, Graph) and isinstance(g, (np.ndarray, np.generic, float, int, Plane)):
         what = "ndarray" if isinstance(g, np.ndarray) else "a graph's result" if isinstance(g, Plane) else \
@@ -182,29 +179,95 @@ def _stage(f, args, api):
     if c.record:
         raise TransformError(f"{api}: a record=True graph cannot be transformed; transform the plain builder")
     if not isinstance(f, Builder):
-        _check_plain(f, args, c, api)
+        _check_plain(f, args, c, api, other)
     return c
 
 
-def _check_plain(f, args, c, api):
+def _call_plain(f, args, api):
+    """f called on its arguments, guarded; the transforms it calls return their graphs to this one."""
+    _STAGING.append(True)
+    try:
+        with guarding(api, f, args) as guarded:
+            return f(*guarded)
+    finally:
+        _STAGING.pop()
+
+
+def _restage(f, args, api, which=None):
+    """Plain function f staged again on other values of its floating arguments (those in `which`;
+    all when None): the text of its Program, where each plane comes from (_sources) and a copy of
+    the arrays f made or reaches by name, to compare with its staging on the real values. None when
+    it raised: other values may fail for reasons of their own (a Cholesky factor), proving nothing."""
+    other = other_values(args, which)
+    try:
+        with np.errstate(all="ignore"):
+            c = closed_of(_call_plain(f, other, api))
+    except Exception:
+        return None
+    src = _sources(f, other, c)
+    return str(c.program), src, [e.array.copy() if o in _OWN else None for e, o in zip(c.planes, src)]
+
+
+_OWN = ("closure", "made")
+
+
+def _sources(f, args, c):
+    """Per plane of c, where its array comes from: ("argument", k, j, byte offset, strides, shape)
+    for leaf j of argument k or a view of it; "added" for a plane a transform added; "closure" for
+    an array f reaches by name; "made" for an array f made while staging."""
+    leaves = [(k, j, x) for k, a in enumerate(args) for j, x in enumerate(tree_flatten(a, is_leaf=is_array)[0])
+              if isinstance(x, np.ndarray)]
+    known, out = None, []
+    for e in c.planes:
+        if e in MADE:
+            out.append("added")
+            continue
+        hit = next(((k, j, x) for k, j, x in leaves if e.array is x or np.shares_memory(e.array, x)), None)
+        if hit is not None:
+            k, j, x = hit
+            at = e.array.__array_interface__["data"][0] - x.__array_interface__["data"][0]
+            out.append(("argument", k, j, at, e.array.strides, e.array.shape))
+        else:
+            known = _closure_arrays(f) if known is None else known
+            out.append("closure" if id(e.array) in known else "made")
+    return out
+
+
+def _varying(c, src, other):
+    """The planes of c whose arrays (made or reached by name) differ from `other`'s (a _restage)."""
+    return [e for e, o, x in zip(c.planes, src, other[2])
+            if o in _OWN and not np.array_equal(x, e.array, equal_nan=e.array.dtype.kind in "fc")]
+
+
+def _check_plain(f, args, c, api, other):
     """A builder stages what NumPy does to its arguments; a plain function handed to a transform
     (`lambda x, t: eagle_fx.jvp(f, (x * 2,), (t,))`) computes on the arrays themselves, and an
     array it makes is a constant to the graph, read as it was when staged. The graph may read the
     arguments (or views of them), arrays reached by closure, and planes transforms add; a graph
     that reads other arrays is not kept by the staging cache (staged at every call), and
-    `c.made` lists them (derivatives refuse to differentiate through them)."""
-    leaves = [x for a in args for x in tree_flatten(a, is_leaf=is_array)[0] if isinstance(x, np.ndarray)]
-    known, made = None, []
-    for e in c.planes:
-        if e in MADE or any(e.array is x or np.shares_memory(e.array, x) for x in leaves):
-            continue
-        known = _closure_arrays(f) if known is None else known
-        if id(e.array) not in known:
-            made.append(e)
+    `c.made` lists those that change with the arguments' values (derivatives refuse to
+    differentiate through them). Staged again on other values (`other`), a function whose graph
+    changes read a value in Python past the guard (np.asarray(x)[0] > 0): refused here."""
+    src = _sources(f, args, c)
+    if other is not None and (other[0] != str(c.program) or other[1] != src):
+        raise ValueReadError(
+            f"{api}: {where(f)} stages a different graph when its arguments hold other values: it reads their values "
+            "in Python past the guard (np.asarray(x)[0] > 0, np.float64(x[0]), x.view(np.ndarray)) to take a "
+            "branch or make a constant, which the transform would replay for every instance and every later call "
+            "with the same layout. Decide on the device inside a builder (a cell: `if flag:` / hawk_fx.math.where "
+            "in a kernel), or pass the value as a Python number (static: it keys the cache)")
+    varying = _varying(c, src, other) if other is not None else None
+    for e, o in zip(c.planes, src):
+        if o == "closure" and varying is not None and any(e is v for v in varying):
+            raise ValueReadError(f"{api}: {where(f)} writes values computed from its arguments into an array of "
+                                 f"shape {e.array.shape} it reaches by name, in Python while it is staged; the graph "
+                                 "would read what the last staging wrote. Compute it inside a builder (NumPy on a "
+                                 "builder's arguments is staged) or in a kernel")
+    made = [e for e, o in zip(c.planes, src) if o == "made"]
     if made:
         cache.uncacheable()
         DERIVED.update(made)
-    c.made = made
+    c.made = made if varying is None else [e for e in made if any(e is v for v in varying)]
 
 
 def _closure_arrays(f, depth=2):
@@ -304,21 +367,30 @@ class Staged:
         self.n = g.n
 
     def refuse_made(self, wrt):
-        """A plain function that does not pass a differentiated argument to the graph but hands it
-        arrays it made while staging has, most likely, computed on that argument in Python (x * 2):
-        its derivative would be 0. Refuse rather than answer it."""
+        """An array a plain function computed in Python from a differentiated argument (u.sum(),
+        u * 2, np.array(u)) is a constant to the graph: the derivative through it would be lost.
+        Refuse it rather than answer without it. When other floating arguments were changed too
+        by the staging check, the function is staged again with only the differentiated ones
+        changed, so an array computed from the others (c * 2) stays a constant, as in JAX."""
         made = [e for e in self.g.made if e.array.dtype.kind == "f"]
-        if not made:
+        if not made or not wrt:
             return
-        read = set(self.arg_of) | set(self.view_of)
-        for a in wrt:
-            if a not in read:
-                names = arg_names(self.f, len(self.args))
-                raise TransformError(f"{self.api}: {self.fname} does not hand argument {names[a[0]]} to the graph, "
-                                     f"but hands it an array of shape {made[0].array.shape} it made while staging "
-                                     "(NumPy on an argument in a plain function, e.g. x * 2): the derivative through "
-                                     "it would be 0. Do that arithmetic inside a builder (it stages NumPy on its "
-                                     "arguments) or in a kernel")
+        floats = {(k, j) for k, ls in enumerate(self.leaves) for j, x in enumerate(ls) if float_array(x)}
+        if floats - set(wrt):
+            other = _restage(self.f, self.args, self.api, set(wrt))
+            src = _sources(self.f, self.args, self.g)
+            if other is not None and other[:2] == (str(self.g.program), src):
+                varying = _varying(self.g, src, other)
+                made = [e for e in made if any(e is v for v in varying)]
+        if made:
+            names = arg_names(self.f, len(self.args))
+            which = " or ".join(dict.fromkeys(names[k] for k, _ in wrt))
+            raise TransformError(f"{self.api}: {where(self.f)} hands its graph an array of shape "
+                                 f"{made[0].array.shape} it computed in Python from {which} (NumPy on an argument "
+                                 "outside a builder: u.sum(), u.copy(), np.array(u), u[[0, 2]], u * 2.0); the graph "
+                                 "sees a constant, so the derivative through it would be lost. Do that arithmetic "
+                                 "inside a builder (@eagle_fx.Graph.builder stages NumPy on its arguments) or in a "
+                                 "kernel, and hand the graph the argument itself")
 
     def refuse_views(self, wrt):
         """Derivatives follow the arrays passed to kernels; a view of a differentiated argument made
@@ -327,7 +399,7 @@ class Staged:
             e = self.view_of.get(a)
             if e is not None:
                 names = arg_names(self.f, len(self.args))
-                raise TransformError(f"{self.api}: {self.fname} passes a kernel a view of argument {names[a[0]]} "
+                raise TransformError(f"{self.api}: {where(self.f)} passes a kernel a view of argument {names[a[0]]} "
                                      f"(an array of shape {e.array.shape} sharing its memory, made in Python while "
                                      "staging); derivatives follow the arrays given to kernels: pass the whole "
                                      "array and index it inside the kernel, or pass the part as its own argument")
@@ -385,13 +457,36 @@ def arg_names(f, n):
     return names + [str(k) for k in range(len(names), n)]
 
 
-def argnums_of(argnums, nargs, api):
-    """(positions, multi): argnums as non-negative positions; multi when a tuple was given."""
-    multi = not isinstance(argnums, int)
-    pick = tuple(argnums) if multi else (argnums,)
+def refuse_no_float(api, name, arg):
+    """Argument `name`, picked by argnums, holds no floating array: it has no derivative. Integer
+    inputs have none, as jax.grad says (it requires inexact inputs)."""
+    ints = [x for x in tree_flatten(arg, is_leaf=is_array)[0]
+            if isinstance(x, (int, np.integer, np.ndarray)) and np.asarray(x).dtype.kind in "biu"]
+    if ints:
+        raise TypeError(f"{api}: argument {name} holds no floating array, only integer values "
+                        f"({np.asarray(ints[0]).dtype}); integer inputs have no derivative (as in JAX, a derivative "
+                        "needs floating inputs): pass a float array (x.astype(np.float64)), or pick another argnums")
+    raise TypeError(f"{api}: argument {name} is {type(arg).__name__} and holds no floating array; it has no "
+                    "derivative: pass a float array (or a tree of them), or pick another argnums")
+
+
+def argnums_checked(argnums, api):
+    """(positions as given, multi): an int (a NumPy integer too), or a tuple or list of them when
+    multi; anything else is refused, as JAX refuses it."""
+    multi = isinstance(argnums, (tuple, list))
+    try:
+        pick = tuple(operator.index(k) for k in (argnums if multi else (argnums,)))
+    except TypeError:
+        raise TypeError(f"{api}: argnums must be an int or a tuple of ints, got {argnums!r}") from None
     if multi and not pick:
         raise ValueError(f"{api}: argnums is empty; give an int or a tuple of ints")
+    return pick, multi
+
+
+def argnums_of(argnums, nargs, api):
+    """(positions, multi): argnums as non-negative positions; multi when a tuple was given."""
+    pick, multi = argnums_checked(argnums, api)
     for k in pick:
-        if not isinstance(k, int) or not -nargs <= k < nargs:
+        if not -nargs <= k < nargs:
             raise ValueError(f"{api}: argnums {k!r} for {nargs} positional arguments")
     return tuple(k % nargs for k in pick), multi

@@ -143,7 +143,7 @@ def _stage_instance(f, split, b, api):
     for arg, tree, leaves, big in split:
         leaves = list(leaves)
         for j, a in big.items():
-            leaves[j] = a[b]
+            leaves[j] = a[b] if len(a) else np.zeros(a.shape[1:], a.dtype)    # 0 instances: a stand-in gives the shapes
             full[id(leaves[j])] = a
         inst.append(tree_unflatten(tree, leaves) if tree.kind != "leaf" else leaves[0] if leaves else arg)
     _BATCH_FULL.update(full)
@@ -160,7 +160,7 @@ def _batched_planes(f, split, g, full, B, api, name):
     same view of every instance; an array a plain function made while staging (x * 2.0, which
     may depend on the instance) is found by staging every instance: shared when every instance
     made the same values, else stacked, one per instance (what a loop over instances computes)."""
-    insts = [(a[0], a) for _, _, _, big in split for a in big.values()]
+    insts = [(a[0], a) for _, _, _, big in split for a in big.values() if len(a)]
     flags, planes, derived = [], [], []
     for p, e in enumerate(g.planes):
         big = full.get(id(e.array))
@@ -247,9 +247,9 @@ def _nested(f, args, outer_axes, out_axes, api, name):
     combined, flat = [], []
     for k, (a, o, i) in enumerate(zip(moved, outer_axes, inner_axes)):
         if i is not None:
-            one = a[0] if o is not None else a
-            if not -one.ndim <= i < one.ndim:
-                raise ValueError(f"{api}({name}): inner in_axes {i} for argument {k} of shape {one.shape}")
+            one = a.shape[1:] if o is not None else a.shape
+            if not -len(one) <= i < len(one):
+                raise ValueError(f"{api}({name}): inner in_axes {i} for argument {k} of shape {one}")
             a = np.moveaxis(a, i + (1 if o is not None else 0) if i >= 0 else i, 1 if o is not None else 0)
             b1 = a.shape[1] if o is not None else a.shape[0]
             if B1 is not None and b1 != B1:

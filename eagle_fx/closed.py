@@ -16,7 +16,7 @@ class Closed:
         self.n_results, self.n, self.backend, self.mesh = n_results, n, backend, mesh
         self.views = views             # per result leaf: None, a shape, or a function of its array
         self.record = record           # staged from a record=True graph (transforms refuse it)
-        self.made = []                 # planes of arrays a plain function made while staging
+        self.made = []                 # planes of arrays a plain function computed from its arguments while staging
         self.extra = None              # what a transform keeps for its caller (vjp's pullback)
         self.tree_args = {}            # builder argument name -> (tree, leaf planes) of a tree argument, for bind
 

@@ -16,8 +16,8 @@ from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from . import cache, ir
 from .guards import release
-from .api import (_STAGING, MADE, TRACED, Staged, Transformed, _refuse_jax_arrays, arg_names, argnums_of, float_array,
-                  graph_of, is_array, name_of, run, sig)
+from .api import (_STAGING, MADE, TRACED, Staged, Transformed, _refuse_jax_arrays, arg_names, argnums_checked,
+                  argnums_of, float_array, graph_of, is_array, name_of, refuse_no_float, run, sig)
 from .staging import Extern
 from .transforms.jvp_graph import jvp_graph
 from .transforms.program import TransformError, ct_aval, is_float
@@ -264,6 +264,7 @@ def _opt(checkpoints):
 
 
 def _gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
+    argnums_checked(argnums, api)             # refused when made, and never a key (0.0 == 0)
     key = (api, f, argnums, has_aux, checkpoints)
     try:
         t = _MADE.get(key)
@@ -282,6 +283,12 @@ def _new_gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
     def make(*args):
         ks, multi = argnums_of(argnums, len(args), api)
         s = Staged(f, args, api)
+        wrt = []
+        for k in ks:
+            here = [(k, j) for j, x in enumerate(s.leaves[k]) if float_array(x)]
+            if not here:
+                refuse_no_float(api, arg_names(f, len(args))[k], args[k])
+            wrt += here
         n_out, aux_tree = _split_aux(s, has_aux, api)
         v = s.results[0]
         if n_out != 1 or int(np.prod(v.aval.shape)) != 1 or not is_float(v.aval):
@@ -290,13 +297,6 @@ def _new_gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
                             "float result, e.g. from hawk.sum)" + (", then the aux tree: g.result = (value, aux)"
                                                                     if has_aux else "") +
                             "; for other results use eagle_fx.vjp or eagle_fx.jacrev")
-        wrt = []
-        for k in ks:
-            here = [(k, j) for j, x in enumerate(s.leaves[k]) if float_array(x)]
-            if not here:
-                raise TypeError(f"{api}: argument {arg_names(f, len(args))[k]} ({type(args[k]).__name__}) holds no "
-                                "floating array; it has no gradient: pick another argnums, or pass a float array")
-            wrt += here
         prog = vjp_program(s, wrt, api, checkpoints)
         grads = _grad_trees(s, prog, ks, wrt)
         grads = grads if multi else grads[0]

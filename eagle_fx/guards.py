@@ -7,18 +7,29 @@ instance and every later call with the same layout. A Python decision on an argu
 (ConcretizationTypeError). While such a function stages, its array arguments are `Guarded`
 views: arithmetic on them stays Guarded, and turning one into a Python bool, number or list is
 refused with what to write instead. Builders, transforms and jvp take the plain arrays back
-(`release`), so graphs never hold a Guarded array. Best effort: a NumPy function that returns a
-Python bool (np.allclose) or a copy through Python (x.copy().tolist() is refused, np.array(list(x))
-is not) lets a value through.
+(`release`), so graphs never hold a Guarded array.
+
+The guard has holes: np.asarray(x) and np.array(x) give a plain ndarray (NumPy does not ask a
+subclass), and so does a copy through Python (np.array(list(x))). What leaks through them is
+caught after the fact: the transform stages the function a second time on `other_values` of its
+arguments, and a graph or an array handed to it that changes with the values is found (api.py).
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:                      # NumPy < 2
+    byte_bounds = np.byte_bounds
+
 from hawk_fx.perthread import ThreadStack
+from hawk_fx.source import user_line
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
-_ACTIVE = ThreadStack()      # (api, function name, {id(guard): the argument array}) per plain function staging
+_ACTIVE = ThreadStack()      # (api, function, {id(guard): the argument array}) per plain function staging
 
 
 class ValueReadError(TypeError):
@@ -44,11 +55,13 @@ class Guarded(np.ndarray):
     def _refuse(self, what):
         if not _ACTIVE:
             return
-        api, name, _ = _ACTIVE[-1]
+        api, f, _ = _ACTIVE[-1]
+        code = getattr(f, "__code__", None)
+        line = user_line(code.co_filename) if code is not None else None
         raise ValueReadError(
-            f"{api}: {name} reads the value of an array computed from its arguments in Python ({what}) while it is "
-            "staged: the transform stages it once and replays that for every instance and every later call with "
-            "the same layout, so a Python decision on values would be frozen. Decide on the device inside a "
+            f"{api}: {where(f, line)} reads the value of an array computed from its arguments in Python ({what}) "
+            "while it is staged: the transform stages it once and replays that for every instance and every later "
+            "call with the same layout, so a Python decision on values would be frozen. Decide on the device inside a "
             "builder (a cell: `if flag:` / hawk_fx.math.where in a kernel), or pass the value as a Python "
             "number (static: it keys the cache)")
 
@@ -96,11 +109,20 @@ def _is_array(x):
     return isinstance(x, np.ndarray)
 
 
-class guarding:
-    """`with guarding(api, name, args) as gargs:` the arguments with their arrays guarded."""
+def where(f, line=None):
+    """`name (file.py, line N)` of a user's function: at `line`, else where it is defined."""
+    name = getattr(f, "__name__", type(f).__name__)
+    code = getattr(f, "__code__", None)
+    if code is None:
+        return name
+    return f"{name} ({os.path.basename(code.co_filename)}, line {line or code.co_firstlineno})"
 
-    def __init__(self, api, name, args):
-        self.api, self.name, self.args = api, name, args
+
+class guarding:
+    """`with guarding(api, f, args) as gargs:` the arguments of plain function f with their arrays guarded."""
+
+    def __init__(self, api, f, args):
+        self.api, self.f, self.args = api, f, args
 
     def __enter__(self):
         originals = {}
@@ -116,7 +138,7 @@ class guarding:
                     originals[id(g)] = (g, x)
                     leaves[j] = g
             out.append(tree_unflatten(tree, leaves) if tree.kind != "leaf" else leaves[0])
-        _ACTIVE.append((self.api, self.name, originals))
+        _ACTIVE.append((self.api, self.f, originals))
         return tuple(out)
 
     def __exit__(self, *exc):
@@ -141,3 +163,41 @@ def _release(x):
         if hit is not None and hit[0] is x:
             return hit[1]
     return x.view(np.ndarray)
+
+
+def other_values(args, which=None):
+    """The arguments with their floating arrays (the (argument, leaf) pairs in `which`; all when
+    None) holding other values: each element moved across zero and scaled (x > 0 to -1.3 x - 0.5,
+    else to 0.5 - 1.3 x), so every one changes, and so does a sign, a sum or a branch on one.
+    Arrays that share memory share it in the copies too (x and x[1:] stay views of one buffer),
+    and change together."""
+    floats = [(k, j, x) for k, a in enumerate(args) for j, x in enumerate(tree_flatten(a, is_leaf=_is_array)[0])
+              if type(x) is np.ndarray and x.dtype.kind == "f"]
+    owners = {id(_owner(x)) for k, j, x in floats if which is None or (k, j) in which}
+    spans = {}                                   # id(memory owner) -> [lo, hi) bytes its leaves cover
+    picked = [(k, j, x) for k, j, x in floats if id(_owner(x)) in owners]
+    for k, j, x in picked:
+        lo, hi = byte_bounds(x)
+        span = spans.setdefault(id(_owner(x)), [lo, hi])
+        span[0], span[1] = min(span[0], lo), max(span[1], hi)
+    buffers = {key: np.empty(hi - lo, np.uint8) for key, (lo, hi) in spans.items()}
+    stand_in = {}
+    for k, j, x in picked:
+        key = id(_owner(x))
+        at = x.__array_interface__["data"][0] - spans[key][0]
+        y = np.ndarray(x.shape, x.dtype, buffer=buffers[key], offset=at, strides=x.strides)
+        y[...] = np.where(x > 0, -1.3 * x - 0.5, 0.5 - 1.3 * x)
+        y.flags.writeable = x.flags.writeable
+        stand_in[k, j] = y
+    out = []
+    for k, a in enumerate(args):
+        leaves, t = tree_flatten(a, is_leaf=_is_array)
+        leaves = [stand_in.get((k, j), x) for j, x in enumerate(leaves)]
+        out.append(tree_unflatten(t, leaves) if t.kind != "leaf" else leaves[0])
+    return tuple(out)
+
+
+def _owner(x):
+    while isinstance(x.base, np.ndarray):
+        x = x.base
+    return x

@@ -15,7 +15,8 @@ import numpy as np
 from hawk_fx.core import Var
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
-from .api import Staged, Transformed, float_array, graph_of, is_array, name_of, select_result, sig
+from .api import (Staged, Transformed, argnums_checked, float_array, graph_of, is_array, name_of, refuse_no_float,
+                  select_result, sig)
 from .batching import vmap
 from .derivatives import _grad_trees, jvp, promote, seed_planes, vjp_program
 from .transforms.program import ct_aval
@@ -24,6 +25,7 @@ from .transforms.program import ct_aval
 def jacfwd(f, argnums=0):
     """The Jacobian of `f`'s one result with respect to argument `argnums`, by forward mode: a vmap
     of jvp over the basis of that argument. Shape: result.shape + argument.shape."""
+    argnums = argnums_checked(argnums, "eagle_fx.jacfwd")
     if isinstance(f, Transformed) and getattr(f, "_jacrev_of", None) is not None:
         inner, a = f._jacrev_of
         return _tupled(argnums, lambda b: _second(inner, a, b, "eagle_fx.jacfwd", squeeze=False))
@@ -32,14 +34,16 @@ def jacfwd(f, argnums=0):
 
 def jacrev(f, argnums=0):
     """The Jacobian by reverse mode: a vmap of the vjp over the basis of the result."""
-    return _tupled(argnums, lambda k: _jacobian(f, k, "eagle_fx.jacrev", forward=False))
+    return _tupled(argnums_checked(argnums, "eagle_fx.jacrev"), lambda k: _jacobian(f, k, "eagle_fx.jacrev",
+                                                                                      forward=False))
 
 
 def hessian(f, argnums=0):
     """The Hessian of `f`, whose result is one value: jacfwd(jacrev(f)), argument shape twice.
     A tuple argnums gives the blocks ((H00, H01), (H10, H11)), as jax.hessian."""
-    if isinstance(argnums, int):
-        return _second(f, argnums, argnums, "eagle_fx.hessian", squeeze=True)
+    argnums, multi = argnums_checked(argnums, "eagle_fx.hessian")
+    if not multi:
+        return _second(f, argnums[0], argnums[0], "eagle_fx.hessian", squeeze=True)
     rows = [[_second(f, a, b, "eagle_fx.hessian", squeeze=True) for b in argnums] for a in argnums]
 
     def blocks(*args):
@@ -69,9 +73,11 @@ def _at_leaves(value, tree):
 
 
 def _tupled(argnums, one):
-    if isinstance(argnums, int):
-        return one(argnums)
-    parts = [one(k) for k in argnums]
+    """`one` of the position, or of each position of a tuple argnums: (positions, multi)."""
+    pick, multi = argnums
+    if not multi:
+        return one(pick[0])
+    parts = [one(k) for k in pick]
 
     def each(*args):
         return tuple(p(*args) for p in parts)
@@ -90,8 +96,7 @@ class _Arg:
         self.leaves, self.tree = tree_flatten(args[self.k], is_leaf=is_array)
         self.floats = [j for j, x in enumerate(self.leaves) if float_array(x)]
         if not self.floats:
-            raise TypeError(f"{api}: argument {k} is {type(args[k]).__name__} and holds no floating array; it has "
-                            "no derivative: pick another argnums, or pass a float array (or a tree of them)")
+            refuse_no_float(api, k, args[k])
         self.offset, at = {}, 0
         for j in self.floats:
             self.offset[j] = at
@@ -143,7 +148,7 @@ def _jacobian(f, argnums, api, forward):
             return _reshaped(c, tree, leaves, views)
         m = int(np.prod(out))
         s0 = Staged(f, args, api)
-        basis = np.eye(m, dtype=ct_aval(s0.results[0].aval).dtype).reshape((-1,) + out)
+        basis = np.eye(m, dtype=ct_aval(s0.results[0].aval).dtype).reshape((m,) + out)
 
         def one(ct):
             s2 = Staged(f, args, api)
@@ -176,7 +181,8 @@ def _second(f, a, b, api, squeeze):
         out = _one_result(s).shape
         m, nb = int(np.prod(out)), xb.size
         cts = np.repeat(np.eye(m, dtype=ct_aval(s.results[0].aval).dtype), nb, axis=0).reshape((m * nb,) + out)
-        tans = [np.tile(t.reshape(nb, -1), (m, 1)).reshape((m * nb,) + t.shape[1:]) for t in xb.basis()]
+        tans = [np.tile(t.reshape(nb, int(np.prod(t.shape[1:]))), (m, 1)).reshape((m * nb,) + t.shape[1:])
+                for t in xb.basis()]
 
         def one(ct, *ts):
             def row(*args2):
@@ -213,7 +219,7 @@ def _second(f, a, b, api, squeeze):
 
 def _second_view(m, nb, off, size, lead, a_shape, b_shape):
     def view(t):
-        t = t.reshape((m, nb, -1))[:, off:off + size]        # [j, i, k]: d(J[j, k]) / d x_b[i]
+        t = t.reshape((m, nb, int(np.prod(a_shape))))[:, off:off + size]        # [j, i, k]: d(J[j, k]) / d x_b[i]
         return np.swapaxes(t, 1, 2).reshape(lead + a_shape + b_shape)
     return view
 

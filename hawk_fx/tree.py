@@ -1,5 +1,6 @@
-"""Trees of values: tuple, list, dict with string keys, NamedTuple, dataclass, nested; None is an
-empty tree. Everything else is a leaf."""
+"""Trees of values: tuple, list, dict, NamedTuple, dataclass, nested; None is an empty tree.
+Everything else is a leaf. A dict's keys may be of any type that sorts (str, int, ...), as in JAX;
+its leaves keep the dict's own order."""
 from __future__ import annotations
 
 import dataclasses
@@ -79,7 +80,7 @@ def make_node(t: TreeDef, kids):
     return obj
 
 
-def tree_flatten(x, is_leaf=None, where="a result tree"):
+def tree_flatten(x, is_leaf=None, where="a tree of arrays"):
     leaves: list = []
 
     def go(x):
@@ -93,8 +94,12 @@ def tree_flatten(x, is_leaf=None, where="a result tree"):
             leaves.append(x)
             return LEAF
         kind, meta, kids = node
-        if kind == "dict" and not all(isinstance(k, str) for k in meta):
-            raise TypeError(f"{where}: dict keys must be strings, got {[k for k in meta if not isinstance(k, str)]!r}")
+        if kind == "dict" and not all(type(k) is str for k in meta):
+            try:
+                sorted(meta)
+            except TypeError:
+                raise TypeError(f"{where}: dict keys must sort together (as JAX requires), got {list(meta)!r}") \
+                    from None
         return TreeDef(kind, meta, [go(c) for c in kids])
 
     return leaves, go(x)

@@ -52,8 +52,8 @@ def test_differentiating_a_jacobian_points_to_hessian():
 
 
 def test_transform_argument_errors():
-    with pytest.raises(TypeError, match=r"eagle_fx\.grad: argument flag \(ndarray\) holds no floating array; it has "
-                                        "no gradient: pick another argnums"):
+    with pytest.raises(TypeError, match=r"eagle_fx\.grad: argument flag holds no floating array, only integer values "
+                                        r"\(uint32\); integer inputs have no derivative.*pick another argnums"):
         ef.grad(loss, argnums=1)(X, cell(1), cell(2))
     with pytest.raises(ValueError, match=r"eagle_fx\.grad: argnums 3 for 3 positional arguments"):
         ef.grad(loss, argnums=3)(X, cell(1), cell(2))
