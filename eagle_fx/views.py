@@ -156,6 +156,37 @@ def compose(outer, inner) -> tuple:
     return tuple(out)
 
 
+def of_array(arr, root):
+    """(index, shape) with root[index].reshape(shape) the elements of `arr`, a NumPy view of `root`,
+    in arr's order (index normalised, shape None when no reshape is needed); None when no basic
+    index and reshape take them (a transpose, a broadcast, another dtype). Found from the elements'
+    offsets in root, so any chain of views that lands on such a region is seen as that region."""
+    if arr.dtype != root.dtype or not root.flags.c_contiguous or arr.ndim == 0 or arr.size == 0:
+        return None
+    offsets = np.asarray(arr.__array_interface__["data"][0] - root.__array_interface__["data"][0], np.int64)
+    for d, s in zip(arr.shape, arr.strides):
+        offsets = np.add.outer(offsets, np.arange(d, dtype=np.int64) * s)
+    offsets = offsets.ravel()
+    if (offsets % root.itemsize).any():
+        return None
+    coords = np.unravel_index(offsets // root.itemsize, root.shape)
+    index = []
+    for c in coords:            # the positions each axis visits, in arr's order: a range, or no basic index
+        seq = c[np.sort(np.unique(c, return_index=True)[1])]
+        step = int(seq[1] - seq[0]) if len(seq) > 1 else 1
+        if (np.diff(seq) != step).any():
+            return None
+        index.append(range(int(seq[0]), int(seq[-1]) + (1 if step > 0 else -1), step))
+    grid = np.meshgrid(*index, indexing="ij")
+    if grid[0].size != offsets.size or any((g.ravel() != c).any() for g, c in zip(grid, coords)):
+        return None
+    dropped = tuple(r[0] if len(r) == 1 else r for r in index)      # x[1] rather than x[1:2]
+    for idx in (tuple(index), dropped):
+        if ir.index_shape(idx) == arr.shape:
+            return idx, None
+    return (dropped if ir.index_shape(dropped) else tuple(index)), arr.shape
+
+
 def array_of(key, root_array):
     """The NumPy value of a key from its root's array (a built graph reading a view it returned)."""
     if isinstance(key, ViewKey):
