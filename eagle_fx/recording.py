@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hawk_fx.core import Eqn, Var
+from hawk_fx.core import NO_INFO, Eqn, Literal, Program, Var
 
 from . import ir
 from .backends.numpy import NumpyExecutable
@@ -39,9 +39,9 @@ class Halves:
 
     def __init__(self, prog, seedable, shown, buffers, capacity, checkpoints=None):
         top = set(prog.inputs) | {v for e in prog.eqns for v in e.outputs}
-        probed = [b for b in dict.fromkeys(buffers) if b in top and b not in prog.inputs and is_float(b.aval)]
-        self.q, self.probe_of, sub = _probe(prog, probed)
-        outs = list(self.q.outputs)
+        labels = [b for b in dict.fromkeys(buffers) if b in top and b not in prog.inputs and is_float(b.aval)]
+        self.q, self.sites, self.last_of, sub = _probe(prog, labels)
+        outs = list(self.q.outputs) + [a for a in self.last_of.values() if isinstance(a, Var)]
         n_seedable = None
         for k, group in enumerate((seedable, shown)):
             for v in group:
@@ -57,7 +57,8 @@ class Halves:
             if isinstance(a, Var):
                 self.index.setdefault(a, k)
         for v, w in sub.items():
-            self.index[v] = self.index[w]
+            if w in self.index:
+                self.index[v] = self.index[w]
         self.inputs = list(prog.inputs)
         self.wrt = [is_float(v.aval) for v in self.q.inputs]
         self.ct_of = {}                         # q output place -> cotangent input place of the backward
@@ -75,6 +76,11 @@ class Halves:
         self.seedable = n_seedable
         self._bw = None
         self._jvp = None
+
+    def probe_place(self, label, last):
+        """The input place of q's probe at the write a label's value last came from in a run (`last`:
+        RecordedExecutable.last_sites of that run); None for a label with no probe (not a float)."""
+        return len(self.inputs) + last[label] if label in last else None
 
     def backward_exe(self, residuals, seeds, n, backend="numpy"):
         """The backward executable reading `residuals` and the seeds ({q output place: array}) where
@@ -116,22 +122,92 @@ def _executable(backend, prog, arrays, n, names=None):
     return NumpyExecutable(prog, arrays, set(), n)
 
 
-def _probe(prog, buffers):
-    """`prog` reading `b + probe` wherever it read each buffer b (and returning that), the probes
-    its last inputs: (program, {buffer: probe input place}, {buffer: the probed Var})."""
-    probes = {b: Var(b.aval) for b in buffers}
-    sub = {b: Var(b.aval, b.hint) for b in buffers}
+def _probe(prog, labels):
+    """`prog` with a zero probe added to each write a label's value may come from (its *sites*), and
+    the id of the site that ran last as an output. A label means the value of its last write that
+    ran, every use of it counted: a buffer rebound in an arm is the arm's write when that arm ran,
+    and the write before the construct (with its uses before it) when an arm that kept it ran.
+    Returns (program, its sites, {label: Literal id or the u32 cell Var of the id}, {site: probed Var});
+    the probe of site k is input len(prog.inputs) + k."""
+    sites: list = []
+    eqns, lasts, probes, sub = _thread(prog, labels, {}, sites)
+    q = prog.replace(inputs=list(prog.inputs) + [probes[s] for s in sites], eqns=eqns,
+                     outputs=[sub.get(a, a) if isinstance(a, Var) else a for a in prog.outputs])
+    return q, sites, dict(zip(labels, lasts)), sub
+
+
+def _thread(prog, wants, entry, sites):
+    """Thread the last-write ids of the values `wants` through `prog`: a write of a buffer (a kernel,
+    an update, a loop) is a site, with an id (its place in `sites`) and a probe input; a cond/switch
+    whose output j is a buffer's next version (inplace (j, i)) takes its operand i's id and gives
+    out the id of the write the arm that ran left there. `entry` maps inputs of prog to their id
+    cells. Returns (eqns, the ids of `wants`, {site: its probe's Var in prog}, {site: probed Var})."""
+    defs = {v: (k, j) for k, e in enumerate(prog.eqns) for j, v in enumerate(e.outputs)}
+    chained: dict = {}          # eqn place -> {output j: input i} of the buffers threaded through it
+    mine, todo, seen = [], list(wants), set()
+    while todo:
+        v = todo.pop()
+        if v in seen or v in entry:
+            continue
+        seen.add(v)
+        k, j = defs.get(v, (None, None))
+        i = dict(prog.eqns[k].params["inplace"]).get(j) if k is not None and prog.eqns[k].prim in (
+            ir.cond_p, ir.switch_p) else None
+        if i is None:
+            mine.append(v)
+            sites.append(v)
+            continue
+        chained.setdefault(k, {})[j] = i
+        todo.append(prog.eqns[k].inputs[i])
+    probes = {s: Var(s.aval) for s in mine}
+    last = dict(entry)
+    sub: dict = {}
     eqns = []
-    for e in prog.eqns:
-        eqns.append(e.replace(inputs=[sub.get(a, a) if isinstance(a, Var) else a for a in e.inputs])
-                    if any(isinstance(a, Var) and a in sub for a in e.inputs) else e)
+
+    def probed(v):
+        """site v + its probe: every later use reads it (a probe is zero; its cotangent is the gradient)."""
+        sub[v] = Var(v.aval, v.hint)
+        last[v] = last[sub[v]] = Literal(np.array([sites.index(v)], np.uint32), ir.U32_CELL)
+        eqns.append(Eqn(ir.add_any_p, [v, probes[v]], [sub[v]], {}, NO_INFO))
+
+    for v in prog.inputs:
+        if v in probes:
+            probed(v)
+    for k, e in enumerate(prog.eqns):
+        e = e.replace(inputs=[sub.get(a, a) if isinstance(a, Var) else a for a in e.inputs])
+        if k in chained:
+            e = _thread_arms(e, chained[k], last, probes, sites)
+        eqns.append(e)
         for v in e.outputs:
             if v in probes:
-                eqns.append(Eqn(ir.add_any_p, [v, probes[v]], [sub[v]], {}, e.info))
-    n = len(prog.inputs)
-    q = prog.replace(inputs=list(prog.inputs) + [probes[b] for b in buffers], eqns=eqns,
-                     outputs=[sub.get(a, a) if isinstance(a, Var) else a for a in prog.outputs])
-    return q, {b: n + k for k, b in enumerate(buffers)}, sub
+                probed(v)
+    return eqns, [last[v] for v in wants], probes, sub
+
+
+def _thread_arms(e, pairs, last, probes, sites):
+    """The cond/switch `e` taking the id cells of its operands `pairs` (output j: input i) and giving
+    the ids of its outputs j; the probes of the sites inside its arms are operands too."""
+    js = list(pairs)
+    given = [last[e.inputs[pairs[j]]] for j in js]
+    cells = [a for a in given if isinstance(a, Var)]        # an id known at build is a literal in each arm
+    arms, inner = [], {}
+    for b in e.params["branches"]:
+        entry = {b.inputs[pairs[j] - 1]: a if isinstance(a, Literal) else Var(ir.U32_CELL) for j, a in zip(js, given)}
+        eqns, ids, bprobes, sub = _thread(b, [b.outputs[j] for j in js], entry, sites)
+        arms.append((b, [a for a in entry.values() if isinstance(a, Var)], eqns, ids, bprobes, sub))
+        inner.update(bprobes)
+    for s in inner:                         # a probe of this scope for each site in an arm
+        probes.setdefault(s, Var(s.aval))
+    branches = []
+    for b, ins, eqns, ids, bprobes, sub in arms:
+        ins = list(b.inputs) + ins + [bprobes.get(s) or Var(s.aval) for s in inner]
+        outs = [sub.get(a, a) if isinstance(a, Var) else a for a in b.outputs] + ids
+        branches.append(Program(ins, eqns, outs))
+    ids = [Var(ir.U32_CELL) for _ in js]
+    for j, v in zip(js, ids):
+        last[e.outputs[j]] = v
+    return e.replace(inputs=list(e.inputs) + cells + [probes[s] for s in inner], outputs=list(e.outputs) + ids,
+                     params=dict(e.params, branches=tuple(branches)))
 
 
 class RecordedExecutable:
@@ -176,6 +252,11 @@ class RecordedExecutable:
             return self.user[self.h.inputs.index(var)]
         v = self.var.get(var)
         return None if v is None or not isinstance(v, Var) else self.exe.array_of(v)
+
+    def last_sites(self):
+        """{label Var: the site (Halves.sites) its value came from in the last run}."""
+        return {b: int(np.asarray(a.value if isinstance(a, Literal) else self.exe.array_of(self.var[a]))[0])
+                for b, a in self.h.last_of.items()}
 
     def input_arrays(self):
         """The inputs of the last run as they were on entry."""
