@@ -126,7 +126,8 @@ def _probe(prog, labels):
     """`prog` with a zero probe added to each write a label's value may come from (its *sites*), and
     the id of the site that ran last as an output. A label means the value of its last write that
     ran, every use of it counted: a buffer rebound in an arm is the arm's write when that arm ran,
-    and the write before the construct (with its uses before it) when an arm that kept it ran.
+    and the write before the construct (with its uses before it) when an arm that kept it ran, or
+    a loop ran no turn that wrote it. The writes in a loop body are one site, the loop's output.
     Returns (program, its sites, {label: Literal id or the u32 cell Var of the id}, {site: probed Var});
     the probe of site k is input len(prog.inputs) + k."""
     sites: list = []
@@ -136,14 +137,20 @@ def _probe(prog, labels):
     return q, sites, dict(zip(labels, lasts)), sub
 
 
-def _thread(prog, wants, entry, sites):
+def _id(k):
+    return Literal(np.array([k], np.uint32), ir.U32_CELL)
+
+
+def _thread(prog, wants, entry, sites, fixed=None):
     """Thread the last-write ids of the values `wants` through `prog`: a write of a buffer (a kernel,
-    an update, a loop) is a site, with an id (its place in `sites`) and a probe input; a cond/switch
+    an update, a loop) is a site, with an id (its place in `sites`) and a probe input; a construct
     whose output j is a buffer's next version (inplace (j, i)) takes its operand i's id and gives
-    out the id of the write the arm that ran left there. `entry` maps inputs of prog to their id
-    cells. Returns (eqns, the ids of `wants`, {site: its probe's Var in prog}, {site: probed Var})."""
+    out the id of the write that ran last there. `entry` maps inputs of prog to their id atoms.
+    In a loop body every write has the loop's id `fixed` and no probe of its own.
+    Returns (eqns, the ids of `wants`, {site: its probe's Var in prog}, {site: probed Var})."""
     defs = {v: (k, j) for k, e in enumerate(prog.eqns) for j, v in enumerate(e.outputs)}
     chained: dict = {}          # eqn place -> {output j: input i} of the buffers threaded through it
+    last = dict(entry)
     mine, todo, seen = [], list(wants), set()
     while todo:
         v = todo.pop()
@@ -151,23 +158,26 @@ def _thread(prog, wants, entry, sites):
             continue
         seen.add(v)
         k, j = defs.get(v, (None, None))
-        i = dict(prog.eqns[k].params["inplace"]).get(j) if k is not None and prog.eqns[k].prim in (
-            ir.cond_p, ir.switch_p) else None
-        if i is None:
+        e = prog.eqns[k] if k is not None else None
+        i = dict(e.params["inplace"]).get(j) if e is not None and e.prim in ir.CONTROL else None
+        if i is not None:
+            chained.setdefault(k, {})[j] = i
+            todo.append(e.inputs[i])
+        if fixed is not None:
+            last[v] = fixed
+        elif i is None or e.prim is ir.while_p:     # a loop's output is the site of the writes in its body
             mine.append(v)
             sites.append(v)
-            continue
-        chained.setdefault(k, {})[j] = i
-        todo.append(prog.eqns[k].inputs[i])
+            if i is None:
+                last[v] = _id(len(sites) - 1)
     probes = {s: Var(s.aval) for s in mine}
-    last = dict(entry)
     sub: dict = {}
     eqns = []
 
     def probed(v):
         """site v + its probe: every later use reads it (a probe is zero; its cotangent is the gradient)."""
         sub[v] = Var(v.aval, v.hint)
-        last[v] = last[sub[v]] = Literal(np.array([sites.index(v)], np.uint32), ir.U32_CELL)
+        last[sub[v]] = last[v]
         eqns.append(Eqn(ir.add_any_p, [v, probes[v]], [sub[v]], {}, NO_INFO))
 
     for v in prog.inputs:
@@ -176,7 +186,8 @@ def _thread(prog, wants, entry, sites):
     for k, e in enumerate(prog.eqns):
         e = e.replace(inputs=[sub.get(a, a) if isinstance(a, Var) else a for a in e.inputs])
         if k in chained:
-            e = _thread_arms(e, chained[k], last, probes, sites)
+            thread = _thread_loop if e.prim is ir.while_p else _thread_arms
+            e = thread(e, chained[k], last, probes, sites, fixed)
         eqns.append(e)
         for v in e.outputs:
             if v in probes:
@@ -184,8 +195,8 @@ def _thread(prog, wants, entry, sites):
     return eqns, [last[v] for v in wants], probes, sub
 
 
-def _thread_arms(e, pairs, last, probes, sites):
-    """The cond/switch `e` taking the id cells of its operands `pairs` (output j: input i) and giving
+def _thread_arms(e, pairs, last, probes, sites, fixed):
+    """The cond/switch `e` taking the id atoms of its operands `pairs` (output j: input i) and giving
     the ids of its outputs j; the probes of the sites inside its arms are operands too."""
     js = list(pairs)
     given = [last[e.inputs[pairs[j]]] for j in js]
@@ -193,7 +204,7 @@ def _thread_arms(e, pairs, last, probes, sites):
     arms, inner = [], {}
     for b in e.params["branches"]:
         entry = {b.inputs[pairs[j] - 1]: a if isinstance(a, Literal) else Var(ir.U32_CELL) for j, a in zip(js, given)}
-        eqns, ids, bprobes, sub = _thread(b, [b.outputs[j] for j in js], entry, sites)
+        eqns, ids, bprobes, sub = _thread(b, [b.outputs[j] for j in js], entry, sites, fixed)
         arms.append((b, [a for a in entry.values() if isinstance(a, Var)], eqns, ids, bprobes, sub))
         inner.update(bprobes)
     for s in inner:                         # a probe of this scope for each site in an arm
@@ -203,11 +214,32 @@ def _thread_arms(e, pairs, last, probes, sites):
         ins = list(b.inputs) + ins + [bprobes.get(s) or Var(s.aval) for s in inner]
         outs = [sub.get(a, a) if isinstance(a, Var) else a for a in b.outputs] + ids
         branches.append(Program(ins, eqns, outs))
+    return e.replace(inputs=list(e.inputs) + cells + [probes[s] for s in inner],
+                     outputs=list(e.outputs) + _ids_out(e, js, last), params=dict(e.params, branches=tuple(branches)))
+
+
+def _thread_loop(e, pairs, last, probes, sites, fixed):
+    """The while `e` carrying, for each buffer carry j, the id of its last write: the entry's until a
+    turn writes it, then the loop's own (`fixed` in an enclosing body)."""
+    js = list(pairs)
+    body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
+    for j in js:
+        own = fixed if fixed is not None else _id(sites.index(e.outputs[j]))
+        carry = Var(ir.U32_CELL)
+        eqns, ids, _, _ = _thread(body, [body.outputs[j]], {body.inputs[1 + nc + j]: carry}, sites, own)
+        body = Program(list(body.inputs) + [carry], eqns, list(body.outputs) + ids)
+        if cond is not None:
+            cond = cond.replace(inputs=list(cond.inputs) + [Var(ir.U32_CELL)])
+    return e.replace(inputs=list(e.inputs) + [last[e.inputs[pairs[j]]] for j in js],
+                     outputs=list(e.outputs) + _ids_out(e, js, last), params=dict(e.params, body=body, cond=cond))
+
+
+def _ids_out(e, js, last):
+    """New u32 outputs of `e`, the ids of its outputs js."""
     ids = [Var(ir.U32_CELL) for _ in js]
     for j, v in zip(js, ids):
         last[e.outputs[j]] = v
-    return e.replace(inputs=list(e.inputs) + cells + [probes[s] for s in inner], outputs=list(e.outputs) + ids,
-                     params=dict(e.params, branches=tuple(branches)))
+    return ids
 
 
 class RecordedExecutable:

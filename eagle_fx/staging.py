@@ -259,13 +259,16 @@ class GraphTrace:
             e = self.externs[id(arr)] = Extern(arr, self.arg_names.get(id(arr)))
         return e
 
-    def view_of_base(self, base, index, shape):
+    def view_of_base(self, base, src, index, shape):
         """A NumPy view (`z[1]`, `z[::2]`, `z.reshape(...)`: a new ndarray at each use) of an array
         the builder reached is a view of its base's plane, as for planes: writes through it land in
-        the base, and every later read of the base or of a view of it sees them."""
+        the base, and every later read of the base or of a view of it sees them (views.of_array)."""
         key = self.extern(base)
-        if any(r != range(d) for r, d in zip(index, base.shape)):
-            key = views.ViewKey(key, index, ir.index_shape(index), base.shape)
+        if src is not None:
+            key = views.ReshapeKey(key, src, base.shape)
+        src = src or base.shape
+        if any(r != range(d) for r, d in zip(index, src)):
+            key = views.ViewKey(key, index, ir.index_shape(index), src)
         if shape is not None:
             key = views.ReshapeKey(key, shape, ir.index_shape(index))
         last = (shape or ir.index_shape(index))[-1]

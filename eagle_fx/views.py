@@ -70,7 +70,7 @@ DERIVED = (ViewKey, ReshapeKey)
 
 
 def footprint(key):
-    """(root key, boolean mask over the root of the elements the key may touch, or None: all of it).
+    """(root key, flat boolean mask over the root of the elements the key may touch, or None: all of it).
     Sibling branches writing disjoint views of one array do not conflict."""
     if isinstance(key, ReshapeKey):
         return footprint(key.src)
@@ -80,7 +80,7 @@ def footprint(key):
             return root, inner
         mask = np.zeros(key.src_shape, bool)
         mask[ir.numpy_index(key.index)] = True
-        return root, mask
+        return root, mask.ravel()       # over the root in C order, whichever reshape the view was taken of
     return key, None
 
 
@@ -157,10 +157,11 @@ def compose(outer, inner) -> tuple:
 
 
 def of_array(arr, root):
-    """(index, shape) with root[index].reshape(shape) the elements of `arr`, a NumPy view of `root`,
-    in arr's order (index normalised, shape None when no reshape is needed); None when no basic
-    index and reshape take them (a transpose, a broadcast, another dtype). Found from the elements'
-    offsets in root, so any chain of views that lands on such a region is seen as that region."""
+    """How to take `arr`, a NumPy view of `root`, from root: (shape, index, result shape) with
+    root.reshape(shape)[index].reshape(result shape) its elements in its order (index normalised;
+    shape None for root's own, result shape None when no reshape is needed); None when no basic
+    index of a reshape of root takes them (a transpose, a broadcast, another dtype). Found from
+    the elements' offsets in root, so whichever chain of views made arr, it is seen as its region."""
     if arr.dtype != root.dtype or not root.flags.c_contiguous or arr.ndim == 0 or arr.size == 0:
         return None
     offsets = np.asarray(arr.__array_interface__["data"][0] - root.__array_interface__["data"][0], np.int64)
@@ -169,22 +170,46 @@ def of_array(arr, root):
     offsets = offsets.ravel()
     if (offsets % root.itemsize).any():
         return None
-    coords = np.unravel_index(offsets // root.itemsize, root.shape)
+    offsets //= root.itemsize
+    for shape in dict.fromkeys((root.shape, _shape_of_strides(arr, root), (root.size,))):
+        index = shape and _ranges(np.unravel_index(offsets, shape))
+        if index is None:
+            continue
+        dropped = tuple(r[0] if len(r) == 1 else r for r in index)      # x[1] rather than x[1:2]
+        src = None if shape == root.shape else shape
+        for idx in (index, dropped):
+            if ir.index_shape(idx) == arr.shape:
+                return src, idx, None
+        return src, (dropped if ir.index_shape(dropped) else index), arr.shape
+    return None
+
+
+def _shape_of_strides(arr, root):
+    """The shape of root in which arr's axes (those of more than one element) are axes of their own:
+    from its strides, outermost first (a view of a reshape, x.reshape(4, 4)[1:3, 1:3]); None if
+    its strides do not nest."""
+    strides = [s // root.itemsize for d, s in zip(arr.shape, arr.strides) if d > 1]
+    if not strides or any(s <= 0 for s in strides) or root.size % strides[0]:
+        return None
+    if any(a <= b or a % b for a, b in zip(strides, strides[1:])):
+        return None
+    shape = (root.size // strides[0],) + tuple(a // b for a, b in zip(strides, strides[1:])) + (strides[-1],)
+    return tuple(d for d in shape if d > 1) or (1,)
+
+
+def _ranges(coords):
+    """The index (a range per axis) whose elements, in C order, are at `coords`; None if none is."""
     index = []
-    for c in coords:            # the positions each axis visits, in arr's order: a range, or no basic index
+    for c in coords:            # the positions each axis visits, in order of first visit
         seq = c[np.sort(np.unique(c, return_index=True)[1])]
         step = int(seq[1] - seq[0]) if len(seq) > 1 else 1
         if (np.diff(seq) != step).any():
             return None
         index.append(range(int(seq[0]), int(seq[-1]) + (1 if step > 0 else -1), step))
     grid = np.meshgrid(*index, indexing="ij")
-    if grid[0].size != offsets.size or any((g.ravel() != c).any() for g, c in zip(grid, coords)):
+    if grid[0].size != coords[0].size or any((g.ravel() != c).any() for g, c in zip(grid, coords)):
         return None
-    dropped = tuple(r[0] if len(r) == 1 else r for r in index)      # x[1] rather than x[1:2]
-    for idx in (tuple(index), dropped):
-        if ir.index_shape(idx) == arr.shape:
-            return idx, None
-    return (dropped if ir.index_shape(dropped) else tuple(index)), arr.shape
+    return tuple(index)
 
 
 def array_of(key, root_array):
