@@ -141,36 +141,56 @@ def _id(k):
     return Literal(np.array([k], np.uint32), ir.U32_CELL)
 
 
-def _thread(prog, wants, entry, sites, fixed=None):
-    """Thread the last-write ids of the values `wants` through `prog`: a write of a buffer (a kernel,
-    an update, a loop) is a site, with an id (its place in `sites`) and a probe input; a construct
-    whose output j is a buffer's next version (inplace (j, i)) takes its operand i's id and gives
-    out the id of the write that ran last there. `entry` maps inputs of prog to their id atoms.
-    In a loop body every write has the loop's id `fixed` and no probe of its own.
-    Returns (eqns, the ids of `wants`, {site: its probe's Var in prog}, {site: probed Var})."""
+def _walk(prog, wants):
+    """Where the values `wants` of prog come from: (the writes, {eqn place: [output j]} of the
+    if/match/loops that hand them on, {eqn place: operand places an arm may hand on unchanged},
+    the places of the inputs of prog they may be)."""
     defs = {v: (k, j) for k, e in enumerate(prog.eqns) for j, v in enumerate(e.outputs)}
-    chained: dict = {}          # eqn place -> {output j: input i} of the buffers threaded through it
-    last = dict(entry)
-    mine, todo, seen = [], list(wants), set()
+    writes, chained, handed, reached = [], {}, {}, set()
+    todo, seen = list(wants), set()
     while todo:
         v = todo.pop()
-        if v in seen or v in entry:
+        if not isinstance(v, Var) or v in seen:
             continue
         seen.add(v)
-        k, j = defs.get(v, (None, None))
-        e = prog.eqns[k] if k is not None else None
-        i = dict(e.params["inplace"]).get(j) if e is not None and e.prim in ir.CONTROL else None
-        if i is not None:
-            chained.setdefault(k, {})[j] = i
-            todo.append(e.inputs[i])
+        if v not in defs:
+            reached.add(prog.inputs.index(v))
+            continue
+        k, j = defs[v]
+        e = prog.eqns[k]
+        if e.prim in (ir.cond_p, ir.switch_p):
+            chained.setdefault(k, []).append(j)
+            for b in e.params["branches"]:
+                for p in _walk(b, [b.outputs[j]])[3]:
+                    handed.setdefault(k, set()).add(1 + p)
+                    todo.append(e.inputs[1 + p])
+            continue
+        if e.prim is ir.while_p:        # the loop's output is the write of its body's writes
+            chained.setdefault(k, []).append(j)
+            todo.append(e.inputs[int(e.params["counted"]) + e.params["n_consts"] + j])
+        writes.append(v)
+    return writes, chained, handed, reached
+
+
+def _thread(prog, wants, entry, sites, fixed=None):
+    """Thread the ids of the writes the values `wants` last came from through `prog`: a write (a
+    kernel, an update, a loop's output) is a site with an id (its place in `sites`) and a probe
+    input; an if/match or loop that hands a value on takes the ids of what it may hand on unchanged
+    and gives out the id of the write that ran last. `entry` maps inputs of prog to their ids. In a
+    loop body every write has the loop's id `fixed` and no probe of its own.
+    Returns (eqns, the ids of `wants`, {site: its probe's Var in prog}, {site: probed Var})."""
+    writes, chained, handed, reached = _walk(prog, wants)
+    last = dict(entry)
+    mine = [prog.inputs[p] for p in sorted(reached) if prog.inputs[p] not in entry] + writes
+    loops = {v for e in prog.eqns if e.prim is ir.while_p for v in e.outputs}
+    for v in mine:
         if fixed is not None:
             last[v] = fixed
-        elif i is None or e.prim is ir.while_p:     # a loop's output is the site of the writes in its body
-            mine.append(v)
-            sites.append(v)
-            if i is None:
-                last[v] = _id(len(sites) - 1)
-    probes = {s: Var(s.aval) for s in mine}
+            continue
+        sites.append(v)
+        if v not in loops:              # a loop's output has the id the loop carries out
+            last[v] = _id(len(sites) - 1)
+    probes = {} if fixed is not None else {s: Var(s.aval) for s in mine}
     sub: dict = {}
     eqns = []
 
@@ -186,8 +206,8 @@ def _thread(prog, wants, entry, sites, fixed=None):
     for k, e in enumerate(prog.eqns):
         e = e.replace(inputs=[sub.get(a, a) if isinstance(a, Var) else a for a in e.inputs])
         if k in chained:
-            thread = _thread_loop if e.prim is ir.while_p else _thread_arms
-            e = thread(e, chained[k], last, probes, sites, fixed)
+            e = (_thread_loop(e, chained[k], last, sites, fixed) if e.prim is ir.while_p
+                 else _thread_arms(e, chained[k], sorted(handed.get(k, ())), last, probes, sites, fixed))
         eqns.append(e)
         for v in e.outputs:
             if v in probes:
@@ -195,15 +215,14 @@ def _thread(prog, wants, entry, sites, fixed=None):
     return eqns, [last[v] for v in wants], probes, sub
 
 
-def _thread_arms(e, pairs, last, probes, sites, fixed):
-    """The cond/switch `e` taking the id atoms of its operands `pairs` (output j: input i) and giving
-    the ids of its outputs j; the probes of the sites inside its arms are operands too."""
-    js = list(pairs)
-    given = [last[e.inputs[pairs[j]]] for j in js]
+def _thread_arms(e, js, handed, last, probes, sites, fixed):
+    """The cond/switch `e` taking the ids of the operands an arm may hand on (`handed`) and giving
+    the ids of its outputs js; the probes of the sites inside its arms are operands too."""
+    given = [last[e.inputs[p]] for p in handed]
     cells = [a for a in given if isinstance(a, Var)]        # an id known at build is a literal in each arm
     arms, inner = [], {}
     for b in e.params["branches"]:
-        entry = {b.inputs[pairs[j] - 1]: a if isinstance(a, Literal) else Var(ir.U32_CELL) for j, a in zip(js, given)}
+        entry = {b.inputs[p - 1]: a if isinstance(a, Literal) else Var(ir.U32_CELL) for p, a in zip(handed, given)}
         eqns, ids, bprobes, sub = _thread(b, [b.outputs[j] for j in js], entry, sites, fixed)
         arms.append((b, [a for a in entry.values() if isinstance(a, Var)], eqns, ids, bprobes, sub))
         inner.update(bprobes)
@@ -218,11 +237,12 @@ def _thread_arms(e, pairs, last, probes, sites, fixed):
                      outputs=list(e.outputs) + _ids_out(e, js, last), params=dict(e.params, branches=tuple(branches)))
 
 
-def _thread_loop(e, pairs, last, probes, sites, fixed):
-    """The while `e` carrying, for each buffer carry j, the id of its last write: the entry's until a
-    turn writes it, then the loop's own (`fixed` in an enclosing body)."""
-    js = list(pairs)
+def _thread_loop(e, js, last, sites, fixed):
+    """The while `e` carrying, for each carry j on a chain, the id of its last write: the entry's
+    until a turn writes it, then the loop's own (`fixed` in an enclosing body)."""
     body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
+    base = int(e.params["counted"]) + nc
+    given = []
     for j in js:
         own = fixed if fixed is not None else _id(sites.index(e.outputs[j]))
         carry = Var(ir.U32_CELL)
@@ -230,12 +250,13 @@ def _thread_loop(e, pairs, last, probes, sites, fixed):
         body = Program(list(body.inputs) + [carry], eqns, list(body.outputs) + ids)
         if cond is not None:
             cond = cond.replace(inputs=list(cond.inputs) + [Var(ir.U32_CELL)])
-    return e.replace(inputs=list(e.inputs) + [last[e.inputs[pairs[j]]] for j in js],
-                     outputs=list(e.outputs) + _ids_out(e, js, last), params=dict(e.params, body=body, cond=cond))
+        given.append(last[e.inputs[base + j]])
+    return e.replace(inputs=list(e.inputs) + given, outputs=list(e.outputs) + _ids_out(e, js, last),
+                     params=dict(e.params, body=body, cond=cond))
 
 
 def _ids_out(e, js, last):
-    """New u32 outputs of `e`, the ids of its outputs js."""
+    """New u32 outputs of `e`: the ids of its outputs js."""
     ids = [Var(ir.U32_CELL) for _ in js]
     for j, v in zip(js, ids):
         last[e.outputs[j]] = v

@@ -46,7 +46,8 @@ class ViewKey:
 
 
 class ReshapeKey:
-    """`src.reshape(shape)`; a write puts the value back in src's shape (the whole of src)."""
+    """`src.reshape(shape)`; a write puts the value back in src's shape, into src's buffer (an update
+    of all of src, in place: a written argument's last version is in the caller's array)."""
 
     __slots__ = ("src", "shape", "src_shape")
 
@@ -63,7 +64,9 @@ class ReshapeKey:
         return _bind(ir.reshape_p, [src_var], {"shape": self.shape}, eqns, info)
 
     def stage_write(self, src_var, value, eqns, info):
-        return _bind(ir.reshape_p, [value], {"shape": self.src_shape}, eqns, info)
+        back = _bind(ir.reshape_p, [value], {"shape": self.src_shape}, eqns, info)
+        whole = tuple(range(d) for d in self.src_shape)
+        return _bind(ir.update_p, [src_var, back], {"index": whole, "inplace": ((0, 0),)}, eqns, info)
 
 
 DERIVED = (ViewKey, ReshapeKey)
