@@ -11,6 +11,7 @@ Indices are normalised to one entry per axis of the root source: an int (the axi
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
@@ -188,15 +189,16 @@ def of_array(arr, root):
 
 
 def _shape_of_strides(arr, root):
-    """The shape of root in which arr's axes (those of more than one element) are axes of their own:
-    from its strides, outermost first (a view of a reshape, x.reshape(4, 4)[1:3, 1:3]); None if
-    its strides do not nest."""
-    strides = [s // root.itemsize for d, s in zip(arr.shape, arr.strides) if d > 1]
-    if not strides or any(s <= 0 for s in strides) or root.size % strides[0]:
-        return None
-    if any(a <= b or a % b for a, b in zip(strides, strides[1:])):
-        return None
-    shape = (root.size // strides[0],) + tuple(a // b for a, b in zip(strides, strides[1:])) + (strides[-1],)
+    """A shape of root in which each axis of arr (of more than one element) steps along an axis of
+    its own: the axis blocks are the greatest common divisors of arr's strides, outermost first,
+    and of root's size (x.reshape(3, 4, 5)[:, ::3] of a flat x is x.reshape(3, 4, 5)[:, 0:4:3])."""
+    block, shape = root.size, []
+    for d, s in zip(arr.shape, arr.strides):
+        if d > 1:
+            inner = math.gcd(abs(s) // root.itemsize, block)
+            shape.append(block // inner)
+            block = inner
+    shape.append(block)
     return tuple(d for d in shape if d > 1) or (1,)
 
 
