@@ -1,9 +1,10 @@
 """What a record=True graph builds: the two halves of the vjp transform of its Program.
 
 The graph's Program, with its named values as outputs (the result, the arguments a kernel writes,
-buffer= labels) and a zero probe added to each float top-level buffer (the cotangent that reaches
-a buffer is the gradient with respect to its probe), goes through vjp_graph and is split at the
-residual boundary (transforms/split.py):
+buffer= labels) and a zero probe added to each write a float top-level label may come from (the
+cotangent that reaches a probe is the gradient with respect to that write; the run says which
+write ran last, which is what the label means: _probe), goes through vjp_graph and is split at
+the residual boundary (transforms/split.py):
 
   * the forward half (inputs -> outputs and residuals: the stacks of loop carries, which grow with
     the turns run, the values the kernels' backwards read) is what the graph runs on launch; it

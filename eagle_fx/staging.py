@@ -250,7 +250,7 @@ class GraphTrace:
             found = views.of_array(arr, base) if base is not None else None
             if found is not None:
                 return self.view_of_base(base, *found)
-            if base is not None and arr.flags.writeable:
+            if base is not None and arr.flags.writeable:    # a read-only one (np.broadcast_to) is read as it is
                 raise TypeError(f"eagle.Graph.builder {_here()}: a NumPy view of shape {arr.shape} of an array of shape "
                                 f"{base.shape} that no basic index and reshape of it make (a transpose, a broadcast, "
                                 "another dtype); writes through it would miss the array it views. Take a view by "
