@@ -128,7 +128,8 @@ def _probe(prog, labels):
     the id of the site that ran last as an output. A label means the value of its last write that
     ran, every use of it counted: a buffer rebound in an arm is the arm's write when that arm ran,
     and the write before the construct (with its uses before it) when an arm that kept it ran, or
-    a loop ran no turn that wrote it. The writes in a loop body are one site, the loop's output.
+    a loop ran no turn that wrote it. The writes in a loop body are one site, the loop's output
+    (so the uses inside the loop of the last value written there are not counted: a known limit).
     Returns (program, its sites, {label: Literal id or the u32 cell Var of the id}, {site: probed Var});
     the probe of site k is input len(prog.inputs) + k."""
     sites: list = []
