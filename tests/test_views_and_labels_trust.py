@@ -220,7 +220,7 @@ def _view_chain(rng, shape):
     v = np.empty(shape)
     steps, transposed = [], False
     for _ in range(rng.integers(1, 4)):
-        kind = rng.choice(["int", "slice", "reshape", "T"])
+        kind = rng.choice(["int", "slice", "reshape", "T"], p=[0.3, 0.35, 0.25, 0.1])
         if kind == "int" and v.ndim >= 2:
             step = f"[{rng.integers(-v.shape[0], v.shape[0])}]"
         elif kind == "slice":
@@ -355,7 +355,7 @@ def _run_views(seeds, backends, transforms=True):
 
 
 def test_random_views_numpy():
-    _run_views(range(24), ["numpy"])
+    _run_views(range(36), ["numpy"])
 
 
 def test_random_views_jax():
