@@ -21,14 +21,18 @@ class Record:
     (and its inputs on entry, for forward mode). Valid until the graph launches again; `copy()`
     keeps one for later."""
 
-    def __init__(self, graph, generation, residuals=None, inputs=None):
+    def __init__(self, graph, generation, residuals=None, inputs=None, last=None):
         self.graph, self.generation = graph, generation
-        self._residuals, self._inputs = residuals, inputs
+        self._residuals, self._inputs, self._last = residuals, inputs, last
 
     def copy(self) -> "Record":
         _check_fresh(self, "eagle.diff.Record.copy")
         return Record(self.graph, None, [r.copy() for r in self.residuals()],
-                      [x.copy() for x in self.inputs()])
+                      [x.copy() for x in self.inputs()], self.last_sites())
+
+    def last_sites(self):
+        """Which write of each buffer label ran last: what the label means in this run's gradients."""
+        return self._last if self._last is not None else self.graph._exe.last_sites()
 
     def residuals(self):
         return self._residuals if self._residuals is not None else self.graph._exe.residual_arrays()
@@ -92,7 +96,7 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
     out = {}
     for w in wrt:
         kind, (v_in, _) = names[w]
-        place = h.probe_of.get(v_in) if kind == "buffer" else h.inputs.index(v_in)
+        place = h.probe_place(v_in, record.last_sites()) if kind == "buffer" else h.inputs.index(v_in)
         j = h.grad_of.get(place)
         out[w] = np.zeros(v_in.aval.shape, v_in.aval.dtype if v_in.aval.dtype.kind == "f" else np.float64) \
             if j is None else np.array(exe.array_of(h.backward.outputs[j]))
@@ -149,7 +153,7 @@ def forward(record: Record, tangents: dict, of=None) -> dict:
         if t.shape != v_in.aval.shape or t.dtype != v_in.aval.dtype:
             raise ValueError(f"{api}: the tangent for {key!r} has shape {t.shape} and dtype {t.dtype}; {key!r} is "
                              f"{v_in.aval.shape} {v_in.aval.dtype}: pass an array of that shape and dtype")
-        tan[h.probe_of.get(v_in) if kind == "buffer" else h.inputs.index(v_in)] = t
+        tan[h.probe_place(v_in, record.last_sites()) if kind == "buffer" else h.inputs.index(v_in)] = t
     for o in of:
         if o not in names:
             raise KeyError(_unknown(api, o))

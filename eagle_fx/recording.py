@@ -1,9 +1,10 @@
 """What a record=True graph builds: the two halves of the vjp transform of its Program.
 
 The graph's Program, with its named values as outputs (the result, the arguments a kernel writes,
-buffer= labels) and a zero probe added to each float top-level buffer (the cotangent that reaches
-a buffer is the gradient with respect to its probe), goes through vjp_graph and is split at the
-residual boundary (transforms/split.py):
+buffer= labels) and a zero probe added to each write a float top-level label may come from (the
+cotangent that reaches a probe is the gradient with respect to that write; the run says which
+write ran last, which is what the label means: _probe), goes through vjp_graph and is split at
+the residual boundary (transforms/split.py):
 
   * the forward half (inputs -> outputs and residuals: the stacks of loop carries, which grow with
     the turns run, the values the kernels' backwards read) is what the graph runs on launch; it
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hawk_fx.core import Eqn, Var
+from hawk_fx.core import NO_INFO, Eqn, Literal, Program, Var
 
 from . import ir
 from .backends.numpy import NumpyExecutable
@@ -39,9 +40,9 @@ class Halves:
 
     def __init__(self, prog, seedable, shown, buffers, capacity, checkpoints=None):
         top = set(prog.inputs) | {v for e in prog.eqns for v in e.outputs}
-        probed = [b for b in dict.fromkeys(buffers) if b in top and b not in prog.inputs and is_float(b.aval)]
-        self.q, self.probe_of, sub = _probe(prog, probed)
-        outs = list(self.q.outputs)
+        labels = [b for b in dict.fromkeys(buffers) if b in top and b not in prog.inputs and is_float(b.aval)]
+        self.q, self.sites, self.last_of, sub = _probe(prog, labels)
+        outs = list(self.q.outputs) + [a for a in self.last_of.values() if isinstance(a, Var)]
         n_seedable = None
         for k, group in enumerate((seedable, shown)):
             for v in group:
@@ -57,7 +58,8 @@ class Halves:
             if isinstance(a, Var):
                 self.index.setdefault(a, k)
         for v, w in sub.items():
-            self.index[v] = self.index[w]
+            if w in self.index:
+                self.index[v] = self.index[w]
         self.inputs = list(prog.inputs)
         self.wrt = [is_float(v.aval) for v in self.q.inputs]
         self.ct_of = {}                         # q output place -> cotangent input place of the backward
@@ -75,6 +77,11 @@ class Halves:
         self.seedable = n_seedable
         self._bw = None
         self._jvp = None
+
+    def probe_place(self, label, last):
+        """The input place of q's probe at the write a label's value last came from in a run (`last`:
+        RecordedExecutable.last_sites of that run); None for a label with no probe (not a float)."""
+        return len(self.inputs) + last[label] if label in last else None
 
     def backward_exe(self, residuals, seeds, n, backend="numpy"):
         """The backward executable reading `residuals` and the seeds ({q output place: array}) where
@@ -116,22 +123,146 @@ def _executable(backend, prog, arrays, n, names=None):
     return NumpyExecutable(prog, arrays, set(), n)
 
 
-def _probe(prog, buffers):
-    """`prog` reading `b + probe` wherever it read each buffer b (and returning that), the probes
-    its last inputs: (program, {buffer: probe input place}, {buffer: the probed Var})."""
-    probes = {b: Var(b.aval) for b in buffers}
-    sub = {b: Var(b.aval, b.hint) for b in buffers}
+def _probe(prog, labels):
+    """`prog` with a zero probe added to each write a label's value may come from (its *sites*), and
+    the id of the site that ran last as an output. A label means the value of its last write that
+    ran, every use of it counted: a buffer rebound in an arm is the arm's write when that arm ran,
+    and the write before the construct (with its uses before it) when an arm that kept it ran, or
+    a loop ran no turn that wrote it. The writes in a loop body are one site, the loop's output
+    (so the uses inside the loop of the last value written there are not counted: a known limit).
+    Returns (program, its sites, {label: Literal id or the u32 cell Var of the id}, {site: probed Var});
+    the probe of site k is input len(prog.inputs) + k."""
+    sites: list = []
+    eqns, lasts, probes, sub = _thread(prog, labels, {}, sites)
+    q = prog.replace(inputs=list(prog.inputs) + [probes[s] for s in sites], eqns=eqns,
+                     outputs=[sub.get(a, a) if isinstance(a, Var) else a for a in prog.outputs])
+    return q, sites, dict(zip(labels, lasts)), sub
+
+
+def _id(k):
+    return Literal(np.array([k], np.uint32), ir.U32_CELL)
+
+
+def _walk(prog, wants):
+    """Where the values `wants` of prog come from: (the writes, {eqn place: [output j]} of the
+    if/match/loops that hand them on, {eqn place: operand places an arm may hand on unchanged},
+    the places of the inputs of prog they may be)."""
+    defs = {v: (k, j) for k, e in enumerate(prog.eqns) for j, v in enumerate(e.outputs)}
+    writes, chained, handed, reached = [], {}, {}, set()
+    todo, seen = list(wants), set()
+    while todo:
+        v = todo.pop()
+        if not isinstance(v, Var) or v in seen:
+            continue
+        seen.add(v)
+        if v not in defs:
+            reached.add(prog.inputs.index(v))
+            continue
+        k, j = defs[v]
+        e = prog.eqns[k]
+        if e.prim in (ir.cond_p, ir.switch_p):
+            chained.setdefault(k, []).append(j)
+            for b in e.params["branches"]:
+                for p in _walk(b, [b.outputs[j]])[3]:
+                    handed.setdefault(k, set()).add(1 + p)
+                    todo.append(e.inputs[1 + p])
+            continue
+        if e.prim is ir.while_p:        # the loop's output is the write of its body's writes
+            chained.setdefault(k, []).append(j)
+            todo.append(e.inputs[int(e.params["counted"]) + e.params["n_consts"] + j])
+        writes.append(v)
+    return writes, chained, handed, reached
+
+
+def _thread(prog, wants, entry, sites, fixed=None):
+    """Thread the ids of the writes the values `wants` last came from through `prog`: a write (a
+    kernel, an update, a loop's output) is a site with an id (its place in `sites`) and a probe
+    input; an if/match or loop that hands a value on takes the ids of what it may hand on unchanged
+    and gives out the id of the write that ran last. `entry` maps inputs of prog to their ids. In a
+    loop body every write has the loop's id `fixed` and no probe of its own.
+    Returns (eqns, the ids of `wants`, {site: its probe's Var in prog}, {site: probed Var})."""
+    writes, chained, handed, reached = _walk(prog, wants)
+    last = dict(entry)
+    mine = [prog.inputs[p] for p in sorted(reached) if prog.inputs[p] not in entry] + writes
+    loops = {v for e in prog.eqns if e.prim is ir.while_p for v in e.outputs}
+    for v in mine:
+        if fixed is not None:
+            last[v] = fixed
+            continue
+        sites.append(v)
+        if v not in loops:              # a loop's output has the id the loop carries out
+            last[v] = _id(len(sites) - 1)
+    probes = {} if fixed is not None else {s: Var(s.aval) for s in mine}
+    sub: dict = {}
     eqns = []
-    for e in prog.eqns:
-        eqns.append(e.replace(inputs=[sub.get(a, a) if isinstance(a, Var) else a for a in e.inputs])
-                    if any(isinstance(a, Var) and a in sub for a in e.inputs) else e)
+
+    def probed(v):
+        """site v + its probe: every later use reads it (a probe is zero; its cotangent is the gradient)."""
+        sub[v] = Var(v.aval, v.hint)
+        last[sub[v]] = last[v]
+        eqns.append(Eqn(ir.add_any_p, [v, probes[v]], [sub[v]], {}, NO_INFO))
+
+    for v in prog.inputs:
+        if v in probes:
+            probed(v)
+    for k, e in enumerate(prog.eqns):
+        e = e.replace(inputs=[sub.get(a, a) if isinstance(a, Var) else a for a in e.inputs])
+        if k in chained:
+            e = (_thread_loop(e, chained[k], last, sites, fixed) if e.prim is ir.while_p
+                 else _thread_arms(e, chained[k], sorted(handed.get(k, ())), last, probes, sites, fixed))
+        eqns.append(e)
         for v in e.outputs:
             if v in probes:
-                eqns.append(Eqn(ir.add_any_p, [v, probes[v]], [sub[v]], {}, e.info))
-    n = len(prog.inputs)
-    q = prog.replace(inputs=list(prog.inputs) + [probes[b] for b in buffers], eqns=eqns,
-                     outputs=[sub.get(a, a) if isinstance(a, Var) else a for a in prog.outputs])
-    return q, {b: n + k for k, b in enumerate(buffers)}, sub
+                probed(v)
+    return eqns, [last[v] for v in wants], probes, sub
+
+
+def _thread_arms(e, js, handed, last, probes, sites, fixed):
+    """The cond/switch `e` taking the ids of the operands an arm may hand on (`handed`) and giving
+    the ids of its outputs js; the probes of the sites inside its arms are operands too."""
+    given = [last[e.inputs[p]] for p in handed]
+    cells = [a for a in given if isinstance(a, Var)]        # an id known at build is a literal in each arm
+    arms, inner = [], {}
+    for b in e.params["branches"]:
+        entry = {b.inputs[p - 1]: a if isinstance(a, Literal) else Var(ir.U32_CELL) for p, a in zip(handed, given)}
+        eqns, ids, bprobes, sub = _thread(b, [b.outputs[j] for j in js], entry, sites, fixed)
+        arms.append((b, [a for a in entry.values() if isinstance(a, Var)], eqns, ids, bprobes, sub))
+        inner.update(bprobes)
+    for s in inner:                         # a probe of this scope for each site in an arm
+        probes.setdefault(s, Var(s.aval))
+    branches = []
+    for b, ins, eqns, ids, bprobes, sub in arms:
+        ins = list(b.inputs) + ins + [bprobes.get(s) or Var(s.aval) for s in inner]
+        outs = [sub.get(a, a) if isinstance(a, Var) else a for a in b.outputs] + ids
+        branches.append(Program(ins, eqns, outs))
+    return e.replace(inputs=list(e.inputs) + cells + [probes[s] for s in inner],
+                     outputs=list(e.outputs) + _ids_out(e, js, last), params=dict(e.params, branches=tuple(branches)))
+
+
+def _thread_loop(e, js, last, sites, fixed):
+    """The while `e` carrying, for each carry j on a chain, the id of its last write: the entry's
+    until a turn writes it, then the loop's own (`fixed` in an enclosing body)."""
+    body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
+    base = int(e.params["counted"]) + nc
+    given = []
+    for j in js:
+        own = fixed if fixed is not None else _id(sites.index(e.outputs[j]))
+        carry = Var(ir.U32_CELL)
+        eqns, ids, _, _ = _thread(body, [body.outputs[j]], {body.inputs[1 + nc + j]: carry}, sites, own)
+        body = Program(list(body.inputs) + [carry], eqns, list(body.outputs) + ids)
+        if cond is not None:
+            cond = cond.replace(inputs=list(cond.inputs) + [Var(ir.U32_CELL)])
+        given.append(last[e.inputs[base + j]])
+    return e.replace(inputs=list(e.inputs) + given, outputs=list(e.outputs) + _ids_out(e, js, last),
+                     params=dict(e.params, body=body, cond=cond))
+
+
+def _ids_out(e, js, last):
+    """New u32 outputs of `e`: the ids of its outputs js."""
+    ids = [Var(ir.U32_CELL) for _ in js]
+    for j, v in zip(js, ids):
+        last[e.outputs[j]] = v
+    return ids
 
 
 class RecordedExecutable:
@@ -176,6 +307,11 @@ class RecordedExecutable:
             return self.user[self.h.inputs.index(var)]
         v = self.var.get(var)
         return None if v is None or not isinstance(v, Var) else self.exe.array_of(v)
+
+    def last_sites(self):
+        """{label Var: the site (Halves.sites) its value came from in the last run}."""
+        return {b: int(np.asarray(a.value if isinstance(a, Literal) else self.exe.array_of(self.var[a]))[0])
+                for b, a in self.h.last_of.items()}
 
     def input_arrays(self):
         """The inputs of the last run as they were on entry."""

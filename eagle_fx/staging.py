@@ -246,8 +246,35 @@ class GraphTrace:
             return pin[1].key
         e = self.externs.get(id(arr))
         if e is None or e.array is not arr:
+            base = _numpy_base(arr)
+            found = views.of_array(arr, base) if base is not None else None
+            if found is not None:
+                return self.view_of_base(base, *found)
+            if base is not None and arr.flags.writeable:    # a read-only one (np.broadcast_to) is read as it is
+                raise TypeError(f"eagle.Graph.builder {_here()}: a NumPy view of shape {arr.shape} of an array of shape "
+                                f"{base.shape} that no basic index and reshape of it make (a transpose, a broadcast, "
+                                "another dtype); writes through it would miss the array it views. Take a view by "
+                                "indexing or reshaping that array (z[:, k] and z.T[k] are such views; z.T is not), "
+                                "or pass a new array: np.ascontiguousarray(view)")
             e = self.externs[id(arr)] = Extern(arr, self.arg_names.get(id(arr)))
         return e
+
+    def view_of_base(self, base, src, index, shape):
+        """A NumPy view (`z[1]`, `z[::2]`, `z.reshape(...)`: a new ndarray at each use) of an array
+        the builder reached is a view of its base's plane, as for planes: writes through it land in
+        the base, and every later read of the base or of a view of it sees them (views.of_array)."""
+        key = self.extern(base)
+        if src is not None:
+            key = views.ReshapeKey(key, src, base.shape)
+        src = src or base.shape
+        if any(r != range(d) for r, d in zip(index, src)):
+            key = views.ViewKey(key, index, ir.index_shape(index), src)
+        if shape is not None:
+            key = views.ReshapeKey(key, shape, ir.index_shape(index))
+        last = (shape or ir.index_shape(index))[-1]
+        if last != base.shape[-1]:
+            self.view_ns.update((last, base.shape[-1]))
+        return key
 
     def plane_of_array(self, arr) -> Plane:
         """A staged plane over a user's array (or over the block result the array stands for): how a
@@ -632,6 +659,14 @@ def is_array(v) -> bool:
     __cuda_array_interface__, shape and dtype), which makes the graph a CUDA graph at build."""
     return isinstance(v, np.ndarray) or (hasattr(type(v), "__cuda_array_interface__") and hasattr(v, "shape")
                                          and hasattr(v, "dtype"))
+
+
+def _numpy_base(arr):
+    """The array that owns the memory of NumPy view `arr` (None for an array that owns its own)."""
+    base = arr.base if isinstance(arr, np.ndarray) else None
+    while isinstance(base, np.ndarray) and isinstance(base.base, np.ndarray):
+        base = base.base
+    return base if isinstance(base, np.ndarray) else None
 
 
 def _is_device(v) -> bool:

@@ -11,6 +11,7 @@ Indices are normalised to one entry per axis of the root source: an int (the axi
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import numpy as np
@@ -46,7 +47,8 @@ class ViewKey:
 
 
 class ReshapeKey:
-    """`src.reshape(shape)`; a write puts the value back in src's shape (the whole of src)."""
+    """`src.reshape(shape)`; a write puts the value back in src's shape, into src's buffer (an update
+    of all of src, in place: a written argument's last version is in the caller's array)."""
 
     __slots__ = ("src", "shape", "src_shape")
 
@@ -63,14 +65,16 @@ class ReshapeKey:
         return _bind(ir.reshape_p, [src_var], {"shape": self.shape}, eqns, info)
 
     def stage_write(self, src_var, value, eqns, info):
-        return _bind(ir.reshape_p, [value], {"shape": self.src_shape}, eqns, info)
+        back = _bind(ir.reshape_p, [value], {"shape": self.src_shape}, eqns, info)
+        whole = tuple(range(d) for d in self.src_shape)
+        return _bind(ir.update_p, [src_var, back], {"index": whole, "inplace": ((0, 0),)}, eqns, info)
 
 
 DERIVED = (ViewKey, ReshapeKey)
 
 
 def footprint(key):
-    """(root key, boolean mask over the root of the elements the key may touch, or None: all of it).
+    """(root key, flat boolean mask over the root of the elements the key may touch, or None: all of it).
     Sibling branches writing disjoint views of one array do not conflict."""
     if isinstance(key, ReshapeKey):
         return footprint(key.src)
@@ -80,7 +84,7 @@ def footprint(key):
             return root, inner
         mask = np.zeros(key.src_shape, bool)
         mask[ir.numpy_index(key.index)] = True
-        return root, mask
+        return root, mask.ravel()       # over the root in C order, whichever reshape the view was taken of
     return key, None
 
 
@@ -154,6 +158,63 @@ def compose(outer, inner) -> tuple:
         else:
             out.append(r)
     return tuple(out)
+
+
+def of_array(arr, root):
+    """How to take `arr`, a NumPy view of `root`, from root: (shape, index, result shape) with
+    root.reshape(shape)[index].reshape(result shape) its elements in its order (index normalised;
+    shape None for root's own, result shape None when no reshape is needed); None when no basic
+    index of a reshape of root takes them (a transpose, a broadcast, another dtype). Found from
+    the elements' offsets in root, so whichever chain of views made arr, it is seen as its region."""
+    if arr.dtype != root.dtype or not root.flags.c_contiguous or arr.ndim == 0 or arr.size == 0:
+        return None
+    offsets = np.asarray(arr.__array_interface__["data"][0] - root.__array_interface__["data"][0], np.int64)
+    for d, s in zip(arr.shape, arr.strides):
+        offsets = np.add.outer(offsets, np.arange(d, dtype=np.int64) * s)
+    offsets = offsets.ravel()
+    if (offsets % root.itemsize).any():
+        return None
+    offsets //= root.itemsize
+    for shape in dict.fromkeys((root.shape, _shape_of_strides(arr, root), (root.size,))):
+        index = shape and _ranges(np.unravel_index(offsets, shape))
+        if index is None:
+            continue
+        dropped = tuple(r[0] if len(r) == 1 else r for r in index)      # x[1] rather than x[1:2]
+        src = None if shape == root.shape else shape
+        for idx in (index, dropped):
+            if ir.index_shape(idx) == arr.shape:
+                return src, idx, None
+        return src, (dropped if ir.index_shape(dropped) else index), arr.shape
+    return None
+
+
+def _shape_of_strides(arr, root):
+    """A shape of root in which each axis of arr (of more than one element) steps along an axis of
+    its own: the axis blocks are the greatest common divisors of arr's strides, outermost first,
+    and of root's size (x.reshape(3, 4, 5)[:, ::3] of a flat x is x.reshape(3, 4, 5)[:, 0:4:3])."""
+    block, shape = root.size, []
+    for d, s in zip(arr.shape, arr.strides):
+        if d > 1:
+            inner = math.gcd(abs(s) // root.itemsize, block)
+            shape.append(block // inner)
+            block = inner
+    shape.append(block)
+    return tuple(d for d in shape if d > 1) or (1,)
+
+
+def _ranges(coords):
+    """The index (a range per axis) whose elements, in C order, are at `coords`; None if none is."""
+    index = []
+    for c in coords:            # the positions each axis visits, in order of first visit
+        seq = c[np.sort(np.unique(c, return_index=True)[1])]
+        step = int(seq[1] - seq[0]) if len(seq) > 1 else 1
+        if (np.diff(seq) != step).any():
+            return None
+        index.append(range(int(seq[0]), int(seq[-1]) + (1 if step > 0 else -1), step))
+    grid = np.meshgrid(*index, indexing="ij")
+    if grid[0].size != coords[0].size or any((g.ravel() != c).any() for g, c in zip(grid, coords)):
+        return None
+    return tuple(index)
 
 
 def array_of(key, root_array):
