@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dis
 import struct
-import sys
+import sysconfig
 import threading
 import types
 import weakref
@@ -274,7 +274,8 @@ def _owned(leaves, shared):
 
 # -- what staging read by name ------------------------------------------------------------------
 
-_LIBRARIES = frozenset(sys.stdlib_module_names) | {"eagle_fx", "hawk_fx", "numpy", "jax", "jaxlib", "opt_einsum"}
+_OURS = ("eagle_fx", "hawk_fx")
+_INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
 _LOADS = ("LOAD_GLOBAL", "LOAD_NAME")
 _ATTRS = ("LOAD_ATTR", "LOAD_METHOD")
 _READS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # code -> the globals it reads
@@ -330,7 +331,10 @@ def unchanged(reads):
 
 
 def _library(namespace):
-    return namespace.get("__name__", "").partition(".")[0] in _LIBRARIES
+    """Code of this project or of an installed package (Python's own included): not followed, as
+    only the user's code is redefined while a session runs."""
+    return (namespace.get("__name__", "").partition(".")[0] in _OURS
+            or str(namespace.get("__file__") or "").startswith(_INSTALLED))
 
 
 def _contents(cell):

@@ -282,7 +282,7 @@ def model_b(x: Scalar) -> Scalar:
     return -0.5 * x
 
 
-def fresh(buf, views):
+def uncached(buf, views):
     """(results, buffer after) of an uncached call, vmap's graph built anew on a copy of buf: the
     oracle on the JAX backend, which does not keep two arguments' shared memory (not the cache's
     doing; the NumPy loop is the oracle on the NumPy backend)."""
@@ -308,7 +308,7 @@ def run_steps(steps, backends):
                 else:
                     views = ALIASES[pick % len(ALIASES)]
                     A = np.arange(1.0, 15.0).reshape(2, 7) * (1 + pick % 3)
-                    want, want_A = loop_oracle(A, views) if backend % len(backends) == 0 else fresh(A, views)
+                    want, want_A = loop_oracle(A, views) if backend % len(backends) == 0 else uncached(A, views)
                     np.testing.assert_allclose(vacc(*views(A)), want, rtol=1e-12)
                     np.testing.assert_allclose(A, want_A, rtol=1e-12)
     finally:
