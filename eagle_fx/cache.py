@@ -216,6 +216,8 @@ def overlaps(leaves):
     the same way: None when none can (each owns its memory: the common case, decided without
     addresses); else, per group of overlapping leaves, its span in bytes and each member's
     (leaf, byte offset in the span, strides, the earlier leaf that is the same array or None)."""
+    if len(leaves) < 2:
+        return None
     owners = set()
     for x in leaves:
         if type(x) is np.ndarray:
@@ -225,23 +227,20 @@ def overlaps(leaves):
             owners.add(id(o))
     else:
         return None
+    at = {k: x.__array_interface__["data"][0] for k, x in enumerate(leaves) if type(x) is np.ndarray and x.size}
     runs = []                            # [start, end, leaves] of overlapping byte ranges
-    for lo, hi, k in sorted((*_bounds(x), k) for k, x in enumerate(leaves) if type(x) is np.ndarray and x.size):
+    for lo, hi, k in sorted((*_bounds(leaves[k], a), k) for k, a in at.items()):
         if runs and lo < runs[-1][1]:
             runs[-1][1] = max(runs[-1][1], hi)
             runs[-1][2].append(k)
         else:
             runs.append([lo, hi, [k]])
-    return tuple(_group(leaves, *run) for run in runs if len(run[2]) > 1) or None
+    return tuple(_group(leaves, at, *run) for run in runs if len(run[2]) > 1) or None
 
 
-def _address(x):
-    return x.__array_interface__["data"][0]
-
-
-def _bounds(x):
-    """The lowest and one past the highest byte address of x's elements."""
-    lo = hi = _address(x)
+def _bounds(x, address):
+    """The lowest and one past the highest byte address of x's elements (the first at `address`)."""
+    lo = hi = address
     for n, st in zip(x.shape, x.strides):
         if st < 0:
             lo += (n - 1) * st
@@ -250,11 +249,11 @@ def _bounds(x):
     return lo, hi + x.itemsize
 
 
-def _group(leaves, start, end, ks):
+def _group(leaves, at, start, end, ks):
     members, first = [], {}
     for k in sorted(ks):
         x = leaves[k]
-        members.append((k, _address(x) - start, x.strides, first.get(id(x))))
+        members.append((k, at[k] - start, x.strides, first.get(id(x))))
         first.setdefault(id(x), k)
     return end - start, tuple(members)
 

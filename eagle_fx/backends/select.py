@@ -38,8 +38,9 @@ class use_backend:
 
 
 def forced():
-    """The backend `use_backend` asks for in this thread (None: chosen by the arrays)."""
-    stack = getattr(_forced, "stack", None)
+    """The backend `use_backend` asks for in this thread (None: chosen by the arrays). Part of
+    every cached call's key, so read without getattr's exception where use_backend never ran."""
+    stack = _forced.__dict__.get("stack")
     return stack[-1] if stack else None
 
 
