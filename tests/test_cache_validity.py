@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import eagle_fx as ef
 import hawk_fx as hawk
+from eagle_fx import cache
 from eagle_fx.backends.select import use_backend
 from hawk_fx import Mutable, Param, Scalar
 from test_one_reverse_mode import settle_counted
@@ -267,7 +268,7 @@ def test_a_jax_entry_is_not_replayed_outside_use_backend():
         np.testing.assert_allclose(f(X5, 1.0), sum_sq(5.0, X5)[1], rtol=1e-13)
     np.testing.assert_allclose(f(X5, 1.0), sum_sq(5.0, X5)[1], rtol=1e-13)
     assert f.cache_info().misses == 2
-    backends = {e.graph._exe.backend_name for e in ef.cache.cache_for(f._sig).entries.values()}
+    backends = {e.graph._exe.backend_name for e in cache.cache_for(f._sig).entries.values()}
     assert backends == {"jax", "cpu"}                  # cpu: the NumPy backend
 
 
@@ -291,7 +292,8 @@ def uncached(buf, views):
 
 
 def run_steps(steps, backends):
-    """Replay a sequence of calls, each checked against NumPy; returns the number of calls."""
+    """Run a sequence of (kind, pick, backend) steps, each call checked against NumPy: 0 rebinds the
+    kernel `fit` calls, 1 passes a static from STATICS, 2 passes arguments aliased as in ALIASES."""
     global model
     old = model
     dfit, dstatic, vacc = ef.grad(fit), ef.grad(by_static), ef.vmap(lambda x, m: acc3(x, m))
@@ -313,25 +315,25 @@ def run_steps(steps, backends):
                     np.testing.assert_allclose(A, want_A, rtol=1e-12)
     finally:
         model = old
-    return len(steps)
 
 
 step = st.tuples(st.integers(0, 2), st.integers(0, 23), st.integers(0, 1))
-CALLS = []
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(step, min_size=4, max_size=10))
 def test_random_call_sequences_match_numpy(steps):
+    """12 sequences, 75 calls, a few seconds."""
     ef.clear_caches()
-    CALLS.append(run_steps(steps, [None]))
+    run_steps(steps, [None])
 
 
 @pytest.mark.slow
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(step, min_size=4, max_size=20))
 def test_random_call_sequences_match_numpy_and_jax(steps):
+    """120 sequences, 1186 calls, on the NumPy and JAX backends (about two minutes)."""
     jax = pytest.importorskip("jax")
     jax.config.update("jax_enable_x64", True)
     ef.clear_caches()
-    CALLS.append(run_steps(steps, [None, "jax"]))
+    run_steps(steps, [None, "jax"])
