@@ -1,28 +1,39 @@
 """Cached staging for transformed functions: the jax.jit contract.
 
 Calling `eagle_fx.grad(f)(x)` stages f, transforms its Program and builds a Graph; all of that
-depends only on the *layout* of the arguments, so it is done once per layout and replayed after.
-The key is that of jax.jit: the transformed function (the transform, its options and the user's
+depends only on the *layout* of the call, so it is done once per layout and replayed after. The
+key is that of jax.jit: the transformed function (the transform, its options and the user's
 function, so `grad(f)` made twice shares one cache), the argument tree structure, each array's
-shape and dtype (which decide its kind: plane, cell, Param), and the Python values (static).
+shape and dtype (which decide its kind: plane, cell, Param), which arrays overlap in memory and
+how, the Python values (static, keyed by type and bits: 0.0, -0.0, 1, True and NaN are distinct),
+and the backend `use_backend` asks for.
 
 A hit copies the new arrays into the arrays the graph owns (so later changes to the caller's
 arrays are never seen, and the graph never writes them), replays, and returns copies of the
-results. As with jax.jit, Python values the function reaches by closure (a global float) are read
-when it is staged, not at each call: after changing one, `eagle_fx.clear_caches()`.
+results. Staging reads the user's functions' globals and closures by name (the kernels, blocks
+and numbers they use); an entry remembers what each name held and is staged again once one is
+rebound (a kernel redefined in a notebook), which jax.jit does not do. An object changed in place
+(a global list) is not seen: after that, `eagle_fx.clear_caches()`.
 
 A reverse-mode graph keeps residuals for as many turns of a counted loop as the trip count it was
 staged with; a call whose trip count is larger stages again.
 """
 from __future__ import annotations
 
+import dis
+import struct
+import sysconfig
 import threading
+import types
+import weakref
 from collections import OrderedDict, namedtuple
 
 import numpy as np
 
 from hawk_fx.perthread import ThreadStack
 from hawk_fx.tree import tree_flatten, tree_unflatten
+
+from .backends.select import forced
 
 MAXSIZE = 64               # entries (layouts) per transformed function
 MAX_FUNCTIONS = 256        # transformed functions with a cache
@@ -33,6 +44,7 @@ _STATIC = (bool, int, float, complex, str, bytes, type(None), np.generic)
 _CACHES: "OrderedDict[object, FunctionCache]" = OrderedDict()
 _LOCK = threading.Lock()   # guards the dicts of caches and of entries (not the runs)
 _RECORDING = ThreadStack()  # the Staging record of the entry being staged (innermost last)
+_MISSING = object()         # a name not bound when staged (a builtin, or not defined yet)
 
 
 class Staging:
@@ -62,10 +74,10 @@ class Entry:
     binding and running it is one step, so two threads calling with one layout take turns.
     `staged` returns it locked; `with entry:` releases."""
 
-    __slots__ = ("closed", "graph", "owned", "caps", "lock", "writes", "back")
+    __slots__ = ("closed", "graph", "owned", "caps", "names", "lock", "writes", "back")
 
-    def __init__(self, closed, owned, caps):
-        self.closed, self.owned, self.caps = closed, owned, caps
+    def __init__(self, closed, owned, caps, names=()):
+        self.closed, self.owned, self.caps, self.names = closed, owned, caps, names
         self.graph = closed.lower()
         self.lock = threading.RLock()
         self.writes = _written_owned(closed, owned)  # owned arrays the graph writes in place
@@ -123,6 +135,11 @@ class FunctionCache:
                 self.entries.move_to_end(key)
         if e is None:
             return None
+        if not unchanged(e.names):          # a kernel or global it read was rebound: stage again
+            with _LOCK:
+                if self.entries.get(key) is e:
+                    del self.entries[key]
+            return None
         e.lock.acquire()
         try:
             bound = e.bind(leaves)
@@ -156,28 +173,193 @@ def _written_owned(closed, owned):
 
 
 def layout_key(args):
-    """(key, array leaves, tree) of the arguments; key None when a leaf cannot be keyed (then the
-    call stages afresh): an array of another library, or an object with no value semantics."""
-    parts = []
-    for x in args:                       # the common case, flat arguments: no tree to build
-        if type(x) is np.ndarray:
-            parts.append((x.shape, x.dtype))
-        elif isinstance(x, _STATIC):
-            parts.append((type(x), x))
-        else:
-            break
-    else:
-        return tuple(parts), args, None
-    leaves, tree = tree_flatten(args, is_leaf=_is_ndarray)
+    """(key, leaves, tree) of a call; key None when a leaf cannot be keyed (then the call stages
+    afresh): an array of another library, or an object with no value semantics."""
+    leaves, tree = args, None
+    parts = _parts(args)                 # the common case, flat arguments: no tree to build
+    if parts is None:
+        leaves, tree = tree_flatten(args, is_leaf=_is_ndarray)
+        parts = _parts(leaves)
+        if parts is None:
+            return None, leaves, tree
+    return (forced(), tree, parts, overlaps(leaves)), leaves, tree
+
+
+def _parts(leaves):
     parts = []
     for x in leaves:
         if type(x) is np.ndarray:
             parts.append((x.shape, x.dtype))
         elif isinstance(x, _STATIC):
-            parts.append((type(x), x))
+            parts.append(static_key(x))
         else:
-            return None, leaves, tree
-    return (tree, tuple(parts)), leaves, tree
+            return None
+    return tuple(parts)
+
+
+def static_key(x):
+    """A Python value as a key: by type and bits, since == makes 0.0 and -0.0 one value, 1 and
+    True and 1.0 one value, and NaN unequal to itself."""
+    if isinstance(x, float):
+        return type(x), struct.pack("<d", x)
+    if isinstance(x, complex):
+        return type(x), struct.pack("<dd", x.real, x.imag)
+    if isinstance(x, np.generic):
+        return type(x), x.dtype.str, x.tobytes()
+    if type(x) is tuple:
+        return tuple, tuple(map(static_key, x))
+    return type(x), x
+
+
+def overlaps(leaves):
+    """How the array leaves share memory, as part of the key and to stage on copies that share it
+    the same way: None when none can (each owns its memory: the common case, decided without
+    addresses); else, per group of overlapping leaves, its span in bytes and each member's
+    (leaf, byte offset in the span, strides, the earlier leaf that is the same array or None)."""
+    if len(leaves) < 2:
+        return None
+    owners = set()
+    for x in leaves:
+        if type(x) is np.ndarray:
+            o = x if x.base is None else x.base
+            if type(o) is not np.ndarray or o.base is not None or id(o) in owners:
+                break
+            owners.add(id(o))
+    else:
+        return None
+    at = {k: x.__array_interface__["data"][0] for k, x in enumerate(leaves) if type(x) is np.ndarray and x.size}
+    runs = []                            # [start, end, leaves] of overlapping byte ranges
+    for lo, hi, k in sorted((*_bounds(leaves[k], a), k) for k, a in at.items()):
+        if runs and lo < runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], hi)
+            runs[-1][2].append(k)
+        else:
+            runs.append([lo, hi, [k]])
+    return tuple(_group(leaves, at, *run) for run in runs if len(run[2]) > 1) or None
+
+
+def _bounds(x, address):
+    """The lowest and one past the highest byte address of x's elements (the first at `address`)."""
+    lo = hi = address
+    for n, st in zip(x.shape, x.strides):
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    return lo, hi + x.itemsize
+
+
+def _group(leaves, at, start, end, ks):
+    members, first = [], {}
+    for k in sorted(ks):
+        x = leaves[k]
+        members.append((k, at[k] - start, x.strides, first.get(id(x))))
+        first.setdefault(id(x), k)
+    return end - start, tuple(members)
+
+
+def _owned(leaves, shared):
+    """The graph's own copies of the array leaves (None elsewhere): one buffer per group of
+    overlapping leaves, laid out as the caller's, and one array per leaf the caller passed twice."""
+    owned = [None] * len(leaves)
+    for span, members in shared or ():
+        buf = np.zeros(span, np.uint8)
+        for k, offset, strides, same in members:
+            x = leaves[k]
+            owned[k] = owned[same] if same is not None else \
+                np.ndarray(x.shape, x.dtype, buffer=buf, offset=offset, strides=strides)
+    return [o if o is not None or type(x) is not np.ndarray else np.array(x) for o, x in zip(owned, leaves)]
+
+
+# -- what staging read by name ------------------------------------------------------------------
+
+_OURS = ("eagle_fx", "hawk_fx")
+_INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+_LOADS = ("LOAD_GLOBAL", "LOAD_NAME")
+_ATTRS = ("LOAD_ATTR", "LOAD_METHOD")
+_READS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # code -> the globals it reads
+
+
+def names_read(root):
+    """What the user's functions under `root` (a cache's name: the transform and the function)
+    read by name, as ((namespace or closure cell, name, the object it holds now), ...), followed
+    into the builders, blocks, functions and transformed functions found there."""
+    from .api import Transformed
+    from .graph import Builder
+    reads, seen = [], set()
+
+    def note(where, name, obj):
+        reads.append((where, name, obj))
+        visit(obj)
+
+    def visit(v):
+        if type(v) is tuple:
+            for x in v:
+                visit(x)
+            return
+        if id(v) in seen:
+            return
+        seen.add(id(v))
+        if isinstance(v, Transformed):
+            visit(v._sig)
+            return
+        fn = v.fn if isinstance(v, Builder) else v
+        if not isinstance(fn, types.FunctionType) or _library(fn.__globals__):
+            return
+        glb = fn.__globals__
+        for name, attr in _global_reads(fn.__code__):
+            obj = glb.get(name, _MISSING)
+            if attr is None:
+                note(glb, name, obj)
+            elif isinstance(obj, types.ModuleType) and not _library(vars(obj)):
+                note(vars(obj), attr, vars(obj).get(attr, _MISSING))       # K.model of `import kernels as K`
+        for cell in fn.__closure__ or ():
+            note(cell, None, _contents(cell))
+        for d in fn.__defaults__ or ():
+            visit(d)
+    visit(root)
+    return tuple(reads)
+
+
+def unchanged(reads):
+    """Whether every name a staging read still holds the object it held (identity: cheap)."""
+    for where, name, obj in reads:
+        if (where.get(name, _MISSING) if name is not None else _contents(where)) is not obj:
+            return False
+    return True
+
+
+def _library(namespace):
+    """Code of this project or of an installed package (Python's own included): not followed, as
+    only the user's code is redefined while a session runs."""
+    return (namespace.get("__name__", "").partition(".")[0] in _OURS
+            or str(namespace.get("__file__") or "").startswith(_INSTALLED))
+
+
+def _contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:                  # an empty cell
+        return _MISSING
+
+
+def _global_reads(code):
+    """(name, None) for each global `code` (and the code nested in it) reads, and (name, attribute)
+    for each `name.attribute` read."""
+    found = _READS.get(code)
+    if found is None:
+        found, prev = {}, None
+        for ins in dis.get_instructions(code):
+            if ins.opname in _LOADS:
+                found[ins.argval, None] = True
+            elif ins.opname in _ATTRS and prev is not None and prev.opname in _LOADS:
+                found[prev.argval, ins.argval] = True
+            prev = ins
+        for c in code.co_consts:
+            if isinstance(c, types.CodeType):
+                found.update(dict.fromkeys(_global_reads(c), True))
+        found = _READS[code] = tuple(found)
+    return found
 
 
 def _is_ndarray(x):
@@ -215,16 +397,17 @@ def staged(sig, args, stage):
     e = c.lookup(key, leaves) if c is not None else None
     if e is not None:
         return e
-    owned = [np.array(x) if type(x) is np.ndarray else None for x in leaves]
+    owned = _owned(leaves, key[3])
     own = [o if o is not None else x for o, x in zip(owned, leaves)]
     own_args = tuple(own) if tree is None else tree_unflatten(tree, own)
+    names = names_read(sig) if c is not None else ()
     rec = Staging()
     _RECORDING.append(rec)
     try:
         g = stage(*own_args)
     finally:
         _RECORDING.pop()
-    e = _locked(Entry(g, owned, rec.caps))
+    e = _locked(Entry(g, owned, rec.caps, names))
     try:
         e.bind(leaves)
     except BaseException:
@@ -236,8 +419,8 @@ def staged(sig, args, stage):
 
 
 def clear_caches():
-    """Forget every staged graph of every transformed function (after changing a global a function
-    reads by closure, for instance)."""
+    """Forget every staged graph of every transformed function (after changing in place an object
+    a function reads by name, a global list for instance)."""
     with _LOCK:
         _CACHES.clear()
 

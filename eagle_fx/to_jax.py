@@ -4,10 +4,12 @@
     jax.jit(jax.grad(lambda x: f(x, flag, 3)))(x)
 
 The builder is staged once per signature (the shapes and dtypes of the array arguments, the values
-of the others, which are static), on placeholder NumPy arrays: staging decides by types, never by
-values. Its Program is lowered to jax.numpy and lax control flow (backends/jax_lower.py) and the
-function returns the declared result tree (`g.result`), nothing else: a Mutable write to an
-argument is not returned unless the result names it. Arrays the builder reaches by closure (and
+of the others, which are static, by type and bits: 0.0 and -0.0 differ), on placeholder NumPy
+arrays: staging decides by types, never by values; as in the transforms' cache (eagle_fx/cache.py),
+a signature is staged again once a kernel or global its staging read by name is rebound. Its
+Program is lowered to jax.numpy and lax control flow (backends/jax_lower.py) and the function
+returns the declared result tree (`g.result`), nothing else: a Mutable write to an argument is not
+returned unless the result names it. Arrays the builder reaches by closure (and
 its `buffer=` arrays) are read when the function is traced, and are constants of it.
 
 Reverse mode goes through jax.custom_vjp wired to this project's vjp transform: the backward is
@@ -23,6 +25,7 @@ from hawk_fx.emit.jax import is_jax_array, require_jax
 from hawk_fx.tree import tree_unflatten
 
 from .backends.jax_lower import lower
+from .cache import names_read, static_key, unchanged
 
 API = "eagle_fx.to_jax"
 _OPAQUE = ("is a host function; inside a pure JAX function there are no host arrays for it to read "
@@ -184,15 +187,16 @@ def to_jax(f):
                 except TypeError:
                     raise TypeError(f"{API}({_name(f)}): argument {a!r:.40} is neither an array nor hashable; "
                                     "non-array arguments are static (part of the signature)") from None
-                key.append(("static", type(a).__name__, a))
+                key.append(("static", static_key(a)))
         return tuple(key)
 
     def call(*args):
         key = key_of(args)
         sig = sigs.get(key)
-        if sig is None:
+        if sig is None or not unchanged(sig.names):      # new, or a kernel or global it read was rebound
+            names = names_read(f)
             sig = sigs[key] = _Signature(f, args, None)
-            sig.pure = _make_pure(jax, sig)
+            sig.pure, sig.names = _make_pure(jax, sig), names
         leaves = sig.pure(*[args[k] for k in sig.positions])
         return tree_unflatten(sig.tree, list(leaves))
 

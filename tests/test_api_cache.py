@@ -115,9 +115,10 @@ def test_lru_bound_and_clearing(monkeypatch):
 
 
 GAIN = 2.0
+GAINS = [2.0]
 
 
-def test_a_global_read_by_closure_is_read_when_staged():
+def test_a_global_rebound_stages_again_one_changed_in_place_needs_clear_caches():
     @hawk.kernel
     def gained(x: Scalar, a: Param) -> Scalar:
         return hawk.sum(a * x * x)
@@ -127,16 +128,24 @@ def test_a_global_read_by_closure_is_read_when_staged():
         g = ef.Graph()
         g.result = gained(x, GAIN)
         return g
+
+    @ef.Graph.builder
+    def f_list(x):
+        g = ef.Graph()
+        g.result = gained(x, GAINS[0])
+        return g
     global GAIN
     x = np.arange(3.0)
     np.testing.assert_allclose(ef.grad(f)(x), 2 * 2.0 * x)
-    GAIN = 5.0
+    np.testing.assert_allclose(ef.grad(f_list)(x), 2 * 2.0 * x)
+    GAIN, GAINS[0] = 5.0, 5.0
     try:
-        np.testing.assert_allclose(ef.grad(f)(x), 2 * 2.0 * x)    # jit's rule: not re-read
+        np.testing.assert_allclose(ef.grad(f)(x), 2 * 5.0 * x)      # the name holds a new object: staged again
+        np.testing.assert_allclose(ef.grad(f_list)(x), 2 * 2.0 * x)  # the same list, changed in place: replayed
         ef.clear_caches()
-        np.testing.assert_allclose(ef.grad(f)(x), 2 * 5.0 * x)
+        np.testing.assert_allclose(ef.grad(f_list)(x), 2 * 5.0 * x)
     finally:
-        GAIN = 2.0
+        GAIN, GAINS[0] = 2.0, 2.0
 
 
 def test_vjp_jvp_vmap_jacobians_are_cached_and_keep_their_arguments():

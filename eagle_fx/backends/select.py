@@ -37,14 +37,20 @@ class use_backend:
         return False
 
 
+def forced():
+    """The backend `use_backend` asks for in this thread (None: chosen by the arrays). Part of
+    every cached call's key, so read without getattr's exception where use_backend never ran."""
+    stack = _forced.__dict__.get("stack")
+    return stack[-1] if stack else None
+
+
 def choose(arrays, requested=None):
     """The backend of a graph over `arrays` (its input arrays): 'numpy', 'jax', or a runtime for the CUDA
     graph backend (CoreRuntime for CuPy arrays: it refuses where there is no GPU; a FakeRuntime for
     'fake-cuda'). `requested`: eagle.Graph(backend=...), else use_backend's, else by the arrays:
     jax.Arrays -> 'jax', CuPy (or any __cuda_array_interface__) arrays -> 'cuda', otherwise 'numpy'."""
     if requested is None:
-        stack = getattr(_forced, "stack", None)
-        requested = stack[-1] if stack else None
+        requested = forced()
     on_gpu = [a for a in arrays if is_device_array(a)]
     if requested is None:
         requested = "jax" if any(is_jax_array(a) for a in arrays) else "cuda" if on_gpu else "numpy"
