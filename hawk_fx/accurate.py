@@ -1,0 +1,74 @@
+"""Sums over the samples that are right to within an ulp of the result, however they cancel.
+
+A plain sum of n values can lose everything to cancellation: np.sum of [1e16, 1, -1e16, 1] * 1000
+is 0.0, not 2000. `sum_last_axis` is off by at most about one ulp of the result's dtype (see its
+docstring for the bound), at a cost of a few passes over the data where the plain sum makes one.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+U = 2.0 ** -53              # float64's unit roundoff
+SMALL = 256                 # up to this many samples, math.fsum of a list is the cheaper exact sum
+
+
+def two_sum(a, b):
+    """s, e with s = fl(a + b) and s + e = a + b exactly (Knuth), elementwise."""
+    s = a + b
+    z = s - a
+    return s, (a - (s - z)) + (b - z)
+
+
+def sum_last_axis(x: np.ndarray, dtype) -> np.ndarray:
+    """The sum of float array x over its last axis, as float64 of shape x.shape[:-1], within
+    1.5 ulps of `dtype` of the exact sum (NaN and inf propagate as in np.sum).
+
+    A float64 sum of n values no larger than m is off by at most (n-1)*n*m*u, whatever the order of
+    the additions. Where that bound is under half an ulp of `dtype` of the total, the plain sum is
+    the answer: the usual case for float32 data, which sums in float64. Elsewhere each value is
+    split exactly, x = q + r, with q on a grid of sigma*u (sigma a power of two above 2*n*m):
+    the q sum exactly in any order, and the r are at most sigma*u, so each split shrinks the bound
+    by about 2*n*u (Rump, Ogita and Oishi's error-free vector transformation). The exact parts
+    are gathered with two_sum; a sum that would overflow sigma is left to math.fsum."""
+    lead, n = x.shape[:-1], x.shape[-1]
+    if x.size <= SMALL:
+        return _fsum_rows(x)
+    m = np.maximum(np.maximum.reduce(x, axis=-1), -np.minimum.reduce(x, axis=-1)).astype(np.float64)
+    finite = np.isfinite(m)
+    if not finite.all():                # NaN or inf: the IEEE answer (those rows alone)
+        plain = np.add.reduce(x, axis=-1, dtype=np.float64)
+        return np.where(finite, sum_last_axis(np.where(finite[..., None], x, 0), dtype), plain)
+    half_ulp = float(np.finfo(dtype).eps) / 4
+    hi = lo = np.zeros(lead)
+    r = x
+    while True:
+        bound = (n - 1) * n * U * m
+        if np.all(bound <= half_ulp * (np.abs(hi) + n * m)):     # else no plain sum can pass
+            hi2, err = two_sum(hi, np.add.reduce(r, axis=-1, dtype=np.float64))
+            total = hi2 + (lo + err)
+            if np.all(bound <= half_ulp * np.abs(total)):
+                return total
+        sigma = np.ldexp(1.0, np.frexp(m)[1] + (n.bit_length() + 1))[..., None]
+        if not np.isfinite(sigma).all():
+            return _fsum_rows(x)
+        q = np.add(r, sigma, dtype=np.float64)
+        q -= sigma
+        hi, err = two_sum(hi, np.add.reduce(q, axis=-1))           # exact: q lie on one grid
+        lo = lo + err
+        r = np.subtract(r, q, out=q)
+        m = sigma[..., 0] * U
+
+
+def fsum(row) -> float:
+    """math.fsum (exact, then rounded once), or the inf that np.sum gives where the sum overflows."""
+    try:
+        return math.fsum(row)
+    except OverflowError:               # the exact sum is beyond float64: inf, as np.sum says
+        return float(np.add.reduce(np.asarray(row, np.float64)))
+
+
+def _fsum_rows(x) -> np.ndarray:
+    rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]).tolist()
+    return np.array([fsum(r) for r in rows], np.float64).reshape(x.shape[:-1])
