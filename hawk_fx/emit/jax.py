@@ -168,7 +168,10 @@ for _name, _np_name in (("sample_sum", "sum"), ("sample_max", "max"), ("sample_m
 @jax_rules.register(prims.stack_p)
 def _stack(ctx, aval, *xs):
     jnp = _jnp()
-    return _cast(jnp.stack(jnp.broadcast_arrays(*[jnp.asarray(x) for x in xs])), aval)
+    out = jnp.stack(jnp.broadcast_arrays(*[jnp.asarray(x) for x in xs]))
+    if out.ndim == len(aval.shape):     # of Python numbers only: a constant, (*shape, *batch, 1) as _literal's
+        out = out.reshape(out.shape + (1,) * (len(ctx.batch) + 1))
+    return _cast(out, aval)
 
 
 @jax_rules.register(prims.einsum_p)
