@@ -9,10 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import eagle_fx as eagle
 import hawk_fx as hawk
 import hawk_fx.diff as hd
 import hawk_fx.math as hm
 from hawk_fx import Mutable, Scalar, Terminated, UInt32, Vector
+
+from conftest import line_of
 
 # ---------------------------------------------------------------------------------------------
 # item 9: Terminated is reserved for run-until-done, and refused until then
@@ -257,3 +260,89 @@ def test_an_infinite_derivative_stays_in_its_component():
         _, (tangent,) = hd.jvp(g, wrt=("y",))(np.array([0.0, 1.0]), np.array([1.0, 2.0]), tangents={"y": np.ones(2)})
     np.testing.assert_array_equal(grad, [[np.inf, 1.0], [1.0, 1.0]])
     np.testing.assert_array_equal(tangent, [[0.0, 0.0], [1.0, 1.0]])
+
+
+# ---------------------------------------------------------------------------------------------
+# item 12: &, |, ^, ~, divmod and @ on staged planes (inside builders)
+
+@eagle.Graph.builder
+def flags(x, y):
+    g = eagle.Graph()
+    a, b = x > 0.0, y < 0.5
+    g.result = (a & b, a | b, a ^ b, ~a, a & True, False | b, True ^ a)
+    return g
+
+
+def _flags_numpy(x, y):
+    a, b = x > 0.0, y < 0.5
+    return (a & b, a | b, a ^ b, ~a, a & True, False | b, True ^ a)
+
+
+@eagle.Graph.builder
+def quotients(x):
+    g = eagle.Graph()
+    q, r = divmod(x, 0.75)
+    q2, r2 = np.divmod(x, -1.5)
+    g.result = (q, r, q2, r2) + divmod(2.0, x)
+    return g
+
+
+def _quotients_numpy(x):
+    return np.divmod(x, 0.75) + np.divmod(x, -1.5) + np.divmod(2.0, x)
+
+
+def test_bool_operators_on_planes_stage_as_numpy():
+    """Against NumPy on the arrays, after each replay (the flags follow new values of x)."""
+    rng = np.random.default_rng(7)
+    x, y = rng.normal(size=9), rng.random(9)
+    g = flags(x, y)
+    for _ in range(2):
+        for got, want in zip(g(), _flags_numpy(x, y)):
+            assert got.dtype == np.bool_
+            np.testing.assert_array_equal(got, want)
+        x[:] = rng.normal(size=9)
+
+
+def test_divmod_on_planes_stages_floor_division_and_remainder():
+    x = np.array([-3.5, -0.75, -0.1, 0.0, 0.4, 1.6, 7.25])
+    g = quotients(x)
+    for got, want in zip(g(), _quotients_numpy(x)):
+        np.testing.assert_allclose(got, want, rtol=1e-15)
+
+
+def _refusal(builder, *args):
+    with pytest.raises(TypeError) as err:
+        builder(*args)
+    return str(err.value)
+
+
+def test_integer_and_float_bit_operators_are_refused_with_the_line():
+    @eagle.Graph.builder
+    def bits(k, m):
+        g = eagle.Graph()
+        g.result = k & m
+        return g
+
+    @eagle.Graph.builder
+    def float_bits(x):
+        g = eagle.Graph()
+        g.result = ~x
+        return g
+
+    msg = _refusal(bits, np.arange(4, dtype=np.int32), np.ones(4, np.int32))
+    assert f"bits:{line_of(bits, 'k & m') - line_of(bits, '@eagle') + 1}" in msg and "int32" in msg, msg
+    assert "(x > 0) & (y < 1)" in msg, msg
+    msg = _refusal(float_bits, np.ones(4))
+    assert "float_bits:" in msg and "float64" in msg and "NumPy refuses floats too" in msg, msg
+
+
+def test_matmul_of_planes_is_refused_with_the_line_and_hm_dot():
+    @eagle.Graph.builder
+    def product(v, w):
+        g = eagle.Graph()
+        g.result = v @ w
+        return g
+
+    msg = _refusal(product, np.ones((3, 5)), np.ones((3, 5)))
+    assert f"product:{line_of(product, 'v @ w') - line_of(product, '@eagle') + 1}" in msg, msg
+    assert "@ (np.matmul)" in msg and "hm.dot" in msg, msg
