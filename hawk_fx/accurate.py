@@ -30,8 +30,9 @@ def sum_last_axis(x: np.ndarray, dtype) -> np.ndarray:
     the answer: the usual case for float32 data, which sums in float64. Elsewhere each value is
     split exactly, x = q + r, with q on a grid of sigma*u (sigma a power of two above 2*n*m):
     the q sum exactly in any order, and the r are at most sigma*u, so each split shrinks the bound
-    by about 2*n*u (Rump, Ogita and Oishi's error-free vector transformation). The exact parts
-    are gathered with two_sum; a sum that would overflow sigma is left to math.fsum."""
+    by about 2*n*u (Rump, Ogita and Oishi's error-free vector transformation), and the splits go on
+    until it is small enough. The exact sums are gathered with two_sum; a sum that would overflow
+    sigma is left to math.fsum."""
     lead, n = x.shape[:-1], x.shape[-1]
     if x.size <= SMALL:
         return _fsum_rows(x)
@@ -41,24 +42,39 @@ def sum_last_axis(x: np.ndarray, dtype) -> np.ndarray:
         plain = np.add.reduce(x, axis=-1, dtype=np.float64)
         return np.where(finite, sum_last_axis(np.where(finite[..., None], x, 0), dtype), plain)
     half_ulp = float(np.finfo(dtype).eps) / 4
-    hi = lo = np.zeros(lead)
-    r = x
+    sigmas, size = [], m                # the splits so far, and a bound on what they leave of each value
     while True:
-        bound = (n - 1) * n * U * m
-        if np.all(bound <= half_ulp * (np.abs(hi) + n * m)):     # else no plain sum can pass
-            hi2, err = two_sum(hi, np.add.reduce(r, axis=-1, dtype=np.float64))
-            total = hi2 + (lo + err)
+        bound = (n - 1) * n * U * size
+        if np.all(bound <= half_ulp * n * m):           # |total| <= n*m: else no total can pass
+            hi = lo = np.zeros(lead)
+            for part in _split_sums(x, sigmas):
+                hi, err = two_sum(hi, part)
+                lo = lo + err
+            total = hi + lo
             if np.all(bound <= half_ulp * np.abs(total)):
                 return total
-        sigma = np.ldexp(1.0, np.frexp(m)[1] + (n.bit_length() + 1))[..., None]
-        if not np.isfinite(sigma).all():
+        sigmas.append(np.ldexp(1.0, np.frexp(size)[1] + (n.bit_length() + 1))[..., None])
+        if not np.isfinite(sigmas[-1]).all():
             return _fsum_rows(x)
-        q = np.add(r, sigma, dtype=np.float64)
-        q -= sigma
-        hi, err = two_sum(hi, np.add.reduce(q, axis=-1))           # exact: q lie on one grid
-        lo = lo + err
-        r = np.subtract(r, q, out=q)
-        m = sigma[..., 0] * U
+        size = sigmas[-1][..., 0] * U
+
+
+CHUNK = 1 << 16     # samples per slice: its scratch stays in cache, and nothing of n's size is made
+
+
+def _split_sums(x, sigmas) -> list:
+    """The exact sum of the q of each split, then the plain sum of what the splits leave, over
+    slices of the samples (a split's q sum exactly in any order, so slice by slice too)."""
+    sums = [0.0] * (len(sigmas) + 1)
+    for s in range(0, x.shape[-1], CHUNK):
+        r = x[..., s:s + CHUNK]
+        for k, sigma in enumerate(sigmas):
+            q = np.add(r, sigma, dtype=np.float64)
+            q -= sigma
+            sums[k] = sums[k] + np.add.reduce(q, axis=-1)
+            r = np.subtract(r, q, out=q)
+        sums[-1] = sums[-1] + np.add.reduce(r, axis=-1, dtype=np.float64)
+    return sums
 
 
 def fsum(row) -> float:
