@@ -14,7 +14,7 @@ import pytest
 
 import hawk_fx as hawk
 import hawk_fx.diff as hd
-from hawk_fx import Param, Scalar
+from hawk_fx import Param, Scalar, accurate
 from hawk_fx.accurate import sum_last_axis
 from hawk_fx.emit import cuda
 from hawk_fx.emit.jax import require_jax
@@ -112,6 +112,15 @@ SIZES = [1, 2, 3, 8, 255, 256, 257, 1000, 4096, 4097, 10_000]
 def test_numpy_against_fsum():
     """120 cases: every size around the small-n boundary (256) and beyond, both float dtypes."""
     for x in _cases(120, SIZES, seed=1):
+        s, _ = total(x)
+        _check(x, s)
+
+
+def test_numpy_across_slices_against_fsum(monkeypatch):
+    """The splits run over slices of accurate.CHUNK samples: made small here, 60 cases cross many
+    slice boundaries (n not a multiple of the slice)."""
+    monkeypatch.setattr(accurate, "CHUNK", 300)
+    for x in _cases(60, [301, 599, 1000, 4097], seed=8):
         s, _ = total(x)
         _check(x, s)
 
