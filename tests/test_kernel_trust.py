@@ -306,8 +306,9 @@ def test_bool_operators_on_planes_stage_as_numpy():
 def test_divmod_on_planes_stages_floor_division_and_remainder():
     x = np.array([-3.5, -0.75, -0.1, 0.0, 0.4, 1.6, 7.25])
     g = quotients(x)
-    for got, want in zip(g(), _quotients_numpy(x)):
-        np.testing.assert_allclose(got, want, rtol=1e-15)
+    with np.errstate(divide="ignore", invalid="ignore"):           # divmod(2.0, 0.0), as NumPy warns
+        for got, want in zip(g(), _quotients_numpy(x)):
+            np.testing.assert_allclose(got, want, rtol=1e-15)
 
 
 def _refusal(builder, *args):
