@@ -347,3 +347,24 @@ def test_matmul_of_planes_is_refused_with_the_line_and_hm_dot():
     msg = _refusal(product, np.ones((3, 5)), np.ones((3, 5)))
     assert f"product:{line_of(product, 'v @ w') - line_of(product, '@eagle') + 1}" in msg, msg
     assert "@ (np.matmul)" in msg and "hm.dot" in msg, msg
+
+
+def test_bit_operators_in_kernels_are_logical_on_bools_and_refused_on_integers():
+    """In a kernel, `k & 1` on integers was logical_and (True), where NumPy's is bitwise (k's low bit)."""
+    @hawk.kernel
+    def logic(x: Scalar, y: Scalar):
+        a, b = x > 0, y < 0.5
+        return a & b, a | True, False ^ b, ~a, a ^ b
+
+    x, y = np.array([-1.0, 0.5, 2.0, 3.0]), np.array([0.1, 0.7, 0.2, 0.9])
+    a, b = x > 0, y < 0.5
+    for got, want in zip(logic(x, y), (a & b, a | True, False ^ b, ~a, a ^ b)):
+        assert got.dtype == np.bool_
+        np.testing.assert_array_equal(got, want)
+
+    @hawk.kernel
+    def low_bit(k: UInt32):
+        return k & 1
+
+    with pytest.raises(hawk.TraceError, match=r"low_bit:3 .*`&` with a uint32 operand.*bitwise"):
+        low_bit(np.arange(4, dtype=np.uint32))
