@@ -21,8 +21,7 @@ import numpy as np
 
 from .. import prims
 from ..core import SAMPLE, UNIFORM, Literal, Program, RuleTable, Var, eager_impl
-from ..accurate import SMALL as SMALL_SUM
-from ..accurate import fsum, sum_last_axis
+from ..accurate import SMALL as SMALL_SUM, fsum, sum_last_axis
 from ..perthread import ThreadDict
 
 CHUNK = 32768   # samples per chunk: a few intermediates of this size (reused by liveness) stay in L2
