@@ -34,9 +34,15 @@ UFUNCS = {
 }
 
 # NumPy ufuncs hawk_fx.math has no single function for, written with those it has
+# (// and % are the kernel's own operators, which compute as np.floor_divide and np.remainder:
+# floor(a / b) is 5 for 2.0 // 0.4, where NumPy's exact quotient floors to 4)
 COMPOSED = {np.square: ("square", "a * a"), np.reciprocal: ("reciprocal", "1.0 / a"),
-            np.floor_divide: ("floor_divide", "hm.floor(a / b)"),
-            np.remainder: ("remainder", "a - b * hm.floor(a / b)")}   # Python's %: the sign of b
+            np.floor_divide: ("floor_divide", "a // b"), np.remainder: ("remainder", "a % b")}
+
+# NumPy's bitwise ufuncs on bools are the logical ones hawk_fx.math has; integers have no bit
+# operations in kernels yet, and NumPy refuses floats
+BOOL_UFUNCS = {np.bitwise_and: "logical_and", np.bitwise_or: "logical_or", np.bitwise_xor: "not_equal",
+               np.invert: "logical_not"}
 
 _kernels: dict = {}
 
@@ -117,12 +123,21 @@ def stage_ufunc(uf, method, inputs, kwargs, where):
         raise _refuse(where, f"{name}({', '.join(k + '=' for k in kwargs)}...)",
                       "call it without where=/dtype=/casting= (out=y alone is staged); for a masked update write "
                       "y[...] = np.where(mask, np.sin(x), y)")
+    if uf is np.divmod:                  # divmod(y, b): NumPy's (y // b, y % b)
+        return stage_ufunc(np.floor_divide, method, inputs, kwargs, where), \
+            stage_ufunc(np.remainder, method, inputs, kwargs, where)
+    if uf is np.matmul:
+        raise _refuse(where, "@ (np.matmul)", "NumPy's @ multiplies the whole arrays, the sample axis included, "
+                      "not each sample's vectors: write a kernel with hm.dot(a, b) or hm.matmul(m, v) per sample")
+    inputs = [_operand(a) for a in inputs]
     fname, body = UFUNCS.get(uf), None
     if fname is None and uf in COMPOSED:
         fname, body = COMPOSED[uf]
+    if uf in BOOL_UFUNCS:
+        _require_bools(inputs, where, name)
+        fname = BOOL_UFUNCS[uf]
     if fname is None:
         raise _refuse(where, name, f"hawk_fx.math has no {uf.__name__}: {WRITE_KERNEL}")
-    inputs = [_operand(a) for a in inputs]
     _check_broadcast(inputs, where, name)
     return _kernel_for(fname, inputs, where, name, body)(*inputs)
 
@@ -157,6 +172,16 @@ def write_into(plane, value, where, what):
                          "in-place result keeps y's shape: give the operands y's shape (a view, .reshape), or make "
                          "a new array: y = y + ...")
     plane[...] = value
+
+
+def _require_bools(operands, where, name):
+    dts = [np.dtype(getattr(a, "dtype", None) or np.result_type(a)) for a in operands]
+    bad = next((dt for dt in dts if dt != np.bool_), None)
+    if bad is not None:
+        raise TypeError(f"{API} {where}: {name} (&, |, ^, ~) with an operand of dtype {bad.name}; staged planes "
+                        "have it for bools (where it is logical and, or, xor, not), as comparisons give them: "
+                        "(x > 0) & (y < 1). Integer bit operations have no kernel primitive yet"
+                        + ("; NumPy refuses floats too" if bad.kind == "f" else ""))
 
 
 def _check_broadcast(operands, where, name):
@@ -453,6 +478,11 @@ for _name, _uf in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply), 
 for _name, _uf in (("lt", np.less), ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal),
                    ("eq", np.equal), ("ne", np.not_equal)):
     setattr(NdarrayProtocol, f"__{_name}__", _dunder(_uf))
+for _name, _uf in (("and", np.bitwise_and), ("or", np.bitwise_or), ("xor", np.bitwise_xor), ("matmul", np.matmul),
+                   ("divmod", np.divmod)):
+    setattr(NdarrayProtocol, f"__{_name}__", _dunder(_uf))
+    setattr(NdarrayProtocol, f"__r{_name}__", _dunder(_uf, True))
+NdarrayProtocol.__invert__ = lambda self: np.invert(self)
 for _name, _uf in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply), ("truediv", np.divide),
                    ("pow", np.power), ("mod", np.remainder), ("floordiv", np.floor_divide)):
     setattr(NdarrayProtocol, f"__i{_name}__", lambda self, other, _uf=_uf: _uf(self, other, out=(self,)))

@@ -31,11 +31,27 @@ def _w(c, a, b):
     return hm.where(c, a, b)
 
 
-# d(out)/d(input_i) as expressions of the inputs and the output; None: no derivative (zero)
+def _hypot_partials(a, b, y):
+    """a / y and b / y; at (0, 0), 0.5 each: JAX's hypot orders its legs with max and min, whose tie
+    splits the derivative."""
+    at0 = y == 0
+    safe = _w(at0, 1.0, y)
+    return [_w(at0, 0.5, a / safe), _w(at0, 0.5, b / safe)]
+
+
+def _logaddexp_partials(a, b, y):
+    """exp(a - y) and exp(b - y), as JAX; where y is infinite (inf - inf is NaN), sigmoid(a - b) and
+    sigmoid(b - a): softplus'(inf) is 1. (JAX gives 1 to a finite argument there; it is 0.)"""
+    inf = hm.isinf(y)
+    return [_w(inf, hm.sigmoid(a - b), hm.exp(a - y)), _w(inf, hm.sigmoid(b - a), hm.exp(b - y))]
+
+
+# d(out)/d(input_i) as expressions of the inputs and the output; None: no derivative (zero).
+# At special points, JAX's conventions: cbrt'(0) = inf, d/db pow(a, b) = NaN for a < 0, hypot above
 PARTIALS = {
     "neg": lambda x, y: [-1.0], "abs": lambda x, y: [_w(x >= 0, 1.0, -1.0)], "sign": None, "floor": None, "ceil": None,
     "round": None, "trunc": None, "sqrt": lambda x, y: [0.5 / y], "rsqrt": lambda x, y: [-0.5 * y / x],
-    "cbrt": lambda x, y: [y / (3.0 * x)], "exp": lambda x, y: [y], "exp2": lambda x, y: [LN2 * y],
+    "cbrt": lambda x, y: [(1.0 / 3.0) / (y * y)], "exp": lambda x, y: [y], "exp2": lambda x, y: [LN2 * y],
     "expm1": lambda x, y: [y + 1.0], "log": lambda x, y: [1.0 / x], "log2": lambda x, y: [1.0 / (LN2 * x)],
     "log10": lambda x, y: [1.0 / (LN10 * x)], "log1p": lambda x, y: [1.0 / (1.0 + x)],
     "sin": lambda x, y: [hm.cos(x)], "cos": lambda x, y: [-hm.sin(x)], "tan": lambda x, y: [1.0 + y * y],
@@ -47,14 +63,14 @@ PARTIALS = {
     "isfinite": None, "isnan": None, "isinf": None, "not": None,
     "add": lambda a, b, y: [1.0, 1.0], "sub": lambda a, b, y: [1.0, -1.0], "mul": lambda a, b, y: [b, a],
     "div": lambda a, b, y: [1.0 / b, -y / b], "floordiv": None, "mod": lambda a, b, y: [1.0, -hm.floor(a / b)],
-    "pow": lambda a, b, y: [b * hm.pow(a, b - 1.0), _w(a > 0, hm.log(_w(a > 0, a, 1.0)), 0.0) * y],
+    "pow": lambda a, b, y: [b * hm.pow(a, b - 1.0), hm.log(_w(a == 0, 1.0, a)) * y],
     "atan2": lambda a, b, y: [b / (a * a + b * b), -a / (a * a + b * b)],
-    "hypot": lambda a, b, y: [a / y, b / y], "fmod": lambda a, b, y: [1.0, -hm.trunc(a / b)],
+    "hypot": lambda a, b, y: _hypot_partials(a, b, y), "fmod": lambda a, b, y: [1.0, -hm.trunc(a / b)],
     # JAX's conventions at a kink: a tie of min/max splits the derivative 0.5/0.5; abs'(0) is 1
     "min": lambda a, b, y: [_w(a < b, 1.0, _w(a == b, 0.5, 0.0)), _w(b < a, 1.0, _w(a == b, 0.5, 0.0))],
     "max": lambda a, b, y: [_w(a > b, 1.0, _w(a == b, 0.5, 0.0)), _w(b > a, 1.0, _w(a == b, 0.5, 0.0))],
     "logistic": lambda x, y: [y * (1.0 - y)],
-    "logaddexp": lambda a, b, y: [hm.exp(a - y), hm.exp(b - y)],
+    "logaddexp": lambda a, b, y: _logaddexp_partials(a, b, y),
     "xlogy": lambda a, b, y: [hm.log(b), a / b], "xlog1py": lambda a, b, y: [hm.log1p(b), a / (1.0 + b)],
     "stop_gradient": None,
     "lt": None, "le": None, "gt": None, "ge": None, "eq": None, "ne": None, "and": None, "or": None,
@@ -159,11 +175,17 @@ jvp_rules[prims.sample_count_p] = lambda primals, tangents, outs: [None]     # n
 vjp_rules[prims.sample_count_p] = lambda cts, primals, outs: [None]
 
 
+def _zero_like(x):
+    """A zero of x's per-sample shape and kind, whatever x holds (0.0 * x is NaN where x is inf
+    or NaN, and would spread to the components that do have a derivative)."""
+    return hm.where(x == x, 0.0, 0.0)
+
+
 @jvp_rules.register(prims.stack_p)
 def _stack_jvp(primals, tangents, outs):
     if all(t is None for t in tangents):
         return [None]
-    return [P["stack"].bind(*[t if t is not None else 0.0 * p for t, p in zip(tangents, primals)])]
+    return [P["stack"].bind(*[t if t is not None else _zero_like(p) for t, p in zip(tangents, primals)])]
 
 
 @vjp_rules.register(prims.stack_p)
@@ -175,7 +197,7 @@ def _stack_vjp(cts, primals, outs):
 def _index_vjp(cts, primals, outs, i):
     x = primals[0]
     k = _aval(x).shape[0]
-    zero = 0.0 * cts[0]
+    zero = _zero_like(cts[0])
     return [P["stack"].bind(*[cts[0] if j == i % k else zero for j in range(k)])]
 
 

@@ -20,6 +20,7 @@ from .emit.jax import eager_call, is_jax_array
 from .emit.numpy import NumpyKernel, overlapping_inputs
 from .perthread import ThreadStack
 from .roles import Role
+from .source import parse_function
 from .trace import UNDEF, TraceError, convert_kernel, trace_body
 from .tree import tree_flatten, tree_unflatten
 
@@ -232,8 +233,22 @@ def _resolve_roles(fn) -> list[tuple[str, Role]]:
         if not isinstance(role, Role):
             raise TypeError(f"hawk.kernel {fn.__name__}: parameter '{name}' has no role annotation (found "
                             f"{role!r}); annotate it, e.g. `{name}: Scalar`, `{name}: Param`, `{name}: Mutable[Scalar]`")
+        if role.reserved:
+            raise TypeError(f"hawk.kernel {_param_where(fn, name)}: parameter '{name}' is {role!r}, which is "
+                            f"reserved for {role.reserved}")
         out.append((name, role))
     return out
+
+
+def _param_where(fn, name) -> str:
+    """`fn:line (file, line k)` of parameter `name`, or the function's name when its source is unreadable."""
+    try:
+        fdef, info = parse_function(fn, "hawk.kernel")
+    except TypeError:
+        return fn.__name__
+    a = fdef.args
+    line = next((p.lineno for p in a.posonlyargs + a.args + a.kwonlyargs if p.arg == name), fdef.lineno)
+    return info.where_long(line)
 
 
 def _is_gpu_array(a) -> bool:

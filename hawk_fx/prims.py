@@ -49,13 +49,19 @@ def _logistic(x, out=None):
 def _xlogy(x, y, out=None):
     """x * log(y), 0 where x is 0 (scipy.special.xlogy)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return _written(np.where(np.asarray(x) == 0, 0, x * np.log(y)), out)
+        return _written(np.where(np.asarray(x) == 0, 0, x * np.log(_weak_as(y, x))), out)
 
 
 def _xlog1py(x, y, out=None):
     """x * log1p(y), 0 where x is 0 (scipy.special.xlog1py)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        return _written(np.where(np.asarray(x) == 0, 0, x * np.log1p(y)), out)
+        return _written(np.where(np.asarray(x) == 0, 0, x * np.log1p(_weak_as(y, x))), out)
+
+
+def _weak_as(y, x):
+    """y in the dtype x and y compute in: np.log of a Python number is a (strong) float64, which
+    would make x * log(y) float64 for a float32 x."""
+    return np.asarray(y, np.result_type(x, y)) if isinstance(y, (int, float)) else y
 
 
 def _identity(x, out=None):

@@ -12,14 +12,15 @@ class Role:
     """What a kernel parameter is for one sample: its per-sample shape, dtype, and whether the
     kernel writes it (`Mutable`) or it is one value for all samples (`Param`)."""
 
-    __slots__ = ("name", "shape", "dtype", "mutable", "uniform")
+    __slots__ = ("name", "shape", "dtype", "mutable", "uniform", "reserved")
 
-    def __init__(self, name, shape=(), dtype=None, mutable=False, uniform=False):
+    def __init__(self, name, shape=(), dtype=None, mutable=False, uniform=False, reserved=None):
         self.name = name
         self.shape = tuple(shape)      # per-sample shape
         self.dtype = dtype             # None: any real dtype; else the exact dtype a written plane needs
         self.mutable = mutable
         self.uniform = uniform         # Param: one value for all samples
+        self.reserved = reserved       # a role named now for a feature still to come: kernels refuse it
 
     def __repr__(self):
         return f"Mutable[{self.name}]" if self.mutable else self.name
@@ -66,7 +67,7 @@ class _MutableFactory:
     def __getitem__(self, role):
         if not isinstance(role, Role) or role.uniform or role.mutable:
             raise TypeError(f"hawk.Mutable[...] takes a per-sample role (Scalar, UInt32, Vector[k], ...), got {role!r}")
-        return Role(role.name, role.shape, role.dtype, mutable=True)
+        return Role(role.name, role.shape, role.dtype, mutable=True, reserved=role.reserved)
 
     def __repr__(self):
         return "hawk.Mutable"
@@ -80,8 +81,12 @@ UInt32 = Role("UInt32", dtype=np.uint32)
 """One uint32 per sample, (n,); as `Mutable[UInt32]` on a one-cell array, a graph's guard cell."""
 Int32 = Role("Int32", dtype=np.int32)
 """One int32 per sample: a plane of shape (n,) of an integer dtype."""
-Terminated = Role("Terminated", dtype=np.bool_)
-"""One bool per sample, (n,): a per-sample "done" mark."""
+Terminated = Role("Terminated", dtype=np.bool_, reserved=(
+    "the run-until-done feature (eagle_fx.simulate, not yet available), which will stop updating a "
+    "sample once it is marked done. Until then a kernel with it is refused, rather than run with the "
+    "mark silently ignored. Today, keep the mark in a Mutable[UInt32] plane and guard the update with "
+    "hm.where: `done = hm.where(x > 2.0, 1, done)`, `x = hm.where(done != 0, x, x + dx)`"))
+"""Reserved for run-until-done (`eagle_fx.simulate`, not yet available): a kernel with it is refused."""
 Vector = _RoleFactory("Vector", 1)
 """`Vector[k]`: k components per sample, a plane of shape (k, n) (the sample axis last)."""
 Matrix = _RoleFactory("Matrix", 2)

@@ -189,15 +189,39 @@ for _dunder, _name in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv
                        ("mod", "mod"), ("pow", "pow")]:
     setattr(KTracer, f"__{_dunder}__", _binop(_name))
     setattr(KTracer, f"__r{_dunder}__", _binop(_name, swap=True))
-for _dunder, _name in [("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"), ("eq", "eq"), ("ne", "ne"),
-                       ("and", "and"), ("or", "or")]:
+for _dunder, _name in [("lt", "lt"), ("le", "le"), ("gt", "gt"), ("ge", "ge"), ("eq", "eq"), ("ne", "ne")]:
     setattr(KTracer, f"__{_dunder}__", _binop(_name))
-KTracer.__rand__ = _binop("and", swap=True)
-KTracer.__ror__ = _binop("or", swap=True)
+
+
+def _logic(symbol, name, swap=False):
+    """&, |, ^ of bools: logical and, or, xor (ne), as NumPy's bitwise ufuncs are on bools. On
+    integers NumPy's are bitwise, which kernels have no primitive for: refused, not made logical."""
+    p = P[name]
+
+    def op(self, other):
+        bad = next((as_aval(v).dtype for v in (self, other) if as_aval(v).dtype != np.bool_), None)
+        if bad is not None:
+            self._fail(f"`{symbol}` with a {bad.name} operand (NumPy's `{symbol}` on numbers is bitwise; kernels "
+                       "have no bit operations yet)", f"for a logical one compare first, `(a > 0) {symbol} (b > 0)`, "
+                       "or call hm.logical_and / hm.logical_or")
+        return p.bind(other, self) if swap else p.bind(self, other)
+    return op
+
+
+def _invert(x):
+    if x.aval.dtype != np.bool_:
+        x._fail(f"`~` of a {x.aval.dtype.name} value (NumPy's `~` on integers is bitwise; kernels have no bit "
+                "operations yet)", "for a logical not compare first, `~(x > 0)`, or call hm.logical_not")
+    return P["not"].bind(x)
+
+
+for _dunder, _symbol, _name in [("and", "&", "and"), ("or", "|", "or"), ("xor", "^", "ne")]:
+    setattr(KTracer, f"__{_dunder}__", _logic(_symbol, _name))
+    setattr(KTracer, f"__r{_dunder}__", _logic(_symbol, _name, swap=True))
 KTracer.__neg__ = lambda self: P["neg"].bind(self)
 KTracer.__pos__ = lambda self: self
 KTracer.__abs__ = lambda self: P["abs"].bind(self)
-KTracer.__invert__ = lambda self: P["not"].bind(self)
+KTracer.__invert__ = lambda self: _invert(self)
 KTracer.__matmul__ = lambda self, other: _matmul(self, other)
 KTracer.__rmatmul__ = lambda self, other: _matmul(other, self)
 KernelTrace.tracer_type = KTracer

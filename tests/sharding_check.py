@@ -6,6 +6,7 @@ import sys
 
 os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout's packages
 
 import jax  # noqa: E402
 
@@ -91,6 +92,18 @@ def sharded_jax_arguments():
     np.testing.assert_array_equal(y, np.zeros(16))
 
 
+def an_uncommitted_cell_follows_the_sharded_plane():
+    """jnp.asarray(flag) is uncommitted (on one device): it follows the sharded x, as jax.jit's
+    arguments do, at the build and at bind (it failed inside lowering: 'incompatible devices')."""
+    xs = jax.device_put(X, SPLIT)
+    want = until(X, cell(1))()
+    g = until(xs, jnp.asarray(cell(1)))
+    np.testing.assert_allclose(g(), want, rtol=1e-13)
+    np.testing.assert_allclose(jax.jit(lambda a, f: a * f[0])(xs, jnp.asarray(cell(2))), 2 * X)   # the oracle's rule
+    g.bind(flag=jnp.asarray(cell(1)))
+    np.testing.assert_allclose(g(), want, rtol=1e-13)
+
+
 def to_jax_grad_on_the_mesh():
     f = eagle_fx.to_jax(until)
     xs = jax.device_put(X, SPLIT)
@@ -113,6 +126,7 @@ def a_mesh_that_does_not_divide_n():
 if __name__ == "__main__":
     numpy_arguments_with_a_mesh()
     sharded_jax_arguments()
+    an_uncommitted_cell_follows_the_sharded_plane()
     to_jax_grad_on_the_mesh()
     a_mesh_that_does_not_divide_n()
     print("sharding checks passed")

@@ -11,7 +11,7 @@ from conftest import file_and_line, refused
 
 import hawk_fx as hawk
 import hawk_fx.math as hm
-from hawk_fx import Mutable, Param, Scalar, Terminated, TraceError, UInt32, Vector
+from hawk_fx import Mutable, Param, Scalar, TraceError, UInt32, Vector
 
 N = 5
 
@@ -132,7 +132,7 @@ def test_good_call_still_works_after_refusals(args):
 # roles with exact dtypes
 
 @hawk.kernel
-def typed(u: UInt32, done: Terminated, c: Mutable[UInt32]):
+def typed(u: UInt32, done: Scalar, c: Mutable[UInt32]):
     c = c + u
     return hm.where(done, u, 0)
 
@@ -140,8 +140,6 @@ def typed(u: UInt32, done: Terminated, c: Mutable[UInt32]):
 @pytest.mark.parametrize("param,value,fragments", [
     ("u", np.zeros(N, np.float64), ["float64", "integer"]),
     ("u", 1.5, ["Python float", "integer"]),
-    ("done", np.zeros(N, np.float64), ["float64", "bool"]),
-    ("done", 2.5, ["Python float", "bool"]),
     ("c", np.zeros(N, np.int32), ["int32", "uint32"]),
 ])
 def test_exact_dtype_roles(param, value, fragments):

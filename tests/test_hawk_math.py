@@ -12,7 +12,7 @@ import pytest
 
 import hawk_fx as hawk
 import hawk_fx.math as hm
-from hawk_fx import Param, Scalar, Terminated
+from hawk_fx import Param, Scalar
 
 N = 64
 FLOATS = [np.float32, np.float64]
@@ -202,7 +202,7 @@ def test_real_passes_floats_and_widens_integers():
 
 def test_logical_ops(rng):
     @hawk.kernel
-    def logic(a: Terminated, b: Terminated):
+    def logic(a: Scalar, b: Scalar):
         return (hm.logical_and(a, b), hm.logical_or(a, b), hm.logical_not(a), a & b, a | b, ~a,
                 hm.logical_and(a, True))
     a, b = rng.random(N) < 0.5, rng.random(N) < 0.5

@@ -6,7 +6,7 @@ import pytest
 
 import hawk_fx as hawk
 import hawk_fx.math as hm
-from hawk_fx import Int32, Matrix, Mutable, Param, Scalar, Terminated, UInt32, Vector
+from hawk_fx import Int32, Matrix, Mutable, Param, Scalar, UInt32, Vector
 from tour_kernels import affine
 
 
@@ -230,30 +230,6 @@ def test_mutable_uint32_plane_counts(rng):
     tally(x, c)
     np.testing.assert_array_equal(c, 3 + (x > 0.5))
     assert c.dtype == np.uint32
-
-
-def test_terminated_plane_selects(rng):
-    @hawk.kernel
-    def advance(x: Scalar, done: Terminated):
-        return hm.where(done, x, x + 1.0), ~done
-    x = rng.random(6)
-    done = np.array([True, False, True, False, False, True])
-    r, notdone = advance(x, done)
-    np.testing.assert_allclose(r, np.where(done, x, x + 1.0))
-    np.testing.assert_array_equal(notdone, ~done)
-    assert notdone.dtype == np.bool_
-
-
-def test_mutable_terminated(rng):
-    @hawk.kernel
-    def finish(x: Scalar, done: Mutable[Terminated]):
-        done = done | (x > 0.5)
-    x = rng.random(10)
-    done = np.zeros(10, bool)
-    done[0] = True
-    want = done | (x > 0.5)
-    finish(x, done)
-    np.testing.assert_array_equal(done, want)
 
 
 # ---------------------------------------------------------------------------------------------

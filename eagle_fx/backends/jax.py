@@ -25,7 +25,7 @@ from hawk_fx.perthread import ThreadStack
 
 from .jax_lower import LoweringError, lower
 
-__all__ = ["JaxExecutable", "LoweringError", "check_arrays", "plane_sharding"]
+__all__ = ["JaxExecutable", "LoweringError", "check_arrays", "follow_committed", "plane_sharding"]
 
 LAZY = ThreadStack()     # non-empty: executables this thread builds now compile at their first replay (to_jax)
 
@@ -76,6 +76,19 @@ def plane_sharding(mesh, shape, n, names=None, k=0, api="eagle.Graph"):
     return NamedSharding(mesh, PartitionSpec())
 
 
+def follow_committed(arrays, n, names=None):
+    """The jax.Arrays, with the uncommitted ones (made by jnp.asarray, never device_put) on the mesh
+    of the committed sharded ones, as jax.jit places them: planes split like the samples, cells
+    replicated. Left on their one device, they would make lowering refuse 'incompatible devices'."""
+    import jax
+    meshes = [getattr(a.sharding, "mesh", None) for a in arrays if a.committed]
+    mesh = next((m for m in meshes if m is not None and m.size > 1), None)
+    if mesh is None:
+        return arrays
+    return [a if a.committed else jax.device_put(a, plane_sharding(mesh, np.shape(a), n, names, k))
+            for k, a in enumerate(arrays)]
+
+
 def _written_inputs(prog):
     """(output index, input index) for the final value of each written input, and every output Var
     that is a version of a written input -> that input (it reads as the caller's array, as on the
@@ -101,7 +114,7 @@ class JaxExecutable:
         jax = require_jax("eagle.Graph(backend='jax')")
         self.prog, self.n, self.names, self.mesh = prog, n, list(names or []), mesh
         self.on_jax = check_arrays(input_arrays, self.names, mesh)
-        self.arrays = list(input_arrays)
+        self.arrays = follow_committed(list(input_arrays), n, self.names) if self.on_jax else list(input_arrays)
         # what the executable returns: the Program's outputs, then kept values it does not return
         # (buffer= planes) that are defined at the top level
         top = {v for e in prog.eqns for v in e.outputs}
@@ -206,6 +219,9 @@ class JaxExecutable:
 
     def rebind(self, input_index: int, arr):
         old = self.arrays[input_index]
+        if self.on_jax and not arr.committed and arr.sharding != old.sharding:
+            import jax
+            arr = jax.device_put(arr, old.sharding)       # as follow_committed placed the first one
         if self.on_jax and getattr(arr, "sharding", None) != getattr(old, "sharding", None):
             raise ValueError(f"eagle.Graph.bind: {_arg(self.names, input_index)} has another sharding than the array "
                              "the graph was built with; jax.device_put it with the same sharding")

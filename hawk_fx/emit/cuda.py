@@ -59,8 +59,10 @@ Sample reductions, and what a body with one becomes
     A reduction of a *uniform* value treats it as one sample, as the NumPy backend does
     (sum/max/min/mean of a Param is the Param, converted to the result dtype). Over zero samples a
     reduction gives its identity (sum 0, max -inf or the integer minimum, ...; mean NaN). A float
-    sum is accumulated in its own dtype, per thread, then per block, then by atomics whose order
-    varies from run to run, so its last bits differ from NumPy's pairwise sum and between runs.
+    sum is compensated: each thread keeps a (sum, error) pair, blocks combine pairs with two_sum,
+    and each block's atomic add learns the rounding error of the addition it made (from the old
+    value) and adds it to an error cell; readers take sum + error. The atomics' order varies from
+    run to run, so the last bit may too; the error is Neumaier's, u|sum| + O(n^2 u^2) sum|x|.
     max/min propagate NaN, as NumPy's do.
 
 Aliasing: a Mutable plane is both an input and an output. Pass `inplace={output: input}` (as
@@ -312,6 +314,32 @@ __device__ __forceinline__ void hawk_atomic_max(float* p, float v) { hawk_atomic
 __device__ __forceinline__ void hawk_atomic_max(double* p, double v) { hawk_atomic_fold<hawk_op_max>(p, v); }
 __device__ __forceinline__ void hawk_atomic_min(float* p, float v) { hawk_atomic_fold<hawk_op_min>(p, v); }
 __device__ __forceinline__ void hawk_atomic_min(double* p, double v) { hawk_atomic_fold<hawk_op_min>(p, v); }
+// compensated float sums: a (sum, error) pair; two_sum gives each addition's rounding error exactly
+template <typename T> __device__ __forceinline__ void hawk_two_sum(T& s, T& e, const T a, const T b) {
+    s = a + b; const T z = s - a; e = (a - (s - z)) + (b - z); }
+template <typename T> __device__ __forceinline__ void hawk_sum2_add(T& s, T& c, const T x) {
+    T e; hawk_two_sum(s, e, s, x); c += e; }
+template <typename T> __device__ __forceinline__ void hawk_sum2_shfl(T& s, T& c) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const T so = __shfl_down_sync(0xffffffffu, s, o), co = __shfl_down_sync(0xffffffffu, c, o);
+        hawk_sum2_add(s, c, so); c += co; } }
+template <typename T> __device__ __forceinline__ void hawk_block_sum2(T& s, T& c) {   // valid in thread 0
+    __shared__ T part[2][32];
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    hawk_sum2_shfl(s, c);
+    __syncthreads();
+    if (lane == 0) { part[0][warp] = s; part[1][warp] = c; }
+    __syncthreads();
+    if (warp == 0) {
+        const bool live = lane < ((blockDim.x + 31u) >> 5);
+        s = live ? part[0][lane] : T(0); c = live ? part[1][lane] : T(0);
+        hawk_sum2_shfl(s, c);
+    } }
+// the cell takes fl(old + s); that rounding error, known from old, goes to the error cell with c
+template <typename T> __device__ __forceinline__ void hawk_atomic_sum2(T* sum, T* err, const T s, const T c) {
+    const T old = atomicAdd(sum, s);
+    T t, e; hawk_two_sum(t, e, old, s);
+    atomicAdd(err, c + e); }
 #endif  // HAWK_PRELUDE
 """
 
@@ -642,6 +670,11 @@ class Reduction:
     size: int          # components
     stage: int         # the map stage that accumulates it
 
+    @property
+    def compensated(self) -> bool:
+        """A float sum: each component has a second cell, after all the sums, for its rounding error."""
+        return self.kind == "sum" and self.acc_dtype.kind == "f"
+
 
 @dataclass(frozen=True)
 class EmittedKernel:
@@ -745,8 +778,9 @@ class _BodyEmitter:
                 kind = _RED_KIND[e.prim.name]
                 acc = _acc_dtype(kind, out.dtype)
                 off = (off + 7) // 8 * 8
-                self.reds[id(e)] = Reduction(kind, e.prim.name, acc, off, _size(out.shape), self._stage(e.inputs[0]))
-                off += acc.itemsize * _size(out.shape)
+                red = Reduction(kind, e.prim.name, acc, off, _size(out.shape), self._stage(e.inputs[0]))
+                self.reds[id(e)] = red
+                off += acc.itemsize * red.size * (2 if red.compensated else 1)
         self.workspace_bytes = (off + 7) // 8 * 8
         # where each per-sample output is written
         self.write_stage = {j: self._stage(a) for j, a in enumerate(prog.outputs) if self.out_sample[j]}
@@ -849,6 +883,8 @@ class _BodyEmitter:
             pre.append(f"// {name} = {e.prim.name} (accumulated by an earlier pass)")
             for c in range(red.size):
                 cell = f"{self._acc_ptr(red)}[{c}]"
+                if red.compensated:
+                    cell = f"({cell} + {self._acc_ptr(red)}[{red.size + c}])"
                 expr = f"{cell} / ({A})hawk_n" if e.prim.name == "sample_mean" else cell
                 pre.append(f"const {T} {name}_{c} = ({T})({expr});")
             env[v] = _Val([f"{name}_{c}" for c in range(red.size)], out.dtype, out.shape)
@@ -910,6 +946,13 @@ class _BodyEmitter:
                 acc = f"hawk_acc{r_index}_{c}"
                 pre.append(f"{A} {acc} = {ident};")
                 term = x[c] if red.acc_dtype == e.outputs[0].aval.dtype else f"({A})({x[c]})"
+                if red.compensated:
+                    pre.append(f"{A} {acc}_err = {ident};")
+                    loop.append(f"hawk_sum2_add({acc}, {acc}_err, {term});")
+                    post.append(f"{{ {A} s = {acc}, c = {acc}_err; hawk_block_sum2(s, c);")
+                    post.append(f"  if (threadIdx.x == 0) hawk_atomic_sum2(&{self._acc_ptr(red)}[{c}], "
+                                f"&{self._acc_ptr(red)}[{red.size + c}], s, c); }}")
+                    continue
                 fold = f"{acc} + {term}" if red.kind == "sum" else f"hawk_{red.kind}({acc}, {term})"
                 loop.append(f"{acc} = {fold};")
                 post.append(f"{{ const {A} r = hawk_block_reduce<{op}>({acc}, {ident});")
@@ -931,7 +974,7 @@ class _BodyEmitter:
         lines = [self._signature(entry) + " {", "    if (blockIdx.x != 0 || threadIdx.x != 0) return;"]
         for red in self.reds.values():
             ident = _identity(red.kind, red.acc_dtype)
-            for c in range(red.size):
+            for c in range(red.size * (2 if red.compensated else 1)):
                 lines.append(f"    {self._acc_ptr(red)}[{c}] = {ident};")
         lines.append("}")
         return entry, "\n".join(lines)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import prims
+from ..accurate import two_sum
 from ..core import SAMPLE, Literal, RuleTable
 
 JAX_EXTRA = "pip install 'eagle_fx[jax]'"
@@ -130,12 +131,31 @@ for _name, _fn in _ELEMENTWISE.items():
 jax_rules[prims.convert_p] = lambda ctx, aval, x, *, dtype: _jnp().asarray(x).astype(dtype)
 
 
+def _compensated_sum(x):
+    """The sum over the last axis as pairs (sum, carried error): XLA may combine the samples in
+    any order, and each combination captures its rounding error exactly (two_sum), so the result
+    is off by u|sum| + O(n^2 u^2) sum|x| at worst (Neumaier's bound), not by O(n u) sum|x|."""
+    from jax import lax
+    jnp = _jnp()
+
+    def combine(p, q):
+        s, e = two_sum(p[0], q[0])
+        return s, p[1] + q[1] + e
+
+    zero = jnp.zeros((), x.dtype)
+    s, c = lax.reduce((x, jnp.zeros_like(x)), (zero, zero), combine, (x.ndim - 1,))
+    return (s + c)[..., None]
+
+
 def _reduction_rule(name):
     def rule(ctx, aval, x):
         jnp = _jnp()
         x = jnp.asarray(x)
         if x.ndim == 0:
             x = x.reshape(1)
+        if name in ("sum", "mean") and jnp.issubdtype(x.dtype, jnp.floating):
+            total = _compensated_sum(x)
+            return _cast(total if name == "sum" else total / x.shape[-1], aval)
         return _cast(getattr(jnp, name)(x, axis=-1, keepdims=True), aval)
     return rule
 
@@ -148,7 +168,10 @@ for _name, _np_name in (("sample_sum", "sum"), ("sample_max", "max"), ("sample_m
 @jax_rules.register(prims.stack_p)
 def _stack(ctx, aval, *xs):
     jnp = _jnp()
-    return _cast(jnp.stack(jnp.broadcast_arrays(*[jnp.asarray(x) for x in xs])), aval)
+    out = jnp.stack(jnp.broadcast_arrays(*[jnp.asarray(x) for x in xs]))
+    if out.ndim == len(aval.shape):     # of Python numbers only: a constant, (*shape, *batch, 1) as _literal's
+        out = out.reshape(out.shape + (1,) * (len(ctx.batch) + 1))
+    return _cast(out, aval)
 
 
 @jax_rules.register(prims.einsum_p)

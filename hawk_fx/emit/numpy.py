@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import prims
 from ..core import SAMPLE, UNIFORM, Literal, Program, RuleTable, Var, eager_impl
+from ..accurate import SMALL as SMALL_SUM, fsum, sum_last_axis
 from ..perthread import ThreadDict
 
 CHUNK = 32768   # samples per chunk: a few intermediates of this size (reused by liveness) stay in L2
@@ -134,11 +135,16 @@ single_pass.add(prims.convert_p)     # an elementwise copy: it may write straigh
 
 
 def _sample_sum(x, out):
-    """The sum over samples. Of a bool plane, count_nonzero: it needs no casting buffer, where
-    np.add.reduce from bool to int allocates one per call. Over many short rows (a batched call:
-    one row per instance), a matrix-vector product with ones: add.reduce over a short last axis
-    costs several times more."""
-    if x.dtype == np.bool_ and x.ndim == 1:
+    """The sum over samples. Of floats, within an ulp however they cancel (hawk_fx/accurate.py).
+    Of a bool plane, count_nonzero: it needs no casting buffer, where np.add.reduce from bool to
+    int allocates one per call. Over many short rows of bools (a batched call: one row per
+    instance), a matrix-vector product with ones: add.reduce over a short last axis costs several
+    times more."""
+    if x.dtype.kind == "f" and x.ndim == 1 and x.size <= SMALL_SUM:
+        out[0] = fsum(x.tolist())                 # a few samples: the exact sum is the cheap one
+    elif x.dtype.kind == "f":
+        np.copyto(out, sum_last_axis(x, out.dtype)[..., None], casting="unsafe")
+    elif x.dtype == np.bool_ and x.ndim == 1:
         out[0] = np.count_nonzero(x)
     elif x.dtype == np.bool_ and x.shape[-1] % 8 == 0 and x.flags.c_contiguous and _POPCOUNT is not None:
         # rows of bools, 8 per 64-bit word: each row's count is the bit count of its words
@@ -147,7 +153,7 @@ def _sample_sum(x, out):
             np.copyto(out, words, casting="unsafe")
         else:
             np.add.reduce(words, axis=-1, keepdims=True, out=out, dtype=out.dtype)
-    elif x.ndim > 1 and x.dtype.kind in "bf" and x.shape[-1] <= _SHORT_ROW and x.size >= 8 * x.shape[-1]:
+    elif x.ndim > 1 and x.dtype == np.bool_ and x.shape[-1] <= _SHORT_ROW and x.size >= 8 * x.shape[-1]:
         _row_sums(x, out)
     else:
         np.add.reduce(x, axis=-1, keepdims=True, out=out)
@@ -162,35 +168,38 @@ def _row_sums(x, out):
     key = (x.shape, out.dtype)
     bufs = _ROW_SCRATCH.get(key)
     if bufs is None:
-        dt = out.dtype if out.dtype.kind == "f" else np.dtype(np.float64)
+        dt = np.dtype(np.float64)        # counts of up to 64 are exact in it
         if len(_ROW_SCRATCH) >= SCRATCH_SIZES:
             _ROW_SCRATCH.clear()
         bufs = _ROW_SCRATCH[key] = (np.ones((x.shape[-1], 1), dt), np.empty(x.shape, dt),
                                     np.empty(x.shape[:-1] + (1,), dt))
     ones, rows, sums = bufs
-    if x.dtype == ones.dtype and out.dtype == ones.dtype:
-        np.matmul(x, ones, out=out)
-        return
     np.copyto(rows, x, casting="unsafe")
     np.matmul(rows, ones, out=sums)
     np.copyto(out, sums, casting="unsafe")
 
 
-# ufunc.reduce skips np.sum's Python wrapper, which dominates at small n
-_REDUCE_UFUNC = {"sample_sum": np.add, "sample_max": np.maximum, "sample_min": np.minimum}
-for _p, _fn in prims.REDUCTION.items():
-    def _red(ctx, out, ins, params, fn=_fn, name=_p.name):
-        if name in _REDUCE_UFUNC:
-            f = ctx.const(_REDUCE_UFUNC[name].reduce, "red")
-        else:
-            f = ctx.const(fn, "red")
-        return [f"{f}({ins[0]}, axis=-1, keepdims=True, out={out})"]
-    numpy_emit[_p] = _red
+# ufunc.reduce skips np.max's Python wrapper, which dominates at small n
+for _name, _ufunc in (("sample_max", np.maximum), ("sample_min", np.minimum)):
+    def _red(ctx, out, ins, params, f=_ufunc.reduce):
+        return [f"{ctx.const(f, 'red')}({ins[0]}, axis=-1, keepdims=True, out={out})"]
+    numpy_emit[prims.P[_name]] = _red
+
+
+def _sample_mean(x, out):
+    """The mean over samples: the accurate sum (of floats, or of counts as float64) over n."""
+    total = sum_last_axis(x if x.dtype.kind == "f" else x.astype(np.float64), out.dtype)
+    np.copyto(out, (total / x.shape[-1])[..., None], casting="unsafe")
 
 
 @numpy_emit.register(prims.P["sample_sum"])
 def _sum(ctx, out, ins, params):
     return [f"{ctx.const(_sample_sum, 'sum')}({ins[0]}, {out})"]
+
+
+@numpy_emit.register(prims.P["sample_mean"])
+def _mean(ctx, out, ins, params):
+    return [f"{ctx.const(_sample_mean, 'mean')}({ins[0]}, {out})"]
 
 
 @numpy_emit.register(prims.stack_p)
