@@ -285,3 +285,34 @@ def test_numpy_arguments_written_in_place_are_donated_as_the_replays_own_copies(
         np.testing.assert_allclose(y, (k + 1) * want, rtol=1e-13)     # y += x at every replay, in place
     np.testing.assert_array_equal(x0, keep_x)
     assert y.flags.writeable and flag.flags.writeable
+
+
+@eagle_fx.Graph.builder
+def bump_twice(x, y):
+    g = eagle_fx.Graph(backend="jax")
+    bump(x, y)                          # y += x, twice: a write through y is seen through x on NumPy
+    bump(x, y)
+    g.result = y
+    return g
+
+
+def test_written_numpy_arguments_that_share_memory_are_refused_at_build_and_bind():
+    # On NumPy y = A[:-1] and x = A[1:] alias: the second bump reads the first one's write through x.
+    # JAX copies each argument on its own, so it would silently compute without that: refused.
+    A = np.arange(1.0, 6.0)
+    ref = A.copy()
+    for _ in range(2):                  # the loop a NumPy user means, in place
+        ref[:-1] += ref[1:].copy()
+    numpy_run = A.copy()
+    with eagle_fx.disable_staging():
+        bump_twice(numpy_run[1:], numpy_run[:-1])()
+    np.testing.assert_allclose(numpy_run, ref)
+    refused(ValueError, lambda: bump_twice(A[1:], A[:-1]), "backend='jax'", "argument 'y' is written",
+            "shares memory with argument 'x'", "copy", untouched=[A])
+    g = bump_twice(np.arange(1.0, 5.0), np.zeros(4))
+    refused(ValueError, lambda: g.bind(y=g.argument("x")[::-1]), "eagle.Graph.bind", "shares memory")
+    x = np.arange(1.0, 5.0)             # apart: runs, as on NumPy
+    y = np.zeros(4)
+    g.bind(x=x, y=y)
+    g()
+    np.testing.assert_allclose(y, 2 * x)

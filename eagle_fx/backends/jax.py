@@ -61,6 +61,19 @@ def check_arrays(arrays, names, mesh, api="eagle.Graph"):
     return bool(arrays) and all(kinds)
 
 
+def refuse_overlap(arrays, written, names, api="eagle.Graph(backend='jax')"):
+    """Refuse NumPy arguments that share memory where one is written: the NumPy backend updates
+    them in place, so a write through one is seen through the other, while the JAX backend copies
+    each to the device on its own and would silently compute with the old values."""
+    for i in sorted(set(written)):
+        for k, b in enumerate(arrays):
+            a = arrays[i]
+            if k != i and a is not b and np.may_share_memory(a, b) and np.shares_memory(a, b):
+                raise ValueError(f"{api}: {_arg(names, i)} is written and shares memory with {_arg(names, k)}; "
+                                 "JAX arrays do not alias, so the write would not be seen through the other: pass "
+                                 "a copy of one (np.array(..., copy=True)) or build on the NumPy backend")
+
+
 def plane_sharding(mesh, shape, n, names=None, k=0, api="eagle.Graph"):
     """The sharding of one plane on `mesh`: split along the sample axis (last) when the plane has
     the graph's n samples, replicated otherwise (cells, Params, small arrays)."""
@@ -121,6 +134,8 @@ class JaxExecutable:
         extra = [v for v in keep if v in top and v not in prog.outputs]
         self.out_vars = list(prog.outputs) + extra
         self.written, versions = _written_inputs(prog.replace(outputs=self.out_vars))
+        if not self.on_jax:
+            refuse_overlap(self.arrays, [i for _, i in self.written], self.names)
         host = None if self.on_jax else list(self.arrays)
         why = ("reads and writes host arrays, and this graph's arguments are jax.Arrays; build it on NumPy arrays "
                "with eagle.Graph(backend='jax')" if self.on_jax else None)
@@ -225,6 +240,9 @@ class JaxExecutable:
         if self.on_jax and getattr(arr, "sharding", None) != getattr(old, "sharding", None):
             raise ValueError(f"eagle.Graph.bind: {_arg(self.names, input_index)} has another sharding than the array "
                              "the graph was built with; jax.device_put it with the same sharding")
+        if not self.on_jax:
+            arrays = self.arrays[:input_index] + [arr] + self.arrays[input_index + 1:]
+            refuse_overlap(arrays, [i for _, i in self.written], self.names, api="eagle.Graph.bind")
         self.arrays[input_index] = arr
 
     def array_of(self, var):
