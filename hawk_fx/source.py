@@ -46,7 +46,9 @@ def parse_function(fn, api: str):
 
 
 def recompile(fn, fdef: ast.FunctionDef, extra: dict):
-    """Compile the rewritten `fdef` as a closure over fn's free variables plus `extra` names."""
+    """Compile the rewritten `fdef` as a closure over fn's free variables plus `extra` names. It
+    shares fn's own cells, so a name the enclosing function rebinds later (a kernel redefined
+    there) is seen, as Python's closures see it."""
     fdef.decorator_list = []
     free = list(fn.__code__.co_freevars)
     extra_names = list(extra)
@@ -64,6 +66,12 @@ def recompile(fn, fdef: ast.FunctionDef, extra: dict):
     exec(code, fn.__globals__, ns)
     cells = [c.cell_contents if _cell_full(c) else None for c in (fn.__closure__ or ())]
     new = ns["__factory__"](*cells, *[extra[k] for k in extra_names])
+    if new.__closure__:
+        own = dict(zip(free, fn.__closure__ or ()))
+        closure = tuple(own.get(name, c) for name, c in zip(new.__code__.co_freevars, new.__closure__))
+        qualname = new.__qualname__
+        new = types.FunctionType(new.__code__, new.__globals__, new.__name__, None, closure)
+        new.__qualname__ = qualname
     new.__defaults__ = fn.__defaults__
     new.__kwdefaults__ = fn.__kwdefaults__
     return new

@@ -139,6 +139,31 @@ def test_a_kernel_reassigned_in_a_module_or_a_closure_is_seen():
         K.model = model
 
 
+def test_a_kernel_rebound_in_the_enclosing_function_is_seen_by_its_builder():
+    # the builder shares the enclosing function's cells, as a Python closure does (it used to copy
+    # them when decorated, so the first kernel stayed, even uncached)
+    @hawk.kernel
+    def inner(x: Scalar) -> Scalar:
+        return 2.0 * x
+
+    @ef.Graph.builder
+    def nested(x):
+        g = ef.Graph()
+        g.result = total(inner(x))
+        return g
+
+    dnested = ef.grad(nested)
+    np.testing.assert_allclose(nested(X5)(), sum_sq(2.0, X5)[0], rtol=1e-13)
+    np.testing.assert_allclose(dnested(X5), sum_sq(2.0, X5)[1], rtol=1e-13)
+
+    @hawk.kernel
+    def inner(x: Scalar) -> Scalar:         # noqa: F811  rebinds the cell nested reads
+        return 3.0 * x
+
+    np.testing.assert_allclose(nested(X5)(), sum_sq(3.0, X5)[0], rtol=1e-13)
+    np.testing.assert_allclose(dnested(X5), sum_sq(3.0, X5)[1], rtol=1e-13)
+
+
 def test_to_jax_sees_a_redefined_kernel():
     jax = pytest.importorskip("jax")
     jax.config.update("jax_enable_x64", True)
