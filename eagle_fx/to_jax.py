@@ -19,13 +19,15 @@ The backward runs the forward again (nothing is kept between the two but the arg
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 from hawk_fx.emit.jax import is_jax_array, require_jax
 from hawk_fx.tree import tree_unflatten
 
 from .backends.jax_lower import lower
-from .cache import names_read, static_key, unchanged
+from .cache import MAXSIZE, names_read, static_key, unchanged
 
 API = "eagle_fx.to_jax"
 _OPAQUE = ("is a host function; inside a pure JAX function there are no host arrays for it to read "
@@ -174,7 +176,7 @@ def to_jax(f):
     array arguments may be jax.Arrays or tracers (it works inside jax.jit, jax.vmap, jax.grad);
     other arguments are static. It returns f's declared result tree as jax.Arrays."""
     jax = require_jax(API)
-    sigs: dict = {}
+    sigs: OrderedDict = OrderedDict()       # signature key -> _Signature, the most recent last
 
     def key_of(args):
         key = []
@@ -197,6 +199,9 @@ def to_jax(f):
             names = names_read(f)
             sig = sigs[key] = _Signature(f, args, None)
             sig.pure, sig.names = _make_pure(jax, sig), names
+            if len(sigs) > MAXSIZE:                        # as the transforms' cache: the least recent goes
+                sigs.popitem(last=False)
+        sigs.move_to_end(key)
         leaves = sig.pure(*[args[k] for k in sig.positions])
         return tree_unflatten(sig.tree, list(leaves))
 

@@ -117,3 +117,25 @@ def test_a_vmap_made_function_reads_its_arguments_through_the_moved_axis():
     ft = eagle_fx.to_jax(eagle_fx.vmap(until, in_axes=(1, 0)))           # the batch axis last: a transposed view
     got = ft(jnp.asarray(xs.T), jnp.asarray(flags))
     np.testing.assert_allclose(np.asarray(got)[:, 0], [ref_until(X), ref_until(2 * X)], rtol=1e-13)
+
+
+STAGINGS = []
+
+
+@eagle_fx.Graph.builder
+def scaled_total(x, k):
+    STAGINGS.append(k)                  # the builder's body runs once per staging
+    g = eagle_fx.Graph()
+    g.result = total(grow(x, k))
+    return g
+
+
+def test_signatures_are_kept_least_recent_out_as_in_the_transforms_cache(monkeypatch):
+    import sys
+    monkeypatch.setattr(sys.modules["eagle_fx.to_jax"], "MAXSIZE", 2)   # the module, not the function
+    f = eagle_fx.to_jax(scaled_total)
+    x = jnp.asarray(X)
+    ref = {k: np.sum((k * X + 0.1 * np.tanh(X)) ** 2) for k in (1.0, 2.0, 3.0)}
+    for k in (1.0, 2.0, 3.0, 3.0, 2.0, 1.0):     # 1.0 was evicted by 3.0: staged again
+        np.testing.assert_allclose(np.asarray(f(x, k)), ref[k], rtol=1e-12)
+    assert STAGINGS == [1.0, 2.0, 3.0, 1.0]
