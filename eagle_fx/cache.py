@@ -386,7 +386,9 @@ def _locked(e):
 def staged(sig, args, stage):
     """The Entry whose graph runs what `stage` (returning a closed Program) makes for these
     arguments, locked (`with staged(...) as e:`): a cached one with the arrays bound, or a new one,
-    staged on copies of the arguments that it keeps."""
+    staged on copies of the arguments that it keeps. The copies share memory as the caller's
+    arrays do only where the Program writes one of them (then NumPy's aliasing decides the answer);
+    elsewhere each argument is its own value, so a derivative of f(u, u) is that of f(a, b)."""
     key, leaves, tree = layout_key(args)
     if key is None:
         return _locked(Entry(stage(*args), None, ()))
@@ -397,16 +399,11 @@ def staged(sig, args, stage):
     e = c.lookup(key, leaves) if c is not None else None
     if e is not None:
         return e
-    owned = _owned(leaves, key[3])
-    own = [o if o is not None else x for o, x in zip(owned, leaves)]
-    own_args = tuple(own) if tree is None else tree_unflatten(tree, own)
     names = names_read(sig) if c is not None else ()
-    rec = Staging()
-    _RECORDING.append(rec)
-    try:
-        g = stage(*own_args)
-    finally:
-        _RECORDING.pop()
+    owned, g, rec = _stage_on_copies(stage, leaves, tree, None)
+    shared = key[3]
+    if shared and _writes_shared(g, owned, shared):      # never a derivative: its graph writes no argument
+        owned, g, rec = _stage_on_copies(stage, leaves, tree, shared)
     e = _locked(Entry(g, owned, rec.caps, names))
     try:
         e.bind(leaves)
@@ -416,6 +413,27 @@ def staged(sig, args, stage):
     if c is not None and rec.cacheable:
         c.store(key, e)
     return e
+
+
+def _stage_on_copies(stage, leaves, tree, shared):
+    """(owned copies, closed Program, Staging record) of one staging on copies of the arguments:
+    each leaf its own (arguments are values, as in JAX), or overlapping as `shared` says."""
+    owned = _owned(leaves, shared)
+    own = [o if o is not None else x for o, x in zip(owned, leaves)]
+    rec = Staging()
+    _RECORDING.append(rec)
+    try:
+        g = stage(*(tuple(own) if tree is None else tree_unflatten(tree, own)))
+    finally:
+        _RECORDING.pop()
+    return owned, g, rec
+
+
+def _writes_shared(closed, owned, shared) -> bool:
+    """Whether the Program writes a leaf that overlaps another: only then does the caller's
+    aliasing change the answer (NumPy semantics: the write is seen through the other view)."""
+    members = {k for _, group in shared for k, *_ in group}
+    return any(k in members for k in _written_owned(closed, owned))
 
 
 def clear_caches():

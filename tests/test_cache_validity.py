@@ -16,6 +16,7 @@ from eagle_fx import cache
 from eagle_fx.backends.select import use_backend
 from hawk_fx import Mutable, Param, Scalar
 from test_one_reverse_mode import settle_counted
+from conftest import refused
 from tour_kernels import cell
 
 
@@ -39,6 +40,11 @@ def scaled(x: Scalar, a: Param) -> Scalar:
 @hawk.kernel
 def acc(s: Scalar, y: Mutable[Scalar]):
     y = s + y
+
+
+@hawk.kernel
+def mul(a: Scalar, b: Scalar) -> Scalar:
+    return a * b
 
 
 # -- item 2: a kernel (or block, or global) rebound after staging --------------------------------
@@ -230,6 +236,35 @@ def test_separate_arrays_then_one_array_twice_do_not_share_an_entry():
     want, _ = loop_oracle(A, SAME)
     np.testing.assert_allclose(f(A, A), want, rtol=1e-13)
     assert f.cache_info().misses == 2
+
+
+@ef.Graph.builder
+def weighted(a, b):
+    g = ef.Graph()
+    g.result = total(mul(a, b))
+    return g
+
+
+def test_one_array_passed_twice_is_two_values_to_a_derivative_as_in_jax():
+    # sum((a b)^2): d/da = 2 a b^2, not the derivative along the one buffer (a, b) share
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    want = jax.grad(lambda a, b: (a * b * a * b).sum())(X5, X5)
+    np.testing.assert_allclose(ef.grad(weighted)(X5, X5), want, rtol=1e-13)
+    np.testing.assert_allclose(ef.grad(lambda u: weighted(u, u))(X5), 2 * want, rtol=1e-13)  # u twice: both paths
+    B = np.stack([X5, X5 + 1.0])
+    np.testing.assert_allclose(ef.vmap(ef.grad(weighted))(B, B),
+                               jax.vmap(jax.grad(lambda a, b: (a * b * a * b).sum()))(B, B), rtol=1e-13)
+
+
+def test_a_derivative_takes_overlapping_written_arguments_as_values():
+    # acc3 writes m; under grad the arguments are values (JAX's semantics, and a derivative's graph
+    # writes no argument), so m = A[1:] starts from its own copy, not from what a write through x leaves
+    A = np.arange(1.0, 8.0)
+    x, m = A[:-1], A[1:]
+    want = 2 * 3 * (m + 3 * x)                     # d/dx sum((m + 3x)^2)
+    np.testing.assert_allclose(ef.grad(acc3)(x, m), want, rtol=1e-13)
+    np.testing.assert_array_equal(A, np.arange(1.0, 8.0))          # the caller's arrays are not written
 
 
 # -- item 4: static Python values equal by == but not the same ------------------------------------
