@@ -12,6 +12,7 @@ import hawk_fx as hawk
 from conftest import refused
 from hawk_fx import Param, Scalar
 from eagle_fx.transforms.program import TransformError
+from test_vmap_plain import dbl, doubled, loss, sumsq
 
 jax.config.update("jax_enable_x64", True)
 
@@ -28,16 +29,6 @@ def weighted_by(x: Scalar, c: Param) -> Scalar:
     return hawk.sum(x * x * c)
 
 
-@hawk.kernel
-def dbl(x: Scalar) -> Scalar:
-    return 2.0 * x
-
-
-@hawk.kernel
-def sumsq(x: Scalar) -> Scalar:
-    return hawk.sum(x * x)
-
-
 @eagle.Graph.builder
 def f(x, c):                      # c: a plane of x's shape
     g = eagle.Graph()
@@ -49,20 +40,6 @@ def f(x, c):                      # c: a plane of x's shape
 def fp(x, c):                     # c: a Param (a Python number, or a one-cell array read at each replay)
     g = eagle.Graph()
     g.result = weighted_by(x, c)
-    return g
-
-
-@eagle.Graph.builder
-def doubled(x):
-    g = eagle.Graph()
-    g.result = dbl(x)
-    return g
-
-
-@eagle.Graph.builder
-def loss(x):
-    g = eagle.Graph()
-    g.result = sumsq(x)
     return g
 
 

@@ -24,6 +24,7 @@ import hawk_fx as hawk
 from conftest import refused
 from eagle_fx.backends.select import use_backend
 from hawk_fx import Mutable, Scalar
+from tour_kernels import add, dbl, square as sq, total as sumsq  # noqa: E402
 
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
@@ -39,25 +40,6 @@ def acc(s: Scalar, y: Mutable[Scalar]):
 def total(x: Scalar) -> Scalar:
     return hawk.sum(x)
 
-
-@hawk.kernel
-def sumsq(x: Scalar) -> Scalar:
-    return hawk.sum(x * x)
-
-
-@hawk.kernel
-def dbl(x: Scalar):
-    return 2.0 * x
-
-
-@hawk.kernel
-def sq(x: Scalar):
-    return x * x
-
-
-@hawk.kernel
-def add(a: Scalar, b: Scalar):
-    return a + b
 
 
 @hawk.kernel
