@@ -24,7 +24,7 @@ import pytest
 import eagle_fx as eagle
 import hawk_fx as hawk
 from eagle_fx.transforms.program import TransformError
-from hawk_fx import Scalar
+from hawk_fx import Param, Scalar
 from hawk_fx import math as hm
 from hawk_fx.core import check_program
 from tour_kernels import add, below, cell, inc
@@ -119,11 +119,36 @@ def constant(a: Scalar) -> Scalar:
     return 0.5 + 0.25
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="bug: a Scalar kernel whose body reads no parameter "
-                   "returns one cell, not one value per sample (as a loop carry: 'a loop-carried value changes "
-                   "type'); the fuzzer's kernels read a parameter")
+@hawk.kernel
+def doubled_param(a: Scalar, p: Param) -> Scalar:
+    return p * 2.0
+
+
 def test_a_scalar_kernel_of_a_constant_gives_one_value_per_sample():
-    np.testing.assert_array_equal(constant(np.arange(3.0)), np.full(3, 0.75))
+    """A result the same in every sample is one value per sample, as jax.vmap broadcasts a
+    constant function's output; a reduction over the samples stays one value (a cell)."""
+    x = np.arange(3.0)
+    np.testing.assert_array_equal(constant(x), np.full(3, 0.75))
+    np.testing.assert_array_equal(doubled_param(x, 1.5), np.full(3, 3.0))
+    np.testing.assert_array_equal(doubled_param(x, np.array([1.5])), np.full(3, 3.0))
+    np.testing.assert_array_equal(sum_sq(x), [np.sum(x * x)])
+    np.testing.assert_array_equal(np.asarray(jax.vmap(lambda a: 0.5 + 0.25)(x)), constant(x))
+
+
+@eagle.Graph.builder
+def reset_in_a_loop(x, k):
+    g = eagle.Graph()
+    s = add(x, x)
+    for _ in range(k):                           # a device loop: s is carried, a per-sample plane
+        s = constant(s)
+    g.result = sum_sq(s)
+    return g
+
+
+def test_a_constant_kernel_as_a_loop_carry():
+    x = np.arange(3.0)
+    np.testing.assert_allclose(reset_in_a_loop(x, cell(2))(), [3 * 0.75 ** 2])
+    np.testing.assert_allclose(reset_in_a_loop(x, cell(0))(), [np.sum((2 * x) ** 2)])
 
 
 # -- the fuzzer ---------------------------------------------------------------------------------------
@@ -249,7 +274,7 @@ class Case:
 HEADER = """import numpy as np
 import eagle_fx as eagle
 import hawk_fx as hawk
-from hawk_fx import Scalar
+from hawk_fx import Param, Scalar
 from hawk_fx import math as hm
 from tour_kernels import below, inc
 
