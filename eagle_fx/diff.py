@@ -77,6 +77,7 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
             raise KeyError(_unknown(api, w, [*(n for n in names if n != "result"), *unread]))
     _top_level_buffers(api, g, names, list(wrt) + [k for k in seeds if k != "result"])
     h = g._exe.h
+    _refuse_loop_gaps(api, h, names, wrt)
     ct: dict = {}                                # place among the recorded outputs -> seed
     for key, seed in seeds.items():
         if key == "result":
@@ -131,6 +132,17 @@ def _top_level_buffers(api, g, names, keys):
                              f"construct and give it its buffer there (`{k} = kernel(..., buffer=True)` after it)")
 
 
+def _refuse_loop_gaps(api, h, names, keys):
+    """A label whose last write may be in a device loop that reads it back in its body: those uses
+    would not be counted (the loop's writes are one site, at its end), so refuse rather than answer."""
+    for k in keys:
+        if k in names and names[k][0] == "buffer" and names[k][1][0] in h.gaps:
+            raise ValueError(f"{api}: {k!r} is rebound at {h.gaps[names[k][1][0]]} in a device loop that reads in its "
+                             "body the value it writes there; derivatives with respect to that value would miss "
+                             f"those uses. Take them with respect to the arguments (wrt=), or give {k!r} to a write "
+                             "the loop does not read back (its own buffer=, after the loop)")
+
+
 def _unknown(api, name, known=None):
     listed = f" (this graph's: {', '.join(known)})" if known else ""
     return (f"{api}: {name!r} is not a builder argument, 'result' or a buffer= label{listed}: gradients flow through "
@@ -153,6 +165,7 @@ def forward(record: Record, tangents: dict, of=None) -> dict:
     of = (of,) if isinstance(of, str) else tuple(of)
     _check_fresh(record, api)
     h = g._exe.h
+    _refuse_loop_gaps(api, h, names, tangents)
     tan: dict = {}                               # place among the recorded inputs -> tangent
     for key, t in tangents.items():
         if key not in g._unread_args and (key not in names or key == "result"):
