@@ -71,11 +71,13 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
                          f"it could take: {', '.join(args)}")
     wrt = (wrt,) if isinstance(wrt, str) else tuple(wrt)
     _check_fresh(record, api)
+    unread = g._unread_args                      # arguments no node reads: their gradient is zero (as in JAX)
     for w in wrt:
-        if w not in names or names[w][0] == "result":
-            raise KeyError(_unknown(api, w))
+        if w not in unread and (w not in names or names[w][0] == "result"):
+            raise KeyError(_unknown(api, w, [*(n for n in names if n != "result"), *unread]))
     _top_level_buffers(api, g, names, list(wrt) + [k for k in seeds if k != "result"])
     h = g._exe.h
+    _refuse_loop_gaps(api, h, names, wrt)
     ct: dict = {}                                # place among the recorded outputs -> seed
     for key, seed in seeds.items():
         if key == "result":
@@ -95,12 +97,19 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
     exe.replay(1)
     out = {}
     for w in wrt:
+        if w in unread:
+            out[w] = _zeros(unread[w].shape, unread[w].dtype)
+            continue
         kind, (v_in, _) = names[w]
         place = h.probe_place(v_in, record.last_sites()) if kind == "buffer" else h.inputs.index(v_in)
         j = h.grad_of.get(place)
-        out[w] = np.zeros(v_in.aval.shape, v_in.aval.dtype if v_in.aval.dtype.kind == "f" else np.float64) \
-            if j is None else np.array(exe.array_of(h.backward.outputs[j]))
+        out[w] = _zeros(v_in.aval.shape, v_in.aval.dtype) if j is None else np.array(exe.array_of(h.backward.outputs[j]))
     return out
+
+
+def _zeros(shape, dtype):
+    """The gradient of an input nothing differentiable reads (a float zero for an integer input)."""
+    return np.zeros(shape, dtype if np.dtype(dtype).kind == "f" else np.float64)
 
 
 def _seed(ct, h, v, s, api, name):
@@ -123,9 +132,21 @@ def _top_level_buffers(api, g, names, keys):
                              f"construct and give it its buffer there (`{k} = kernel(..., buffer=True)` after it)")
 
 
-def _unknown(api, name):
-    return (f"{api}: {name!r} is not a builder argument, 'result' or a buffer= label: gradients flow through the "
-            "arrays that enter and leave the graph. For a temporary, give it a dedicated buffer: "
+def _refuse_loop_gaps(api, h, names, keys):
+    """A label whose last write may be in a device loop that reads it back in its body: those uses
+    would not be counted (the loop's writes are one site, at its end), so refuse rather than answer."""
+    for k in keys:
+        if k in names and names[k][0] == "buffer" and names[k][1][0] in h.gaps:
+            raise ValueError(f"{api}: {k!r} is rebound at {h.gaps[names[k][1][0]]} in a device loop that reads in its "
+                             "body the value it writes there; derivatives with respect to that value would miss "
+                             f"those uses. Take them with respect to the arguments (wrt=), or give {k!r} to a write "
+                             "the loop does not read back (its own buffer=, after the loop)")
+
+
+def _unknown(api, name, known=None):
+    listed = f" (this graph's: {', '.join(known)})" if known else ""
+    return (f"{api}: {name!r} is not a builder argument, 'result' or a buffer= label{listed}: gradients flow through "
+            "the arrays that enter and leave the graph. For a temporary, give it a dedicated buffer: "
             f"`{name} = kernel(..., buffer=True)` (or pass an array), then use that name")
 
 
@@ -144,15 +165,19 @@ def forward(record: Record, tangents: dict, of=None) -> dict:
     of = (of,) if isinstance(of, str) else tuple(of)
     _check_fresh(record, api)
     h = g._exe.h
+    _refuse_loop_gaps(api, h, names, tangents)
     tan: dict = {}                               # place among the recorded inputs -> tangent
     for key, t in tangents.items():
-        if key not in names or key == "result":
+        if key not in g._unread_args and (key not in names or key == "result"):
             raise KeyError(_unknown(api, key))
-        kind, (v_in, _) = names[key]
+        want = g._unread_args[key] if key in g._unread_args else names[key][1][0].aval
         t = np.asarray(t)
-        if t.shape != v_in.aval.shape or t.dtype != v_in.aval.dtype:
+        if t.shape != want.shape or t.dtype != want.dtype:
             raise ValueError(f"{api}: the tangent for {key!r} has shape {t.shape} and dtype {t.dtype}; {key!r} is "
-                             f"{v_in.aval.shape} {v_in.aval.dtype}: pass an array of that shape and dtype")
+                             f"{want.shape} {want.dtype}: pass an array of that shape and dtype")
+        if key in g._unread_args:
+            continue                             # no node reads it: its tangent moves nothing
+        kind, (v_in, _) = names[key]
         tan[h.probe_place(v_in, record.last_sites()) if kind == "buffer" else h.inputs.index(v_in)] = t
     for o in of:
         if o not in names:
@@ -187,4 +212,4 @@ def forward(record: Record, tangents: dict, of=None) -> dict:
 
 def _tangent(t_out, h, v):
     t = t_out.get(h.index.get(v))
-    return np.zeros(v.aval.shape, v.aval.dtype if v.aval.dtype.kind == "f" else np.float64) if t is None else np.array(t)
+    return _zeros(v.aval.shape, v.aval.dtype) if t is None else np.array(t)

@@ -42,6 +42,7 @@ class Halves:
         top = set(prog.inputs) | {v for e in prog.eqns for v in e.outputs}
         labels = [b for b in dict.fromkeys(buffers) if b in top and b not in prog.inputs and is_float(b.aval)]
         self.q, self.sites, self.last_of, sub = _probe(prog, labels)
+        self.gaps = {b: w for b in labels if (w := _loop_gap(prog, b)) is not None}
         outs = list(self.q.outputs) + [a for a in self.last_of.values() if isinstance(a, Var)]
         n_seedable = None
         for k, group in enumerate((seedable, shown)):
@@ -129,7 +130,8 @@ def _probe(prog, labels):
     ran, every use of it counted: a buffer rebound in an arm is the arm's write when that arm ran,
     and the write before the construct (with its uses before it) when an arm that kept it ran, or
     a loop ran no turn that wrote it. The writes in a loop body are one site, the loop's output
-    (so the uses inside the loop of the last value written there are not counted: a known limit).
+    (so the uses inside the loop of the last value written there would not be counted: _loop_gap
+    finds those labels, and derivatives with respect to them are refused).
     Returns (program, its sites, {label: Literal id or the u32 cell Var of the id}, {site: probed Var});
     the probe of site k is input len(prog.inputs) + k."""
     sites: list = []
@@ -137,6 +139,62 @@ def _probe(prog, labels):
     q = prog.replace(inputs=list(prog.inputs) + [probes[s] for s in sites], eqns=eqns,
                      outputs=[sub.get(a, a) if isinstance(a, Var) else a for a in prog.outputs])
     return q, sites, dict(zip(labels, lasts)), sub
+
+
+def _loop_gap(prog, v):
+    """Where a device loop writes a value `v` may come from and reads it in its body (later in that
+    turn, or in a later turn that may not write it): uses the probe at the loop's end would miss.
+    None when there is no such loop."""
+    k, j = next(((k, e.outputs.index(v)) for k, e in enumerate(prog.eqns) if v in e.outputs), (None, None))
+    if k is None:
+        return None
+    e = prog.eqns[k]
+    if e.prim in (ir.cond_p, ir.switch_p):
+        for b in e.params["branches"]:
+            o = b.outputs[j]
+            where = _loop_gap(prog, e.inputs[1 + b.inputs.index(o)]) if o in b.inputs else _loop_gap(b, o)
+            if where is not None:
+                return where
+        return None
+    if e.prim is not ir.while_p:
+        return None
+    body, nc = e.params["body"], e.params["n_consts"]
+    out, carry = body.outputs[j], body.inputs[1 + nc + j]
+    if (out is not carry and _reads(body, out)) or (_reads(body, carry) and not _steady(body, out, body.inputs[1:1 + nc])):
+        write = next((d for d in body.eqns if out in d.outputs), e)
+        return write.info.where or e.info.where
+    return (_loop_gap(body, out) if out is not carry else None) or \
+        _loop_gap(prog, e.inputs[int(e.params["counted"]) + nc + j])
+
+
+def _steady(prog, v, fixed):
+    """Whether every turn of a loop body does the same to v: writes it, or hands a value on,
+    as decided by conditions that do not change from turn to turn (`fixed`: the body's loop
+    constants). Then the carry a turn reads is never the label's last value, or always it."""
+    d = next((d for d in prog.eqns if v in d.outputs), None)
+    if d is None or d.prim not in (ir.cond_p, ir.switch_p, ir.while_p):
+        return True
+    if d.prim is ir.while_p or not any(d.inputs[0] is c for c in fixed):
+        return False
+    j = d.outputs.index(v)
+    return all(_steady(b, b.outputs[j], [b.inputs[p - 1] for p, a in enumerate(d.inputs) if p and any(a is c for c in fixed)])
+               for b in d.params["branches"])
+
+
+def _reads(prog, v):
+    """Whether an equation of prog reads v (an if/match arm that hands it on unchanged does not:
+    then the reads of that output count)."""
+    for e in prog.eqns:
+        for p, a in enumerate(e.inputs):
+            if a is not v:
+                continue
+            if e.prim not in (ir.cond_p, ir.switch_p) or p == 0:
+                return True
+            for b in e.params["branches"]:
+                w = b.inputs[p - 1]
+                if _reads(b, w) or any(o is w and _reads(prog, e.outputs[j]) for j, o in enumerate(b.outputs)):
+                    return True
+    return False
 
 
 def _id(k):

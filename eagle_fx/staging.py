@@ -102,6 +102,11 @@ class Plane(staged_numpy.NdarrayProtocol):
         return self.aval.dtype
 
     def __bool__(self):
+        if _current_source() is not None:          # a builder is staging: Python asks for a value it cannot have yet
+            raise TypeError(f"eagle.Graph.builder {_here()}: plane {self.label or ''!r} ({self.aval}) is used as a "
+                            "Python bool (bool(), assert, and/or/not, a comprehension's if); only a builder's own "
+                            "if/while/match stage a device condition, on a one-cell uint32 array: have a kernel "
+                            "write the condition into a cell (flag = hm.uint32(hawk.sum(...))) and test `if flag:`")
         raise TypeError(f"eagle: plane {self.label or ''!r} ({self.aval}) is used as a Python bool outside a "
                         "builder's if/while; device conditions are one-cell uint32 arrays inside a builder")
 

@@ -43,6 +43,9 @@ class Specialization:
             if leaf is UNDEF or not (isinstance(leaf, Tracer) or isinstance(leaf, (int, float, bool, np.number))):
                 raise TraceError(f"hawk.kernel {kernel.name}: returns {type(leaf).__name__} {leaf!r}; return traced "
                                  "values or numbers, in a tuple/list/dict tree")
+        cells = {a.var for a, role in zip(args, kernel.roles) if isinstance(a, Tracer) and not role.uniform}
+        one_cell = _one_cell(trace.eqns, cells)
+        leaves = [_per_sample(trace, leaf, one_cell) for leaf in leaves]
         self.commits: list[int] = []     # parameter indices written by the body
         commit_values = []
         for name, value in zip(kernel.mutable_names, muts):
@@ -90,6 +93,29 @@ class Specialization:
 
     def result_dtype(self, j):
         return self.prog.outputs[j].aval.dtype
+
+
+_SAMPLE_AXIS = {prims.P[name] for name in (*prims.REDUCTIONS, "sample_count")}
+
+
+def _one_cell(eqns, cells) -> set:
+    """The values a body computed from a reduction over the samples (or from their count), or from
+    `cells`, the per-sample parameters given one-cell arrays (kept one cell, as NumPy broadcasts)."""
+    out = set(cells)
+    for e in eqns:
+        if e.prim in _SAMPLE_AXIS or any(v in out for v in e.inputs):
+            out.update(e.outputs)
+    return out
+
+
+def _per_sample(trace, leaf, one_cell):
+    """A result the same in every sample computed only from numbers and Params is one value per
+    sample, as jax.vmap broadcasts an unbatched output; one computed from a reduction
+    (hawk.sum(x * x)) or a one-cell plane stays one value for all samples, a one-cell array."""
+    if isinstance(leaf, Tracer) and (leaf.aval.kind == SAMPLE or leaf.var in one_cell):
+        return leaf
+    shape = leaf.aval.shape if isinstance(leaf, Tracer) else literal_aval(leaf).shape
+    return trace.process(prims.broadcast_p, [leaf], {"shape": shape, "kind": SAMPLE})[0]
 
 
 class _BodyKernel:

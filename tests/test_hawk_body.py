@@ -26,7 +26,7 @@ def test_return_trees(rng):
     np.testing.assert_allclose(out["parts"][0], x)
     np.testing.assert_allclose(out["parts"][1][0], y)
     np.testing.assert_allclose(out["parts"][1][1], x * y)
-    np.testing.assert_array_equal(out["k"], [2.0])          # a number: one value for all samples
+    np.testing.assert_array_equal(out["k"], np.full(4, 2.0))   # a number: one per sample, as jax.vmap broadcasts
 
 
 @pytest.mark.parametrize("shape", ["tuple1", "list", "nested", "single"])
