@@ -288,7 +288,7 @@ def test_numpy_arguments_written_in_place_are_donated_as_the_replays_own_copies(
 
 
 @eagle_fx.Graph.builder
-def bump_twice(x, y):
+def bump_twice_on_jax(x, y):
     g = eagle_fx.Graph(backend="jax")
     bump(x, y)                          # y += x, twice: a write through y is seen through x on NumPy
     bump(x, y)
@@ -305,11 +305,11 @@ def test_written_numpy_arguments_that_share_memory_are_refused_at_build_and_bind
         ref[:-1] += ref[1:].copy()
     numpy_run = A.copy()
     with eagle_fx.disable_staging():
-        bump_twice(numpy_run[1:], numpy_run[:-1])()
+        bump_twice_on_jax(numpy_run[1:], numpy_run[:-1])()
     np.testing.assert_allclose(numpy_run, ref)
-    refused(ValueError, lambda: bump_twice(A[1:], A[:-1]), "backend='jax'", "argument 'y' is written",
+    refused(ValueError, lambda: bump_twice_on_jax(A[1:], A[:-1]), "backend='jax'", "argument 'y' is written",
             "shares memory with argument 'x'", "copy", untouched=[A])
-    g = bump_twice(np.arange(1.0, 5.0), np.zeros(4))
+    g = bump_twice_on_jax(np.arange(1.0, 5.0), np.zeros(4))
     refused(ValueError, lambda: g.bind(y=g.argument("x")[::-1]), "eagle.Graph.bind", "shares memory")
     x = np.arange(1.0, 5.0)             # apart: runs, as on NumPy
     y = np.zeros(4)
