@@ -296,6 +296,13 @@ def bump_twice_on_jax(x, y):
     return g
 
 
+@eagle_fx.Graph.builder
+def bump_once_on_jax(x, y):
+    g = eagle_fx.Graph(backend="jax")
+    bump(x, y)
+    return g
+
+
 def test_written_numpy_arguments_that_share_memory_are_refused_at_build_and_bind():
     # On NumPy y = A[:-1] and x = A[1:] alias: the second bump reads the first one's write through x.
     # JAX copies each argument on its own, so it would silently compute without that: refused.
@@ -308,9 +315,12 @@ def test_written_numpy_arguments_that_share_memory_are_refused_at_build_and_bind
         bump_twice_on_jax(numpy_run[1:], numpy_run[:-1])()
     np.testing.assert_allclose(numpy_run, ref)
     refused(ValueError, lambda: bump_twice_on_jax(A[1:], A[:-1]), "backend='jax'", "argument 'y' is written",
-            "shares memory with argument 'x'", "copy", untouched=[A])
+            "shares memory with argument 'x', which is read after the write", "copy", untouched=[A])
     g = bump_twice_on_jax(np.arange(1.0, 5.0), np.zeros(4))
     refused(ValueError, lambda: g.bind(y=g.argument("x")[::-1]), "eagle.Graph.bind", "shares memory")
+    once = bump_once_on_jax(A[1:], A[:-1])      # one call reads both before it writes: as NumPy computes
+    once()
+    np.testing.assert_allclose(A, [3.0, 5.0, 7.0, 9.0, 5.0])
     x = np.arange(1.0, 5.0)             # apart: runs, as on NumPy
     y = np.zeros(4)
     g.bind(x=x, y=y)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hawk_fx.core import Var
+from hawk_fx.core import Program, Var
 from hawk_fx.emit.jax import is_jax_array, require_jax
 from hawk_fx.perthread import ThreadStack
 
@@ -61,17 +61,41 @@ def check_arrays(arrays, names, mesh, api="eagle.Graph"):
     return bool(arrays) and all(kinds)
 
 
-def refuse_overlap(arrays, written, names, api="eagle.Graph(backend='jax')"):
-    """Refuse NumPy arguments that share memory where one is written: the NumPy backend updates
-    them in place, so a write through one is seen through the other, while the JAX backend copies
-    each to the device on its own and would silently compute with the old values."""
-    for i in sorted(set(written)):
-        for k, b in enumerate(arrays):
-            a = arrays[i]
-            if k != i and a is not b and np.may_share_memory(a, b) and np.shares_memory(a, b):
-                raise ValueError(f"{api}: {_arg(names, i)} is written and shares memory with {_arg(names, k)}; "
-                                 "JAX arrays do not alias, so the write would not be seen through the other: pass "
-                                 "a copy of one (np.array(..., copy=True)) or build on the NumPy backend")
+def reads_after_writes(prog):
+    """(written input, read input) index pairs where an equation reads an argument after another
+    was written, or one equation with sub-programs (a loop's next turn, an arm's later call) both
+    writes one and reads the other. Only there can two arguments' shared memory change the answer:
+    one kernel call reads all its inputs before it writes."""
+    root = {v: k for k, v in enumerate(prog.inputs)}
+    written, pairs = set(), set()
+    for e in prog.eqns:
+        reads = {root[a] for a in e.inputs if isinstance(a, Var) and a in root}
+        wrote = set()
+        for j, i in e.params.get("inplace", ()) or ():
+            a = e.inputs[i]
+            if isinstance(a, Var) and a in root:
+                root[e.outputs[j]] = root[a]
+                wrote.add(root[a])
+        pairs |= {(w, r) for w in written for r in reads}
+        if any(isinstance(p, Program) or isinstance(p, tuple) and any(isinstance(q, Program) for q in p)
+               for p in e.params.values()):
+            pairs |= {(w, r) for w in wrote for r in reads}
+        written |= wrote
+    return {(w, r) for w, r in pairs if w != r}
+
+
+def refuse_overlap(arrays, pairs, names, api="eagle.Graph(backend='jax')"):
+    """Refuse NumPy arguments that share memory where one is written and the other read after it
+    (`reads_after_writes`): the NumPy backend updates them in place, so the write is seen through
+    the other, while the JAX backend copies each to the device on its own and would silently
+    compute with the old values."""
+    for i, k in sorted(pairs):
+        a, b = arrays[i], arrays[k]
+        if a is not b and np.may_share_memory(a, b) and np.shares_memory(a, b):
+            raise ValueError(f"{api}: {_arg(names, i)} is written and shares memory with {_arg(names, k)}, which "
+                             "is read after the write; JAX arrays do not alias, so the write would not be seen "
+                             "through it: pass a copy of one (np.array(..., copy=True)) or build on the NumPy "
+                             "backend")
 
 
 def plane_sharding(mesh, shape, n, names=None, k=0, api="eagle.Graph"):
@@ -134,8 +158,8 @@ class JaxExecutable:
         extra = [v for v in keep if v in top and v not in prog.outputs]
         self.out_vars = list(prog.outputs) + extra
         self.written, versions = _written_inputs(prog.replace(outputs=self.out_vars))
-        if not self.on_jax:
-            refuse_overlap(self.arrays, [i for _, i in self.written], self.names)
+        self.late_reads = () if self.on_jax else reads_after_writes(prog)
+        refuse_overlap(self.arrays, self.late_reads, self.names)
         host = None if self.on_jax else list(self.arrays)
         why = ("reads and writes host arrays, and this graph's arguments are jax.Arrays; build it on NumPy arrays "
                "with eagle.Graph(backend='jax')" if self.on_jax else None)
@@ -240,9 +264,8 @@ class JaxExecutable:
         if self.on_jax and getattr(arr, "sharding", None) != getattr(old, "sharding", None):
             raise ValueError(f"eagle.Graph.bind: {_arg(self.names, input_index)} has another sharding than the array "
                              "the graph was built with; jax.device_put it with the same sharding")
-        if not self.on_jax:
-            arrays = self.arrays[:input_index] + [arr] + self.arrays[input_index + 1:]
-            refuse_overlap(arrays, [i for _, i in self.written], self.names, api="eagle.Graph.bind")
+        arrays = self.arrays[:input_index] + [arr] + self.arrays[input_index + 1:]
+        refuse_overlap(arrays, self.late_reads, self.names, api="eagle.Graph.bind")
         self.arrays[input_index] = arr
 
     def array_of(self, var):
