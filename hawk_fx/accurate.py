@@ -15,7 +15,7 @@ import numpy as np
 U = 2.0 ** -53              # float64's unit roundoff
 SMALL = 256                 # up to this many samples, math.fsum of a list is the cheaper exact sum
 TILE = 1 << 16              # values per tile of the split: few calls, and mostly in cache between passes
-BLOCK = 1 << 13             # values per block of short rows: their matrix products stay single-threaded
+BLOCK = 1 << 13             # values per block of short rows (see _split_short)
 PIECE = 1 << 12             # values per piece of a plain float64 sum of float32 data
 SAFE = 1 + 2.0 ** -40       # covers the rounding of the bounds' own arithmetic
 
@@ -49,12 +49,14 @@ def sum_last_axis(x: np.ndarray, dtype, share=None) -> np.ndarray:
         return _fsum_rows(x)
     rows = x.reshape(-1, n)
     limit = float(np.finfo(dtype).eps) / 2
-    todo = np.arange(rows.shape[0])
-    totals = np.empty(rows.shape[0])
-    stages = (_plain_sums, _split_sums) if x.dtype.itemsize < 8 else (_split_sums,)
-    for stage in stages:
-        got, bound = stage(rows if todo.size == rows.shape[0] else rows[todo], share)
+    todo = totals = None                # the rows not yet done (all), and the totals so far
+    for stage in (_plain_sums, _split_sums) if x.dtype.itemsize < 8 else (_split_sums,):
+        got, bound = stage(rows if todo is None else rows[todo], share)
         ok = bound * SAFE <= limit * np.abs(got)        # NaN (a NaN, an inf, an overflow) fails
+        if todo is None:
+            if ok.all():
+                return got.reshape(lead)
+            todo, totals = np.arange(rows.shape[0]), np.empty(rows.shape[0])
         totals[todo[ok]] = got[ok]
         todo = todo[~ok]
         if not todo.size:
@@ -80,58 +82,73 @@ def _plain_sums(rows, share):
 
 
 def _split_sums(rows, share):
-    """Rows cut into tiles, each split once, error-free, by _split_tile: slices of TILE values of a
-    long row, or blocks of BLOCK values of short rows (these sum by matrix products with ones, as
-    add.reduce over many short rows costs several times more; OpenBLAS threads products above
-    about BLOCK values, and its threads then compete with ours). A row's tile sums are added with
-    one rounding (E: the sum of its tiles' bounds)."""
+    """Rows cut into tiles, each split once, error-free (_split): slices of TILE values of a long
+    row, or blocks of BLOCK values of short rows. A row's tile sums are added with one rounding
+    (E: the sum of its tiles' bounds)."""
     count, n = rows.shape
-    w = min(n, TILE)
-    b = BLOCK // n if 2 * n <= BLOCK else 1
-    pieces = -(-n // w)
-    parts = np.empty((count, pieces, 2))
+    if 2 * n <= BLOCK:
+        return _split_short(rows, share)
+    pieces = -(-n // TILE)
+    parts = np.empty((count, 2 * pieces))
     errs = np.empty((count, pieces))
-    ones = np.ones(w) if b > 1 else None
-    starts = [(i, k) for i in range(0, count, b) for k in range(pieces)]
 
     def part(lo, hi):
-        scratch = np.empty(b * w)
-        for i, k in starts[lo:hi]:
-            _split_tile(rows[i:i + b, k * w:(k + 1) * w], parts[i:i + b, k], errs[i:i + b, k], scratch, ones)
+        scratch = np.empty((2, TILE))
+        for t in range(lo, hi):
+            i, k = divmod(t, pieces)
+            tile = rows[i, k * TILE:(k + 1) * TILE]
+            qr = scratch[:, :tile.size]
+            errs[i, k] = _split(tile, qr)
+            parts[i, 2 * k:2 * k + 2] = np.add.reduce(qr, axis=-1)
 
-    (share or _here)(part, len(starts))
-    bound = np.add.reduce(errs, axis=-1)
-    if pieces == 1:
-        return parts[:, 0, 0] + parts[:, 0, 1], bound
-    return np.array([fsum(p) for p in parts.reshape(count, -1).tolist()]), bound
+    (share or _here)(part, count * pieces)
+    total = parts[:, 0] + parts[:, 1] if pieces == 1 else np.array([fsum(p) for p in parts.tolist()])
+    return total, np.add.reduce(errs, axis=-1)
 
 
-def _row_sums(tile, ones):
-    return np.add.reduce(tile, axis=-1) if ones is None else tile @ ones
+def _split_short(rows, share):
+    """_split_sums of short rows, in blocks of BLOCK // n rows that split with one sigma and sum by
+    matrix products with ones (add.reduce over many short rows costs several times more; OpenBLAS
+    threads products above about BLOCK values, and its threads then compete with ours)."""
+    count, n = rows.shape
+    b = BLOCK // n
+    ones = np.ones(n)
+    total, bound = np.empty(count), np.empty(count)
+
+    def part(lo, hi):
+        scratch, sums = np.empty((2, b, n)), np.empty((2, b))
+        for i in range(lo * b, min(hi * b, count), b):
+            block = rows[i:i + b]
+            q, r = qr = scratch[:, :len(block)]
+            bound[i:i + b] = _split(block, qr)
+            sq, sr = sums[:, :len(block)]
+            np.add(np.matmul(q, ones, out=sq), np.matmul(r, ones, out=sr), out=total[i:i + b])
+
+    (share or _here)(part, -(-count // b))
+    return total, bound
 
 
 def _here(part, count):
     part(0, count)
 
 
-def _split_tile(tile, part, err, scratch, ones):
-    """Each value of the tile split x = q + r, q on a grid of sigma*u where sigma is a power of two
-    above 2*(w+1)*max|x| (Rump, Ogita and Oishi): the q sum exactly in any order, the r are at most
-    sigma*u each and sum plainly. The rows' sums of q and of r go into part, the bound
-    gamma(w-1) * w * u * sigma into err; NaN where the tile holds a NaN or an inf, or values too near
-    overflow for sigma, leaving those rows to _exact_sums."""
+def _split(tile, qr):
+    """tile = q + r exactly, into qr, and a bound on the error of summing the r of a row plainly.
+    q is on a grid of sigma*u, sigma a power of two above 2*(w+1)*max|x| (Rump, Ogita and Oishi): a
+    row's q sum exactly in any order; the r are at most sigma*u each, so the bound is
+    gamma(w-1) * w * u * sigma. NaN where the tile holds a NaN or an inf, or values too near
+    overflow for sigma: those rows are left to _exact_sums."""
     m = float(max(np.maximum.reduce(tile, axis=None), -np.minimum.reduce(tile, axis=None)))
     if not m <= 2.0 ** 1000:
-        part.fill(math.nan)
-        return
+        qr.fill(math.nan)
+        return math.nan
     w = tile.shape[-1]
     sigma = math.ldexp(1.0, math.frexp(m)[1] + w.bit_length() + 1)
-    q = scratch[:tile.size].reshape(tile.shape)
+    q, r = qr
     np.add(tile, sigma, out=q, dtype=np.float64)
     q -= sigma
-    part[:, 0] = _row_sums(q, ones)
-    part[:, 1] = _row_sums(np.subtract(tile, q, out=q), ones)      # r = x - q, exactly
-    err.fill(gamma(w - 1) * w * U * sigma)
+    np.subtract(tile, q, out=r)
+    return gamma(w - 1) * w * U * sigma
 
 
 def _exact_sums(rows, dtype) -> np.ndarray:
