@@ -18,6 +18,7 @@ TILE = 1 << 16              # values per tile of the split: few calls, and mostl
 BLOCK = 1 << 13             # values per block of short rows (see _split_short)
 PIECE = 1 << 12             # values per piece of a plain float64 sum of float32 data
 SAFE = 1 + 2.0 ** -40       # covers the rounding of the bounds' own arithmetic
+SPLITS = 4                  # splits of _exact_sums before it gives a row to math.fsum
 
 
 def two_sum(a, b):
@@ -153,7 +154,8 @@ def _split(tile, qr):
 
 def _exact_sums(rows, dtype) -> np.ndarray:
     """The rows that cancel too far for a tile's bound: within 1.5 ulps of `dtype` by repeated
-    error-free splits of the whole row (or math.fsum), NaN and inf as np.sum."""
+    error-free splits of the whole row, NaN and inf as np.sum. After SPLITS splits (a total that
+    is exactly zero never passes a relative bound), or where sigma would overflow, math.fsum."""
     n = rows.shape[-1]
     m = np.maximum(np.maximum.reduce(rows, axis=-1), -np.minimum.reduce(rows, axis=-1)).astype(np.float64)
     finite = np.isfinite(m)
@@ -175,7 +177,7 @@ def _exact_sums(rows, dtype) -> np.ndarray:
             if np.all(bound <= half_ulp * np.abs(total)):
                 return total
         sigmas.append(np.ldexp(1.0, np.frexp(size)[1] + (n.bit_length() + 1))[..., None])
-        if not np.isfinite(sigmas[-1]).all():
+        if len(sigmas) > SPLITS or not np.isfinite(sigmas[-1]).all():
             return _fsum_rows(rows)
         size = sigmas[-1][..., 0] * U
 
@@ -199,10 +201,11 @@ def _extracted_sums(x, sigmas) -> list:
 
 
 def fsum(row) -> float:
-    """math.fsum (exact, then rounded once), or the inf that np.sum gives where the sum overflows."""
+    """math.fsum (exact, then rounded once), or np.sum's answer where the sum overflows (inf) or
+    adds inf to -inf (NaN)."""
     try:
         return math.fsum(row)
-    except OverflowError:               # the exact sum is beyond float64: inf, as np.sum says
+    except (OverflowError, ValueError):
         return float(np.add.reduce(np.asarray(row, np.float64)))
 
 
