@@ -15,7 +15,7 @@ import numpy as np
 U = 2.0 ** -53              # float64's unit roundoff
 SMALL = 256                 # up to this many samples, math.fsum of a list is the cheaper exact sum
 TILE = 1 << 16              # values per tile of the split: few calls, and mostly in cache between passes
-BLOCK = 1 << 13             # values per block of short rows (see _split_short)
+BLOCK = 1 << 13             # values per block of short rows (see _split_rows)
 PIECE = 1 << 12             # values per piece of a plain float64 sum of float32 data
 SAFE = 1 + 2.0 ** -40       # covers the rounding of the bounds' own arithmetic
 SPLITS = 4                  # splits of _exact_sums before it gives a row to math.fsum
@@ -84,11 +84,11 @@ def _plain_sums(rows, share):
 
 def _split_sums(rows, share):
     """Rows cut into tiles, each split once, error-free (_split): slices of TILE values of a long
-    row, or blocks of BLOCK values of short rows. A row's tile sums are added with one rounding
+    row, or blocks of whole rows (_split_rows). A row's tile sums are added with one rounding
     (E: the sum of its tiles' bounds)."""
     count, n = rows.shape
-    if 2 * n <= BLOCK:
-        return _split_short(rows, share)
+    if 2 * n <= TILE:
+        return _split_rows(rows, share)
     pieces = -(-n // TILE)
     parts = np.empty((count, 2 * pieces))
     errs = np.empty((count, pieces))
@@ -107,13 +107,15 @@ def _split_sums(rows, share):
     return total, np.add.reduce(errs, axis=-1)
 
 
-def _split_short(rows, share):
-    """_split_sums of short rows, in blocks of BLOCK // n rows that split with one sigma and sum by
-    matrix products with ones (add.reduce over many short rows costs several times more; OpenBLAS
-    threads products above about BLOCK values, and its threads then compete with ours)."""
+def _split_rows(rows, share):
+    """_split_sums of rows of up to TILE / 2 values, in blocks of whole rows that split with one
+    sigma (few calls per row; a row much smaller than the block's largest may fail its bound and
+    go on to _exact_sums). Short rows, in blocks of BLOCK values, sum by matrix products with ones:
+    add.reduce over many short rows costs several times more (and OpenBLAS threads products above
+    about BLOCK values, its threads then competing with ours); longer ones by add.reduce."""
     count, n = rows.shape
-    b = BLOCK // n
-    ones = np.ones(n)
+    b = BLOCK // n if 2 * n <= BLOCK else TILE // n
+    ones = np.ones(n) if 2 * n <= BLOCK else None
     total, bound = np.empty(count), np.empty(count)
 
     def part(lo, hi):
@@ -123,7 +125,11 @@ def _split_short(rows, share):
             q, r = qr = scratch[:, :len(block)]
             bound[i:i + b] = _split(block, qr)
             sq, sr = sums[:, :len(block)]
-            np.add(np.matmul(q, ones, out=sq), np.matmul(r, ones, out=sr), out=total[i:i + b])
+            if ones is None:
+                np.add.reduce(q, axis=-1, out=sq), np.add.reduce(r, axis=-1, out=sr)
+            else:
+                np.matmul(q, ones, out=sq), np.matmul(r, ones, out=sr)
+            np.add(sq, sr, out=total[i:i + b])
 
     (share or _here)(part, -(-count // b))
     return total, bound

@@ -168,12 +168,13 @@ def test_numpy_many_short_rows_against_fsum(n):
 
 def test_numpy_rows_across_tiles_and_blocks_against_fsum(monkeypatch):
     """Tiles, blocks and pieces made small: long rows cross many tiles (float64) and pieces
-    (float32), short rows many blocks, none a multiple of the cut."""
+    (float32), short rows (n = 7, 23: matrix products; n = 30: add.reduce) many blocks, none a
+    multiple of the cut."""
     monkeypatch.setattr(accurate, "TILE", 64)
     monkeypatch.setattr(accurate, "BLOCK", 48)
     monkeypatch.setattr(accurate, "PIECE", 32)
     rng = np.random.default_rng(9)
-    for n, count in ((7, 100), (23, 30), (1000, 6), (4097, 3)):
+    for n, count in ((7, 100), (23, 30), (30, 21), (1000, 6), (4097, 3)):
         for dtype in (np.float64, np.float32):
             _check_rows(np.stack([_adversarial(rng, n, dtype) for _ in range(count)]), dtype)
 
