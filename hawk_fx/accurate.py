@@ -74,7 +74,10 @@ def _plain_sums(rows, share):
     k = n // PIECE
     if k == 0:
         m = max(np.maximum.reduce(rows, axis=None), -np.minimum.reduce(rows, axis=None))
-        total = rows.astype(np.float64) @ np.ones(n)
+        if rows.size <= BLOCK:          # see _split_rows
+            total = rows.astype(np.float64) @ np.ones(n)
+        else:
+            total = np.add.reduce(rows, axis=-1, dtype=np.float64)
         return total, np.full(count, gamma(n - 1) * n * float(m))
     m = np.maximum(np.maximum.reduce(rows, axis=-1), -np.minimum.reduce(rows, axis=-1)).astype(np.float64)
     total = np.add.reduce(rows[:, :k * PIECE].reshape(count, k, PIECE), axis=-1, dtype=np.float64)
