@@ -139,11 +139,12 @@ def _sample_sum(x, out):
     Of a bool plane, count_nonzero: it needs no casting buffer, where np.add.reduce from bool to
     int allocates one per call. Over many short rows of bools (a batched call: one row per
     instance), a matrix-vector product with ones: add.reduce over a short last axis costs several
-    times more."""
+    times more. The float sum reads values (its certificates, fsum) only to compute this result,
+    again at every call, so it reads them past a staging guard (np.asarray)."""
     if x.dtype.kind == "f" and x.ndim == 1 and x.size <= SMALL_SUM:
-        out[0] = fsum(x.tolist())                 # a few samples: the exact sum is the cheap one
+        out[0] = fsum(np.asarray(x).tolist())     # a few samples: the exact sum is the cheap one
     elif x.dtype.kind == "f":
-        np.copyto(out, sum_last_axis(x, out.dtype)[..., None], casting="unsafe")
+        np.copyto(out, sum_last_axis(np.asarray(x), out.dtype, _share(x))[..., None], casting="unsafe")
     elif x.dtype == np.bool_ and x.ndim == 1:
         out[0] = np.count_nonzero(x)
     elif x.dtype == np.bool_ and x.shape[-1] % 8 == 0 and x.flags.c_contiguous and _POPCOUNT is not None:
@@ -157,6 +158,15 @@ def _sample_sum(x, out):
         _row_sums(x, out)
     else:
         np.add.reduce(x, axis=-1, keepdims=True, out=out)
+
+
+def _share(x):
+    """For a large sum, a share(part, count) that runs the sum's tiles [0, count) as run_chunks
+    runs a body's chunks (a tile counts as PARALLEL_MIN samples, so any one may go to a worker)."""
+    if THREADS <= 1 or x.size < PARALLEL_MIN:
+        return None
+    return lambda part, count: run_chunks(lambda lo, hi: part(lo // PARALLEL_MIN, hi // PARALLEL_MIN),
+                                          count * PARALLEL_MIN, PARALLEL_MIN)
 
 
 _SHORT_ROW = 64
@@ -188,7 +198,7 @@ for _name, _ufunc in (("sample_max", np.maximum), ("sample_min", np.minimum)):
 
 def _sample_mean(x, out):
     """The mean over samples: the accurate sum (of floats, or of counts as float64) over n."""
-    total = sum_last_axis(x if x.dtype.kind == "f" else x.astype(np.float64), out.dtype)
+    total = sum_last_axis(np.asarray(x, np.float64 if x.dtype.kind != "f" else None), out.dtype, _share(x))
     np.copyto(out, (total / x.shape[-1])[..., None], casting="unsafe")
 
 
