@@ -8,6 +8,7 @@ import eagle_fx as eagle
 import hawk_fx as hawk
 from conftest import line_of, refused
 from hawk_fx import Scalar
+from test_compose import central
 from tour_kernels import add, below, dbl, inc
 
 
@@ -65,16 +66,6 @@ def test_a_plane_as_a_python_bool_in_a_builder(builder, fragment):
 @hawk.kernel
 def mul(a: Scalar, b: Scalar) -> Scalar:
     return a * b
-
-
-def central(f, x, h=1e-6):
-    """d f / d x by central differences (f: array -> float)."""
-    out = np.zeros_like(x)
-    for i in range(x.size):
-        e = np.zeros_like(x)
-        e[i] = h
-        out[i] = (f(x + e) - f(x - e)) / (2 * h)
-    return out
 
 
 @eagle.Graph.builder

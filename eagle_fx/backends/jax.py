@@ -264,8 +264,9 @@ class JaxExecutable:
         if self.on_jax and getattr(arr, "sharding", None) != getattr(old, "sharding", None):
             raise ValueError(f"eagle.Graph.bind: {_arg(self.names, input_index)} has another sharding than the array "
                              "the graph was built with; jax.device_put it with the same sharding")
-        arrays = self.arrays[:input_index] + [arr] + self.arrays[input_index + 1:]
-        refuse_overlap(arrays, self.late_reads, self.names, api="eagle.Graph.bind")
+        if self.late_reads:                 # most graphs read no argument after writing another
+            arrays = self.arrays[:input_index] + [arr] + self.arrays[input_index + 1:]
+            refuse_overlap(arrays, self.late_reads, self.names, api="eagle.Graph.bind")
         self.arrays[input_index] = arr
 
     def array_of(self, var):
