@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import inspect
 import operator
-import weakref
 
 import numpy as np
 
 from hawk_fx.core import Var
 from hawk_fx.emit.jax import is_jax_array
-from hawk_fx.perthread import ThreadDict, ThreadStack
+from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten
 
 from . import cache
@@ -40,11 +39,6 @@ from .closed import Closed, closed_of
 from .guards import ValueReadError, guarding, other_values, release, where
 from .transforms.program import TransformError, dce
 
-_STAGING = ThreadStack()     # non-empty: a transform is staging a plain function; transforms return Graphs
-TRACED = ThreadStack()       # non-empty: eagle_fx.to_jax is staging on stand-ins for traced arrays (no values)
-_BATCH_FULL = ThreadDict()   # id(instance array) -> its batched array, while vmap stages an instance
-MADE = weakref.WeakSet()     # the input planes transforms add (seeds, tangents, batched arguments)
-DERIVED = weakref.WeakSet()  # input planes of arrays a plain function made while staging (x * 2.0)
 
 
 class Transformed:
@@ -73,9 +67,9 @@ class Transformed:
     def __call__(self, *args, **kwargs):
         if kwargs:
             raise TypeError(f"{self.__name__}: pass the arguments positionally (got {', '.join(kwargs)} by keyword)")
-        if not TRACED:
+        if not CONTEXT.abstract:
             _refuse_jax_arrays(self.__name__, args)
-        if _STAGING:
+        if CONTEXT.transforming:
             args = release(args)
             return self.closed(*args).lower(lazy=True)      # for the outer transform: lowered only if run
         if not self._values:
@@ -141,13 +135,8 @@ def stage(f, args, api):
     builder or a transform inside: a lambda around jvp). Transforms stage even inside
     disable_staging(), as JAX's grad and vmap run under disable_jit."""
     from .eager import disable_staging
-    from .graph import DEFER_LOWERING
-    DEFER_LOWERING.append(True)
-    try:
-        with disable_staging(False):
-            return _stage(f, args, api)
-    finally:
-        DEFER_LOWERING.pop()
+    with CONTEXT.enter(deferring=True), disable_staging(False):
+        return _stage(f, args, api)
 
 
 def _stage(f, args, api):
@@ -185,12 +174,8 @@ def _stage(f, args, api):
 
 def _call_plain(f, args, api):
     """f called on its arguments, guarded; the transforms it calls return their graphs to this one."""
-    _STAGING.append(True)
-    try:
-        with guarding(api, f, args) as guarded:
-            return f(*guarded)
-    finally:
-        _STAGING.pop()
+    with CONTEXT.enter(transforming=True), guarding(api, f, args) as guarded:
+        return f(*guarded)
 
 
 def _restage(f, args, api, which=None):
@@ -219,7 +204,7 @@ def _sources(f, args, c):
               if isinstance(x, np.ndarray)]
     known, out = None, []
     for e in c.planes:
-        if e in MADE:
+        if e.origin == "added":
             out.append("added")
             continue
         hit = next(((k, j, x) for k, j, x in leaves if e.array is x or np.shares_memory(e.array, x)), None)
@@ -266,7 +251,8 @@ def _check_plain(f, args, c, api, other):
     made = [e for e, o in zip(c.planes, src) if o == "made"]
     if made:
         cache.uncacheable()
-        DERIVED.update(made)
+        for e in made:
+            e.origin = "derived"
     c.made = made if varying is None else [e for e in made if any(e is v for v in varying)]
 
 
@@ -416,13 +402,13 @@ def loop_capacity(api, trip, e, inputs, arrays):
     """The most turns a counted loop of trip count `trip` (one of a Program's `inputs`, bound to
     `arrays`) runs, for a backend with static shapes to size its stack: its value now, the largest
     over the instances under vmap. (A trip count computed in the graph has none: its stack grows.)"""
-    if TRACED:
+    if CONTEXT.abstract:
         raise TransformError(f"{api}: reverse mode through the counted loop at {e.info.where} saves each of "
                              "its turns, and its trip count is an argument traced by JAX (eagle_fx.to_jax: its "
                              "value is unknown while staging): cap the loop (`for _ in range(N): if not cell: "
                              "break`) so its turns are bounded")
     arr = arrays[inputs.index(trip)]
-    full = _BATCH_FULL.get(id(arr))
+    full = CONTEXT.batch_full.get(id(arr))
     src = full if full is not None else arr
     cap = int(np.max(src))
     cache.note_capacity(src, cap)

@@ -11,10 +11,11 @@ except ImportError:                      # NumPy < 2
     byte_bounds = np.byte_bounds
 
 from hawk_fx.core import Eqn, Var
+from hawk_fx.context import CONTEXT
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from . import cache, ir
-from .api import _BATCH_FULL, DERIVED, MADE, Transformed, is_array, name_of, sig, stage
+from .api import Transformed, is_array, name_of, sig, stage
 from .staging import Extern
 from .transforms.program import written_inputs
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
@@ -146,12 +147,12 @@ def _stage_instance(f, split, b, api):
             leaves[j] = a[b] if len(a) else np.zeros(a.shape[1:], a.dtype)    # 0 instances: a stand-in gives the shapes
             full[id(leaves[j])] = a
         inst.append(tree_unflatten(tree, leaves) if tree.kind != "leaf" else leaves[0] if leaves else arg)
-    _BATCH_FULL.update(full)
+    CONTEXT.batch_full.update(full)
     try:
         return stage(f, inst, api), full
     finally:
         for key in full:
-            _BATCH_FULL.pop(key, None)
+            CONTEXT.batch_full.pop(key, None)
 
 
 def _batched_planes(f, split, g, full, B, api, name):
@@ -164,14 +165,13 @@ def _batched_planes(f, split, g, full, B, api, name):
     flags, planes, derived = [], [], []
     for p, e in enumerate(g.planes):
         big = full.get(id(e.array))
-        if big is None and e not in MADE and isinstance(e.array, np.ndarray):
+        if big is None and e.origin != "added" and isinstance(e.array, np.ndarray):
             big = _view_of_instance(e.array, insts, api, name)
-        if big is None and e in DERIVED:
+        if big is None and e.origin == "derived":
             derived.append(p)
         flags.append(big is not None)
-        planes.append(Extern(big if big is not None else e.array, e.name))
-        if e in MADE:
-            MADE.add(planes[-1])
+        planes.append(Extern(big if big is not None else e.array, e.name,
+                             "added" if e.origin == "added" else "user"))
     if derived and B > 1:
         cache.uncacheable()
         text = str(g.program)

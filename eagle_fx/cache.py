@@ -26,11 +26,13 @@ import sysconfig
 import threading
 import types
 import weakref
-from collections import OrderedDict, namedtuple
+from collections import namedtuple
 
 import numpy as np
 
-from hawk_fx.perthread import ThreadStack
+from hawk_fx import caches
+from hawk_fx.caches import LRU
+from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from .backends.select import forced
@@ -41,9 +43,8 @@ MAX_FUNCTIONS = 256        # transformed functions with a cache
 CacheInfo = namedtuple("CacheInfo", "hits misses currsize maxsize")
 
 _STATIC = (bool, int, float, complex, str, bytes, type(None), np.generic)
-_CACHES: "OrderedDict[object, FunctionCache]" = OrderedDict()
-_LOCK = threading.Lock()   # guards the dicts of caches and of entries (not the runs)
-_RECORDING = ThreadStack()  # the Staging record of the entry being staged (innermost last)
+_CACHES = LRU("transformed functions", MAX_FUNCTIONS)   # signature -> its FunctionCache
+_LOCK = threading.Lock()   # guards creating a function's cache (not the runs)
 _MISSING = object()         # a name not bound when staged (a builtin, or not defined yet)
 
 
@@ -58,15 +59,15 @@ class Staging:
 
 def note_capacity(array, value):
     """A reverse-mode loop was sized for `value` turns read from `array` (a view of an argument)."""
-    if _RECORDING:
-        _RECORDING[-1].caps.append((array, value))
+    if CONTEXT.recording:
+        CONTEXT.recording[-1].caps.append((array, value))
 
 
 def uncacheable():
     """The graph being staged reads arrays derived from the arguments by copying, or made while it
     was staged: it is not kept, and the next call stages again."""
-    if _RECORDING:
-        _RECORDING[-1].cacheable = False
+    if CONTEXT.recording:
+        CONTEXT.recording[-1].cacheable = False
 
 
 class Entry:
@@ -121,7 +122,7 @@ class FunctionCache:
     """The LRU of one transformed function: layout key -> Entry."""
 
     def __init__(self):
-        self.entries: OrderedDict = OrderedDict()
+        self.entries = LRU("layouts of one transformed function", MAXSIZE, register=False)
         self.maxsize, self.hits, self.misses = MAXSIZE, 0, 0
 
     def info(self):
@@ -129,16 +130,11 @@ class FunctionCache:
 
     def lookup(self, key, leaves):
         """The entry for `key` with these arrays bound, locked; None (and no lock) for a miss."""
-        with _LOCK:
-            e = self.entries.get(key)
-            if e is not None:
-                self.entries.move_to_end(key)
+        e = self.entries.get(key)
         if e is None:
             return None
         if not unchanged(e.names):          # a kernel or global it read was rebound: stage again
-            with _LOCK:
-                if self.entries.get(key) is e:
-                    del self.entries[key]
+            self.entries.pop_if(key, e)
             return None
         e.lock.acquire()
         try:
@@ -148,19 +144,14 @@ class FunctionCache:
             raise
         if not bound:
             e.lock.release()
-            with _LOCK:
-                if self.entries.get(key) is e:
-                    del self.entries[key]
+            self.entries.pop_if(key, e)
             return None
         self.hits += 1
         return e
 
     def store(self, key, entry):
-        with _LOCK:
-            self.misses += 1
-            self.entries[key] = entry
-            while len(self.entries) > self.maxsize:
-                self.entries.popitem(last=False)
+        self.misses += 1
+        self.entries[key] = entry
 
 
 def _written_owned(closed, owned):
@@ -367,15 +358,13 @@ def _is_ndarray(x):
 
 
 def cache_for(sig, create=True):
-    with _LOCK:
-        c = _CACHES.get(sig)
-        if c is None and create:
-            c = _CACHES[sig] = FunctionCache()
-            while len(_CACHES) > MAX_FUNCTIONS:
-                _CACHES.popitem(last=False)
-        elif c is not None:
-            _CACHES.move_to_end(sig)
-        return c
+    c = _CACHES.get(sig)
+    if c is None and create:
+        with _LOCK:
+            c = _CACHES.get(sig)
+            if c is None:
+                c = _CACHES[sig] = FunctionCache()
+    return c
 
 
 def _locked(e):
@@ -421,11 +410,8 @@ def _stage_on_copies(stage, leaves, tree, shared):
     owned = _owned(leaves, shared)
     own = [o if o is not None else x for o, x in zip(owned, leaves)]
     rec = Staging()
-    _RECORDING.append(rec)
-    try:
+    with CONTEXT.enter(recording=rec):
         g = stage(*(tuple(own) if tree is None else tree_unflatten(tree, own)))
-    finally:
-        _RECORDING.pop()
     return owned, g, rec
 
 
@@ -437,12 +423,11 @@ def _writes_shared(closed, owned, shared) -> bool:
 
 
 def clear_caches():
-    """Forget every staged graph of every transformed function (after changing in place an object
-    a function reads by name, a global list for instance)."""
-    with _LOCK:
-        _CACHES.clear()
+    """Forget every cache of eagle_fx and hawk_fx: staged graphs of every transformed function and
+    to_jax function, generated and fused kernels, compiled modules (after changing in place an
+    object a function reads by name, a global list for instance). hawk_fx/caches.py lists them."""
+    caches.clear_all()
 
 
 def clear(sig):
-    with _LOCK:
-        _CACHES.pop(sig, None)
+    _CACHES.pop(sig, None)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from hawk_fx.caches import LRU
+from hawk_fx.context import CONTEXT
 from hawk_fx.core import Eqn, Var
 from hawk_fx.diff import match_tree
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from . import cache, ir
 from .guards import release
-from .api import (_STAGING, MADE, TRACED, Staged, Transformed, _refuse_jax_arrays, arg_names, argnums_checked,
+from .api import (Staged, Transformed, _refuse_jax_arrays, arg_names, argnums_checked,
                   argnums_of, float_array, graph_of, is_array, name_of, refuse_no_float, run, sig)
 from .staging import Extern
 from .transforms.jvp_graph import jvp_graph
@@ -64,7 +66,7 @@ def jvp(f, primals, tangents):
     """(result, result tangent) for tangents given per argument: a tree like the argument's, or
     None (no tangent; a cell or integer leaf takes None)."""
     api = "eagle_fx.jvp"
-    if not TRACED:
+    if not CONTEXT.abstract:
         _refuse_jax_arrays(api, tuple(primals) + tuple(tangents))
     primals, tangents = release(tuple(primals)), release(tuple(tangents))
     if len(primals) != len(tangents):
@@ -72,7 +74,7 @@ def jvp(f, primals, tangents):
                          "per argument")
     names = arg_names(f, len(primals))
     primals, tangents = _check_tangents(primals, tangents, names, api)
-    if _STAGING:                     # for the outer transform: lowered only if run
+    if CONTEXT.transforming:                     # for the outer transform: lowered only if run
         return _jvp_graph(f, primals, tangents, names, api).lower(lazy=True)
     with cache.staged(sig("jvp", f), (primals, tangents), lambda p, t: _jvp_graph(f, p, t, names, api)) as e:
         return run(e.graph)
@@ -165,8 +167,7 @@ def seed_planes(s, values=None):
     for j, v in enumerate(r for r in s.results if is_float(r.aval)):
         a = ct_aval(v.aval)
         val = values[j] if values is not None and j < len(values) else None
-        out.append(Extern(val if val is not None else np.zeros(a.shape, a.dtype), "ct"))
-    MADE.update(out)
+        out.append(Extern(val if val is not None else np.zeros(a.shape, a.dtype), "ct", "added"))
     return out
 
 
@@ -193,9 +194,9 @@ def vjp(f, *args, has_aux=False, checkpoints=None):
     a Python float). checkpoints=K: the reverse through a device loop keeps at most K of its
     states and runs the loop again from them (less memory, more time; see docs, Checkpointing)."""
     api = "eagle_fx.vjp"
-    if not TRACED:
+    if not CONTEXT.abstract:
         _refuse_jax_arrays(api, args)
-    if _STAGING:
+    if CONTEXT.transforming:
         raise TransformError(f"{api}: inside a transformed function, use eagle_fx.grad or eagle_fx.jacrev (they "
                              "return their graph to the outer transform); vjp returns a Python pullback")
 
@@ -255,7 +256,8 @@ def value_and_grad(f, argnums=0, has_aux=False, checkpoints=None):
     return _gradient(f, argnums, has_aux, True, "eagle_fx.value_and_grad", checkpoints)
 
 
-_MADE: dict = {}          # (api, f, argnums, has_aux, checkpoints) -> its Transformed: grad(f) in a loop makes one
+_MADE = LRU("grad and value_and_grad of functions", 256)   # (api, f, argnums, has_aux, checkpoints) -> its
+#                                                             Transformed: grad(f) in a loop makes one
 
 
 def _opt(checkpoints):
@@ -273,8 +275,6 @@ def _gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
     if t is None:
         t = _new_gradient(f, argnums, has_aux, with_value, api, checkpoints)
         if key is not None:
-            if len(_MADE) > 256:
-                _MADE.clear()
             _MADE[key] = t
     return t
 

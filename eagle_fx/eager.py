@@ -20,29 +20,21 @@ import warnings
 
 import numpy as np
 
-from hawk_fx.kernel import GRAPH_STAGING
-from hawk_fx.perthread import ThreadStack
+from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten, tree_unflatten
 from hawk_fx.trace import UNDEF
 
 from .staging import RuntimeBase, UncappedLoopWarning, _is_cell, _is_device, is_array
 
-_disabled = ThreadStack()      # this thread's open disable_staging() blocks
-_runs = ThreadStack()          # this thread's eager builder runs (_Run), innermost last
-
-
 @contextlib.contextmanager
 def disable_staging(disable: bool = True):
     """Within the block, builders run as plain Python on every g() (see the module docstring)."""
-    _disabled.append(bool(disable))
-    try:
+    with CONTEXT.enter(staging_disabled=bool(disable)):
         yield
-    finally:
-        _disabled.pop()
 
 
 def staging_disabled() -> bool:
-    return bool(_disabled) and _disabled[-1]
+    return bool(CONTEXT.innermost("staging_disabled"))
 
 
 class _Run:
@@ -57,8 +49,8 @@ class _Run:
 
 def new_graph(record=False, backend=None):
     """What `eagle.Graph()` is inside an eager builder run: that run's graph (else None)."""
-    if _runs and not _runs[-1].claimed:
-        run = _runs[-1]
+    run = CONTEXT.innermost("eager_runs")
+    if run is not None and not run.claimed:
         run.claimed = True
         run.graph._record = bool(record)
         return run.graph
@@ -66,17 +58,18 @@ def new_graph(record=False, backend=None):
 
 
 class _Stager:
-    """Receives the kernel calls of an eager run (from GRAPH_STAGING) and calls each kernel now."""
+    """Receives the kernel calls of an eager run (the context's innermost graph stager) and calls each kernel now."""
 
     def __init__(self, run: _Run):
         self.run = run
 
     def stage_call(self, kernel, args, kwargs, buffer):
-        GRAPH_STAGING.pop()
+        stagers = CONTEXT.graph_stagers
+        stagers.pop()
         try:
             out = kernel(*args, **kwargs)
         finally:
-            GRAPH_STAGING.append(self)
+            stagers.append(self)
         if buffer is None or buffer is False:
             return out
         api = f"hawk.kernel {kernel.name}"
@@ -188,13 +181,8 @@ class EagerGraph:
 
     def _run(self):
         run = _Run(self)
-        _runs.append(run)
-        GRAPH_STAGING.append(_Stager(run))
-        try:
+        with CONTEXT.enter(eager_runs=run, graph_stagers=_Stager(run)):
             ret = self._builder.eager_fn(*self._bound.args, **self._bound.kwargs)
-        finally:
-            GRAPH_STAGING.pop()
-            _runs.pop()
         if ret is not self:
             raise TypeError(f"{self._builder.__name__}: a builder returns its graph: `return g`; declare the arrays "
                             "with `g.result = ...`")
@@ -252,7 +240,7 @@ def is_eager_handle(handle) -> bool:
 
 def call_block(builder, args, kwargs):
     """A block appended to an eager graph: its body runs now."""
-    run = _runs[-1] if _runs else None
+    run = CONTEXT.innermost("eager_runs")
     if run is None:
         raise RuntimeError(f"{builder.__name__}: a block on a graph with staging disabled runs inside its builder")
     return builder.eager_fn(*args, **kwargs)
@@ -306,7 +294,7 @@ class EagerRuntime(RuntimeBase):
 
     @staticmethod
     def label(value, name):
-        run = _runs[-1] if _runs else None
+        run = CONTEXT.innermost("eager_runs")
         if run is not None and isinstance(value, np.ndarray):
             buf = run.fresh_buffers.pop(id(value), None)
             if buf is value:
@@ -394,7 +382,7 @@ class EagerRuntime(RuntimeBase):
 
 def _follow_buffers(before, after, names):
     """After device flow: a buffer's name that was rebound leaves its value in the buffer and names it."""
-    run = _runs[-1] if _runs else None
+    run = CONTEXT.innermost("eager_runs")
     if run is None:
         return after
     out = list(after)

@@ -13,8 +13,7 @@ import typing
 import numpy as np
 
 from hawk_fx.emit.jax import is_jax_array
-from hawk_fx.kernel import GRAPH_STAGING
-from hawk_fx.perthread import ThreadStack
+from hawk_fx.context import CONTEXT
 from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
 
 from . import eager, staging, views
@@ -81,8 +80,6 @@ def _wrap_arrays(value, planes: dict, make):
     return value
 
 
-_building = ThreadStack()     # this thread's builder calls (_BuildContext), innermost last
-DEFER_LOWERING = ThreadStack()  # non-empty: a transform is staging; builders close their graphs, unlowered
 
 
 class Branch:
@@ -160,7 +157,7 @@ class Graph:
     _checkpoints = None             # record=True, checkpoints=K: loops keep at most K states (recording.py)
 
     def __new__(cls, record: bool = False, backend=None, mesh=None, checkpoints=None):
-        if cls is Graph and eager._runs:       # the graph of a builder running with staging disabled
+        if cls is Graph and CONTEXT.eager_runs:       # the graph of a builder running with staging disabled
             g = eager.new_graph(record, backend)
             if g is not None:
                 return g
@@ -194,15 +191,15 @@ class Graph:
         self._tree_args: dict = {}   # builder argument name -> (tree, leaves) of a tree argument, for bind
         self._pending = None         # a transform's graph not lowered yet: its backend (see _from_program)
         self._closed_src = None      # the closed Program a transform made this graph from
-        if _building and _building[-1].graph is None:
-            ctx = _building[-1]
+        ctx = CONTEXT.innermost("building")
+        if ctx is not None and ctx.graph is None:
             ctx.graph = self
             self._trace.arg_names = ctx.arg_names
             for p in ctx.planes.values():
                 p.graph = self
                 self._trace.externs[id(p.key.array)] = p.key
                 self._trace.handles.add(p)
-            GRAPH_STAGING.append(self._trace)
+            CONTEXT.graph_stagers.append(self._trace)      # popped by the builder call that made ctx
             self._builder = ctx.builder
         else:
             self._builder = None
@@ -323,15 +320,15 @@ class Graph:
 
         class _Ctx:
             def __enter__(self):
-                self.pushed = not (GRAPH_STAGING and GRAPH_STAGING[-1] is graph._trace)
+                self.pushed = CONTEXT.innermost("graph_stagers") is not graph._trace
                 if self.pushed:
                     if graph._exe is not None or graph._program is not None:
                         raise RuntimeError("eagle.Graph: this graph is built; stage into a new graph")
-                    GRAPH_STAGING.append(graph._trace)
+                    CONTEXT.graph_stagers.append(graph._trace)
 
             def __exit__(self, *exc):
                 if self.pushed:
-                    GRAPH_STAGING.pop()
+                    CONTEXT.graph_stagers.pop()
                 return False
         return _Ctx()
 
@@ -695,28 +692,26 @@ class Builder:
         bound.apply_defaults()
         names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
         ctx = _BuildContext(self, names)
-        _building.append(ctx)
-        staging._source_stack.append(self.source)
-        depth = len(GRAPH_STAGING)
+        stagers = CONTEXT.graph_stagers
+        depth = len(stagers)
         args = ctx.wrap(tuple(bound.args))
         kwargs = ctx.wrap(dict(bound.kwargs))
-        try:
-            ret = self.converted(*args, **kwargs)
-        except TypeError as e:
-            if ctx.graph is not None or not ctx.planes:
-                raise
-            raise TypeError(f"{self.__name__}: its arguments are used before its graph exists ({e}); a builder "
-                            "creates its graph first: g = eagle.Graph(), stages kernel calls into it, declares "
-                            "g.result = ... and ends with `return g`") from None
-        finally:
-            staging._source_stack.pop()
-            _building.pop()
-            del GRAPH_STAGING[depth:]
+        with CONTEXT.enter(building=ctx, builder_sources=self.source):
+            try:
+                ret = self.converted(*args, **kwargs)
+            except TypeError as e:
+                if ctx.graph is not None or not ctx.planes:
+                    raise
+                raise TypeError(f"{self.__name__}: its arguments are used before its graph exists ({e}); a "
+                                "builder creates its graph first: g = eagle.Graph(), stages kernel calls into it, "
+                                "declares g.result = ... and ends with `return g`") from None
+            finally:
+                del stagers[depth:]           # the trace its eagle.Graph() pushed
         if ctx.graph is None or ret is not ctx.graph:
             raise TypeError(f"{self.__name__}: a builder returns its graph: `return g`; declare the arrays with "
                             "`g.result = ...`" + ("" if ctx.graph is not None else
                                                   " (and create it first: g = eagle.Graph())"))
-        if DEFER_LOWERING:
+        if CONTEXT.deferring:
             ret._close()              # a transform stages it: the outermost call lowers what it makes
         else:
             ret.build()
@@ -751,21 +746,17 @@ class Builder:
         if not isinstance(graph, Graph):
             raise TypeError(f"{self.__name__}: its parameter {self.graph_param!r} takes the graph (or a branch) to "
                             f"append to, got {type(handle).__name__}")
-        outermost = not staging._source_stack
+        outermost = not CONTEXT.builder_sources
         given: dict = {}        # id(plane) -> the caller's array it stands for
 
         def enter(arr):
             p = graph._trace.plane_of_array(arr)
             given[id(p)] = arr
             return p
-        staging._source_stack.append(self.source)
-        try:
-            with graph._staging():
-                if outermost:   # called from plain code (a hand-made graph): its arrays enter as planes
-                    args, kwargs = _wrap_arrays((args, kwargs), {}, enter)
-                ret = self.converted(*args, **kwargs)
-        finally:
-            staging._source_stack.pop()
+        with CONTEXT.enter(builder_sources=self.source), graph._staging():
+            if outermost:   # called from plain code (a hand-made graph): its arrays enter as planes
+                args, kwargs = _wrap_arrays((args, kwargs), {}, enter)
+            ret = self.converted(*args, **kwargs)
         return _pin_results(graph, ret, given) if outermost else ret
 
 

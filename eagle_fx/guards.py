@@ -25,12 +25,9 @@ try:
 except ImportError:                      # NumPy < 2
     byte_bounds = np.byte_bounds
 
-from hawk_fx.perthread import ThreadStack
+from hawk_fx.context import CONTEXT
 from hawk_fx.source import user_line
 from hawk_fx.tree import tree_flatten, tree_unflatten
-
-_ACTIVE = ThreadStack()      # (api, function, {id(guard): the argument array}) per plain function staging
-
 
 class ValueReadError(TypeError):
     pass
@@ -53,9 +50,9 @@ class Guarded(np.ndarray):
             yield self[i]
 
     def _refuse(self, what):
-        if not _ACTIVE:
+        if not CONTEXT.guards:
             return
-        api, f, _ = _ACTIVE[-1]
+        api, f, _ = CONTEXT.guards[-1]
         code = getattr(f, "__code__", None)
         line = user_line(code.co_filename) if code is not None else None
         raise ValueReadError(
@@ -138,18 +135,18 @@ class guarding:
                     originals[id(g)] = (g, x)
                     leaves[j] = g
             out.append(tree_unflatten(tree, leaves) if tree.kind != "leaf" else leaves[0])
-        _ACTIVE.append((self.api, self.f, originals))
+        CONTEXT.guards.append((self.api, self.f, originals))
         return tuple(out)
 
     def __exit__(self, *exc):
-        _ACTIVE.pop()
+        CONTEXT.guards.pop()
         return False
 
 
 def release(tree):
     """`tree` with each Guarded array replaced by the argument it guards, or a plain view of it
     (an array computed from the arguments). Free when nothing is being guarded."""
-    if not _ACTIVE:
+    if not CONTEXT.guards:
         return tree
     leaves, t = tree_flatten(tree, is_leaf=_is_array)
     if not any(isinstance(x, Guarded) for x in leaves):
@@ -158,7 +155,7 @@ def release(tree):
 
 
 def _release(x):
-    for _, _, originals in reversed(_ACTIVE):
+    for _, _, originals in reversed(CONTEXT.guards):
         hit = originals.get(id(x))
         if hit is not None and hit[0] is x:
             return hit[1]

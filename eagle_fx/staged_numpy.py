@@ -8,12 +8,14 @@ the builder's line and what to write instead.
 """
 from __future__ import annotations
 
+import itertools
 import linecache
 
 import numpy as np
 
 import hawk_fx
 import hawk_fx.math as hm
+from hawk_fx.caches import LRU
 from hawk_fx.emit.jax import is_jax_array
 
 from . import ir, views
@@ -44,7 +46,8 @@ COMPOSED = {np.square: ("square", "a * a"), np.reciprocal: ("reciprocal", "1.0 /
 BOOL_UFUNCS = {np.bitwise_and: "logical_and", np.bitwise_or: "logical_or", np.bitwise_xor: "not_equal",
                np.invert: "logical_not"}
 
-_kernels: dict = {}
+_kernels = LRU("NumPy math kernels of builders", 1024)    # (name, roles) -> the kernel
+_serial = itertools.count()    # each generated source its own file name, also after an eviction
 
 
 def role_of(value):
@@ -71,7 +74,7 @@ def elementwise_kernel(fname: str, roles: tuple, body: str | None = None):
         params = ", ".join(f"{n}: {r}" for n, r in zip(names, roles))
         body = body or f"hm.{fname}({', '.join(names)})"
         src = f"def {fname}({params}):\n    return {body}\n"
-        filename = f"<eagle_fx numpy {fname}{len(_kernels)}>"
+        filename = f"<eagle_fx numpy {fname}{next(_serial)}>"
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)   # for the kernel's source pass
         ns = {"hm": hm, "Scalar": hawk_fx.Scalar, "Vector": hawk_fx.Vector, "Matrix": hawk_fx.Matrix,
               "Param": hawk_fx.Param}

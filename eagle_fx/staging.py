@@ -15,8 +15,7 @@ import weakref
 import numpy as np
 
 from hawk_fx.core import AVal, Eqn, EqnInfo, LeakedTracerError, Literal, Program, Tracer, Var, abstract_eval
-from hawk_fx.kernel import GRAPH_STAGING
-from hawk_fx.perthread import ThreadStack
+from hawk_fx.context import CONTEXT
 from hawk_fx.source import SourceInfo, user_line
 from hawk_fx.trace import UNDEF
 
@@ -29,12 +28,15 @@ class UncappedLoopWarning(UserWarning):
 
 
 class Extern:
-    """A plane that is a user's array: a builder argument (named) or an array the builder reached."""
+    """A plane that is a user's array: a builder argument (named) or an array the builder reached.
+    `origin` says where the array comes from, for the transforms that stage plain functions:
+    "user" (the caller's, or reached by name), "added" (a transform added it: a seed, a tangent, a
+    batched argument) or "derived" (a plain function computed it from its arguments while staged)."""
 
-    __slots__ = ("array", "name", "__weakref__")
+    __slots__ = ("array", "name", "origin", "__weakref__")
 
-    def __init__(self, array, name=None):
-        self.array, self.name = array, name
+    def __init__(self, array, name=None, origin="user"):
+        self.array, self.name, self.origin = array, name, origin
 
     def __repr__(self):
         return f"<array {self.name or ''} {self.array.dtype}{list(self.array.shape)}>"
@@ -72,7 +74,7 @@ class Plane(staged_numpy.NdarrayProtocol):
         if self.graph is None:
             raise TypeError(f"eagle.Graph.builder {_here()}: a builder argument is used before its graph exists; "
                             "create it first: g = eagle.Graph()")
-        if self.graph._builder is not None and _finished(self.graph) and self.graph not in _HOST_NODES:
+        if self.graph._builder is not None and _finished(self.graph) and self.graph not in CONTEXT.host_nodes:
             _refuse_foreign(self, use)
 
     def _array(self):
@@ -590,7 +592,7 @@ def _aliased(values, i, among) -> bool:
 
 
 def _finished(graph) -> bool:
-    return graph._exe is not None or graph._trace not in GRAPH_STAGING
+    return graph._exe is not None or graph._trace not in CONTEXT.graph_stagers
 
 
 def _refuse_foreign(plane: Plane, use):
@@ -608,31 +610,22 @@ def _refuse_foreign(plane: Plane, use):
                      "arrays between graphs as NumPy arrays")
 
 
-_HOST_NODES = ThreadStack()       # graphs whose host node this thread runs now: their planes read as arrays
-
-
 def _in_host_node(graph, fn):
     """fn, run so that the planes of `graph` it closes over (a builder's arguments, its buffers) read
     as the arrays they stand for at that moment, as a host node means."""
     def host():
-        _HOST_NODES.append(graph)
-        try:
+        with CONTEXT.enter(host_nodes=graph):
             return fn()
-        finally:
-            _HOST_NODES.pop()
     host.__name__ = getattr(fn, "__name__", "opaque")
     return host
 
 
-_source_stack = ThreadStack()     # this thread's builders being staged (SourceInfo), innermost last
-
-
 def _current_source():
-    return _source_stack[-1] if _source_stack else None
+    return CONTEXT.innermost("builder_sources")
 
 
 def active_trace() -> GraphTrace | None:
-    t = GRAPH_STAGING[-1] if GRAPH_STAGING else None
+    t = CONTEXT.innermost("graph_stagers")
     return t if isinstance(t, GraphTrace) else None
 
 

@@ -19,10 +19,11 @@ The backward runs the forward again (nothing is kept between the two but the arg
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 
 import numpy as np
 
+from hawk_fx.caches import LRU
+from hawk_fx.context import CONTEXT
 from hawk_fx.emit.jax import is_jax_array, require_jax
 from hawk_fx.tree import tree_unflatten
 
@@ -47,7 +48,7 @@ class _Signature:
         self.f, self.names = f, names
         self.positions = [k for k, a in enumerate(args) if _is_arraylike(a)]
         self.placeholders = [_placeholder(a) if _is_arraylike(a) else a for a in args]
-        with use_backend("jax"), _lazy():
+        with use_backend("jax"), _abstract():
             g = stage(f, self.placeholders, API)            # a closed Program
             if not g.has_result:
                 raise TypeError(f"{API}: {_name(f)} declares no result (g.result = ...); a JAX function returns it")
@@ -105,7 +106,7 @@ class _Signature:
             from .derivatives import vjp_program
             from .backends.select import use_backend
             from .transforms.program import dce
-            with use_backend("jax"), _lazy():
+            with use_backend("jax"), _abstract():
                 s = self._stage_for_vjp()
                 prog = vjp_program(s, [(k, 0) for k in self.float_args], API)
             prog = dce(prog.replace(outputs=prog.outputs[len(s.results):]))
@@ -150,21 +151,10 @@ def _take(x, offsets, shape):
     return jnp.reshape(x, (-1,))[offsets]
 
 
-class _lazy:
-    """Graphs staged inside are lowered when run, not compiled at build (to_jax only needs their Program)."""
-
-    def __enter__(self):
-        from . import api
-        from .backends import jax as jb
-        jb.LAZY.append(True)
-        api.TRACED.append(True)
-
-    def __exit__(self, *exc):
-        from . import api
-        from .backends import jax as jb
-        jb.LAZY.pop()
-        api.TRACED.pop()
-        return False
+def _abstract():
+    """Staging on stand-ins of traced arrays: graphs staged inside are lowered when run, not compiled at
+    build (to_jax only needs their Program)."""
+    return CONTEXT.enter(lazy_compile=True, abstract=True)
 
 
 def _name(f):
@@ -176,7 +166,7 @@ def to_jax(f):
     array arguments may be jax.Arrays or tracers (it works inside jax.jit, jax.vmap, jax.grad);
     other arguments are static. It returns f's declared result tree as jax.Arrays."""
     jax = require_jax(API)
-    sigs: OrderedDict = OrderedDict()       # signature key -> _Signature, the most recent last
+    sigs = LRU(f"to_jax({_name(f)}) signatures", MAXSIZE)     # signature key -> _Signature
 
     def key_of(args):
         key = []
@@ -199,9 +189,6 @@ def to_jax(f):
             names = names_read(f)
             sig = sigs[key] = _Signature(f, args, None)
             sig.pure, sig.names = _make_pure(jax, sig), names
-            if len(sigs) > MAXSIZE:                        # as the transforms' cache: the least recent goes
-                sigs.popitem(last=False)
-        sigs.move_to_end(key)
         leaves = sig.pure(*[args[k] for k in sig.positions])
         return tree_unflatten(sig.tree, list(leaves))
 

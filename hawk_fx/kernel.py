@@ -4,8 +4,8 @@ A call binds arguments to roles (validating everything before anything runs), pi
 specialisation for the arguments' dtypes and layouts (tracing it the first time), and runs the
 compiled body. A positional call whose arguments match the last layout exactly takes a generated
 fast entry instead, which tests only types, dtypes and shapes (what matters at small n).
-Inside a graph builder the same call stages a node instead (eagle_fx registers itself in
-GRAPH_STAGING).
+Inside a graph builder the same call stages a node instead (eagle_fx pushes its stager on
+the context's `graph_stagers`).
 """
 from __future__ import annotations
 
@@ -18,14 +18,11 @@ from . import prims
 from .core import SAMPLE, UNIFORM, AVal, Program, Tracer, literal_aval
 from .emit.jax import eager_call, is_jax_array
 from .emit.numpy import NumpyKernel, overlapping_inputs
-from .perthread import ThreadStack
+from .context import CONTEXT
 from .roles import Role
 from .source import parse_function
 from .trace import UNDEF, TraceError, convert_kernel, trace_body
 from .tree import tree_flatten, tree_unflatten
-
-GRAPH_STAGING = ThreadStack()   # this thread's active graph stagers (eagle_fx); the last one receives kernel calls
-
 
 class Layout(tuple):
     """Per parameter: (kind, dtype, per-sample shape, weak). The key of a specialisation."""
@@ -422,7 +419,7 @@ class Kernel:
 
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, *args, buffer=None, **kwargs):
-        staging = GRAPH_STAGING.items
+        staging = CONTEXT.graph_stagers
         if not kwargs and buffer is None and len(args) == self._nparams and not staging:
             out = self._fast(*args)
             if out is not MISS:

@@ -10,6 +10,7 @@ import math as _pymath
 
 import numpy as np
 
+from . import caches
 from .core import SAMPLE, UNIFORM, AVal, Primitive, abstract_eval, eager_impl
 
 
@@ -108,6 +109,7 @@ def _probe(aval: AVal):
     return np.ones(1, aval.dtype)
 
 
+@caches.register_memo
 @functools.lru_cache(maxsize=4096)
 def _elementwise_dtype(name, sig):
     fn = ELEMENTWISE_TABLE[name][1]
@@ -141,6 +143,7 @@ def promote(avals) -> np.dtype:
     return _promote(tuple((a.dtype, a.weak) for a in avals))
 
 
+@caches.register_memo
 @functools.lru_cache(maxsize=1024)
 def _promote(sig):
     return np.result_type(*[_probe(AVal((), dt, UNIFORM, weak)) for dt, weak in sig])

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import prims
 from .core import NO_INFO, SAMPLE, UNIFORM, AVal, EqnInfo, ProgramTrace, Tracer
-from .perthread import ThreadStack
+from .context import CONTEXT
 from .source import SourceInfo, assigned_names, parse_function, recompile, user_line
 
 P = prims.P
@@ -41,11 +41,9 @@ class _Undefined:
 
 UNDEF = _Undefined()
 
-_active = ThreadStack()     # this thread's kernel traces, innermost last
-
-
 def current_kernel_trace():
-    return _active[-1] if _active else None
+    traces = CONTEXT.kernel_traces
+    return traces[-1] if traces else None
 
 
 class KernelTrace(ProgramTrace):
@@ -388,7 +386,8 @@ def trace_body(converted, kernel_name, info: SourceInfo, in_avals, param_names):
     """Run the converted function on tracers; returns (trace, result, final Mutable values)."""
     trace = KernelTrace(kernel_name, info)
     args = [trace.new_input(av, hint=nm) for av, nm in zip(in_avals, param_names)]
-    _active.append(trace)
+    traces = CONTEXT.kernel_traces
+    traces.append(trace)
     try:
         result, muts = converted(*args)
     except (TypeError, ValueError, IndexError) as exc:
@@ -401,7 +400,7 @@ def trace_body(converted, kernel_name, info: SourceInfo, in_avals, param_names):
         trace.active = False
         raise
     finally:
-        _active.pop()
+        traces.pop()
     return trace, args, result, muts
 
 

@@ -13,6 +13,7 @@ writes in place ends a fusion. Batched calls (vmap) fuse with batched calls of t
 from __future__ import annotations
 
 from hawk_fx import prims
+from hawk_fx.caches import LRU
 from hawk_fx.core import Eqn, Literal, Program, Var
 from hawk_fx.kernel import BodySpec
 
@@ -37,7 +38,7 @@ def _inline(spec_prog: Program, args, eqns):
     return [a if isinstance(a, Literal) else env[a] for a in spec_prog.outputs]
 
 
-_FUSED: dict = {}      # wiring of a pair of calls -> (fused BodySpec, inplace, number of graph inputs)
+_FUSED = LRU("fused kernel pairs", 4096)    # wiring of a pair of calls -> (fused BodySpec, inplace, graph inputs)
 
 
 def _wiring(e1, e2, needed_later):
@@ -74,8 +75,6 @@ def _fuse_pair(e1, e2, needed_later):
     if hit is None:
         hit = _fused_body(e1, e2, keep1)
         if key is not None:
-            if len(_FUSED) > 4096:
-                _FUSED.clear()
             _FUSED[key] = hit
     spec, inplace = hit
     out_vars = [e1.outputs[j] for j in keep1] + list(e2.outputs)

@@ -21,13 +21,12 @@ import numpy as np
 
 from hawk_fx.core import Program, Var
 from hawk_fx.emit.jax import is_jax_array, require_jax
-from hawk_fx.perthread import ThreadStack
+from hawk_fx.context import CONTEXT
 
 from .jax_lower import LoweringError, lower
 
 __all__ = ["JaxExecutable", "LoweringError", "check_arrays", "follow_committed", "plane_sharding"]
 
-LAZY = ThreadStack()     # non-empty: executables this thread builds now compile at their first replay (to_jax)
 
 
 def _arg(names, k):
@@ -187,7 +186,7 @@ class JaxExecutable:
         self.where = {v: ("out", j) for j, v in reversed(list(enumerate(self.out_vars)))} if self.on_jax else {}
         self.where.update({v: ("arg", k) for k, v in enumerate(prog.inputs)})
         self.where.update({v: ("arg", k) for v, k in versions.items()})
-        if compile_now if compile_now is not None else not LAZY:
+        if compile_now if compile_now is not None else not CONTEXT.lazy_compile:
             self.compile()
 
     def compile(self):

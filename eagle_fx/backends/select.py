@@ -8,13 +8,9 @@ Vars, n), an executable has `replay(times)`, `rebind(input index, array)`, `arra
 """
 from __future__ import annotations
 
-import threading
-
+from hawk_fx.context import CONTEXT
 from hawk_fx.cuda_runtime import is_device_array
 from hawk_fx.emit.jax import is_jax_array
-
-_forced = threading.local()
-
 
 class use_backend:
     """`with use_backend("fake-cuda"):` graphs built inside run on that backend: 'numpy', 'cuda',
@@ -26,22 +22,18 @@ class use_backend:
         self.backend = backend
 
     def __enter__(self):
-        stack = getattr(_forced, "stack", None)
-        if stack is None:
-            stack = _forced.stack = []
-        stack.append(self.backend)
+        CONTEXT.backends.append(self.backend)
         return self
 
     def __exit__(self, *exc):
-        _forced.stack.pop()
+        CONTEXT.backends.pop()
         return False
 
 
 def forced():
     """The backend `use_backend` asks for in this thread (None: chosen by the arrays). Part of
-    every cached call's key, so read without getattr's exception where use_backend never ran."""
-    stack = _forced.__dict__.get("stack")
-    return stack[-1] if stack else None
+    every cached call's key."""
+    return CONTEXT.innermost("backends")
 
 
 def choose(arrays, requested=None):

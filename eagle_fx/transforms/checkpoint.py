@@ -25,12 +25,15 @@ from __future__ import annotations
 from functools import lru_cache
 from math import comb
 
+from hawk_fx.caches import register_memo
+
 
 def beta(c: int, r: int) -> int:
     """How many turns c kept states reverse with each turn run again at most r times."""
     return comb(c + r, c)
 
 
+@register_memo
 @lru_cache(maxsize=1 << 14)
 def repetitions(T: int, K: int) -> int:
     """The most times a turn runs again when T turns are reversed keeping K states."""

@@ -93,12 +93,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import prims
+from ..caches import LRU
 from ..core import SAMPLE, UNIFORM, Literal, Program, Var
 
 P = prims.P
@@ -1057,9 +1057,7 @@ class CudaCompileError(RuntimeError):
     """NVRTC rejected a source; the message holds NVRTC's log and the lines it names."""
 
 
-_cache: dict = {}
-_cache_lock = threading.Lock()
-_CACHE_MAX = 512
+_cache = LRU("NVRTC-compiled CUDA sources", 512)    # sha256 of target, options and source -> the binary
 
 
 def _nvrtc():
@@ -1104,8 +1102,7 @@ def _compile(source: str, arch: str, target: str, options: tuple) -> bytes:
     gpu = f"{'sm' if target == 'cubin' else 'compute'}_{digits}"
     opts = (f"--gpu-architecture={gpu}", "-std=c++17") + tuple(options)
     key = hashlib.sha256("\0".join((target,) + opts + (source,)).encode()).hexdigest()
-    with _cache_lock:
-        hit = _cache.get(key)
+    hit = _cache.get(key)
     if hit is not None:
         return hit
     nvrtc = _nvrtc()
@@ -1135,10 +1132,7 @@ def _compile(source: str, arch: str, target: str, options: tuple) -> bytes:
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     out = bytes(buf)
-    with _cache_lock:
-        if len(_cache) >= _CACHE_MAX:
-            _cache.clear()
-        _cache[key] = out
+    _cache[key] = out
     return out
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from .. import prims
 from ..core import SAMPLE, UNIFORM, Literal, Program, RuleTable, Var, eager_impl
 from ..accurate import SMALL as SMALL_SUM, fsum, sum_last_axis
-from ..perthread import ThreadDict
+from ..context import CONTEXT
 
 CHUNK = 32768   # samples per chunk: a few intermediates of this size (reused by liveness) stay in L2
 
@@ -171,17 +171,17 @@ def _share(x):
 
 _SHORT_ROW = 64
 _POPCOUNT = getattr(np, "bitwise_count", None)      # NumPy >= 2.0
-_ROW_SCRATCH = ThreadDict()   # (shape, dtype) -> the buffers of _row_sums, per thread
 
 
 def _row_sums(x, out):
-    key = (x.shape, out.dtype)
-    bufs = _ROW_SCRATCH.get(key)
+    key = ("row_sums", x.shape, out.dtype)
+    scratch = CONTEXT.scratch          # this thread's: the buffers of _row_sums by (shape, dtype)
+    bufs = scratch.get(key)
     if bufs is None:
         dt = np.dtype(np.float64)        # counts of up to 64 are exact in it
-        if len(_ROW_SCRATCH) >= SCRATCH_SIZES:
-            _ROW_SCRATCH.clear()
-        bufs = _ROW_SCRATCH[key] = (np.ones((x.shape[-1], 1), dt), np.empty(x.shape, dt),
+        if len(scratch) >= SCRATCH_SIZES:
+            scratch.clear()
+        bufs = scratch[key] = (np.ones((x.shape[-1], 1), dt), np.empty(x.shape, dt),
                                     np.empty(x.shape[:-1] + (1,), dt))
     ones, rows, sums = bufs
     np.copyto(rows, x, casting="unsafe")
