@@ -158,13 +158,13 @@ def _loop_gap(prog, v):
         return None
     if e.prim is not ir.while_p:
         return None
-    body, nc = e.params["body"], e.params["n_consts"]
-    out, carry = body.outputs[j], body.inputs[1 + nc + j]
-    if (out is not carry and _reads(body, out)) or (_reads(body, carry) and not _steady(body, out, body.inputs[1:1 + nc])):
+    body, w = e.params["body"], ir.WhileOperands(e)
+    _, body_consts, body_carries = w.body_parts(body.inputs)
+    out, carry = body.outputs[j], body_carries[j]
+    if (out is not carry and _reads(body, out)) or (_reads(body, carry) and not _steady(body, out, body_consts)):
         write = next((d for d in body.eqns if out in d.outputs), e)
         return write.info.where or e.info.where
-    return (_loop_gap(body, out) if out is not carry else None) or \
-        _loop_gap(prog, e.inputs[int(e.params["counted"]) + nc + j])
+    return (_loop_gap(body, out) if out is not carry else None) or _loop_gap(prog, w.carries[j])
 
 
 def _steady(prog, v, fixed):
@@ -227,7 +227,7 @@ def _walk(prog, wants):
             continue
         if e.prim is ir.while_p:        # the loop's output is the write of its body's writes
             chained.setdefault(k, []).append(j)
-            todo.append(e.inputs[int(e.params["counted"]) + e.params["n_consts"] + j])
+            todo.append(ir.WhileOperands(e).carries[j])
         writes.append(v)
     return writes, chained, handed, reached
 
@@ -300,17 +300,17 @@ def _thread_arms(e, js, handed, last, probes, sites, fixed):
 def _thread_loop(e, js, last, sites, fixed):
     """The while `e` carrying, for each carry j on a chain, the id of its last write: the entry's
     until a turn writes it, then the loop's own (`fixed` in an enclosing body)."""
-    body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
-    base = int(e.params["counted"]) + nc
+    body, cond = e.params["body"], e.params["cond"]
+    w = ir.WhileOperands(e)
     given = []
     for j in js:
         own = fixed if fixed is not None else _id(sites.index(e.outputs[j]))
         carry = Var(ir.U32_CELL)
-        eqns, ids, _, _ = _thread(body, [body.outputs[j]], {body.inputs[1 + nc + j]: carry}, sites, own)
+        eqns, ids, _, _ = _thread(body, [body.outputs[j]], {w.body_parts(body.inputs)[2][j]: carry}, sites, own)
         body = Program(list(body.inputs) + [carry], eqns, list(body.outputs) + ids)
         if cond is not None:
             cond = cond.replace(inputs=list(cond.inputs) + [Var(ir.U32_CELL)])
-        given.append(last[e.inputs[base + j]])
+        given.append(last[w.carries[j]])
     return e.replace(inputs=list(e.inputs) + given, outputs=list(e.outputs) + _ids_out(e, js, last),
                      params=dict(e.params, body=body, cond=cond))
 
