@@ -316,8 +316,9 @@ def _stack_push(lw, e, ins):
     return [stack.at[i].set(value)]
 
 
-@graph_rules.register(ir.revolve_p)
+@graph_rules.refuse(ir.revolve_p)
 def _revolve(lw, e, ins):
+    """A checkpointed reverse pass runs on the NumPy backend only."""
     raise LoweringError(f"eagle_fx jax backend: the reverse pass through the device loop at {e.info.where} is "
                         "checkpointed (checkpoints=), which runs on the NumPy backend; on JAX, take the gradient "
                         "without checkpoints")
