@@ -4,9 +4,9 @@ import pytest
 
 from hawk_fx.core import Primitive, RuleTable, abstract_eval, pp_params_rules
 
-from eagle_fx import dot, ir
-from eagle_fx.backends import jax_lower, numpy as numpy_backend
-from eagle_fx.transforms import jvp_graph, structure, vjp_graph, vmap
+from eagle_fx import dot, ir, recording
+from eagle_fx.backends import fusion, jax_lower, numpy as numpy_backend
+from eagle_fx.transforms import jvp_graph, program, split, structure, vjp_graph, vmap
 
 PRIMS = sorted((v for v in vars(ir).values() if isinstance(v, Primitive)), key=lambda p: p.name)
 EAGLE = PRIMS + [vmap.batch_broadcast_p]
@@ -26,10 +26,20 @@ WITH_PARAMS = [p for p in PRIMS if p not in (ir.cell_not_p, ir.cell_and_p, ir.ce
                                              ir.cell_inc_p, ir.cell_rev_p)]
 DRAWN = [ir.call_p, ir.opaque_p, ir.cond_p, ir.switch_p, ir.while_p]
 
-# tables of one family of primitives
+# tables of one family of primitives (the others have no rule there on purpose: a plain write, a copy
+# as it is, a node with its name, nothing inside to fuse, as each table's module says)
+WITH_SUBPROGRAMS = [ir.cond_p, ir.switch_p, ir.while_p]
 FAMILY = [(t, ir.STRUCTURE) for t in (structure.transpose_rules, structure.batch_rules, structure.array_rules,
-                                      structure.array_transpose_rules)] + [(pp_params_rules, WITH_PARAMS),
-                                                                           (dot.draw_rules, DRAWN)]
+                                      structure.array_transpose_rules)] + [
+    (pp_params_rules, WITH_PARAMS),
+    (dot.draw_rules, DRAWN),
+    (program.copy_rules, WITH_SUBPROGRAMS + [ir.call_p, ir.stack_push_p]),
+    (vjp_graph.forward_rules, [ir.call_p, ir.while_p]),
+    (fusion.fuse_inside_rules, WITH_SUBPROGRAMS + [ir.revolve_p]),
+    (split.unread_rules, [ir.call_p]),
+    (split.zero_rules, [ir.add_any_p]),
+] + [(t, WITH_SUBPROGRAMS) for t in (recording.gap_rules, recording.steady_rules, recording.walk_rules,
+                                     recording.thread_rules)] + [(recording.read_rules, [ir.cond_p, ir.switch_p])]
 
 
 def test_the_primitives_are_found():
@@ -52,7 +62,7 @@ def test_each_family_has_its_rules(table, prims):
 
 
 def _tables():
-    return list(EVERY.values()) + [t for t, _ in FAMILY] + [vjp_graph.forward_rules]
+    return list(EVERY.values()) + [t for t, _ in FAMILY]
 
 
 @pytest.mark.parametrize("table", _tables(), ids=lambda t: t.rule)

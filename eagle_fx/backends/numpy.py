@@ -531,19 +531,23 @@ def _copy(dst, src, aval):
     return f"{dst}.assign({src})" if ir.is_stack(aval) else f"np.copyto({dst}, {src})"
 
 
+@numpy_rules.register(ir.zeros_p)
 def _zeros(exe, g, d, e, outs):
     g.emit(d, f"b{outs[0]}.clear()" if ir.is_stack(e.outputs[0].aval) else f"b{outs[0]}.fill(0)")
 
 
+@numpy_rules.register(ir.add_any_p)
 def _add_any(exe, g, d, e, outs):
     g.emit(d, f"np.add({exe.b(e.inputs[0])}, {exe.b(e.inputs[1])}, out=b{outs[0]})")
 
 
+@numpy_rules.register(ir.stack_push_p)
 def _stack_push(exe, g, d, e, outs):
     stack, turn, value = e.inputs          # in place: outs[0] is the stack's slot (numpy_stack.Stack)
     g.emit(d, f"b{outs[0]}.push(int({exe.b(turn)}[0]), {exe.b(value)})")
 
 
+@numpy_rules.register(ir.stack_read_p)
 def _stack_read(exe, g, d, e, outs):
     stack, turn = exe.b(e.inputs[0]), exe.b(e.inputs[1])
     if e.params["turn_batched"]:             # a turn per instance
@@ -553,10 +557,12 @@ def _stack_read(exe, g, d, e, outs):
     g.emit(d, f"np.copyto(b{outs[0]}, {src})")
 
 
+@numpy_rules.register(ir.cell_inc_p)
 def _cell_inc(exe, g, d, e, outs):
     g.emit(d, f"np.add({exe.b(e.inputs[0])}, 1, out=b{outs[0]})")
 
 
+@numpy_rules.register(ir.cell_rev_p)
 def _cell_rev(exe, g, d, e, outs):
     turns, turn = exe.b(e.inputs[0]), exe.b(e.inputs[1])
     g.emit(d, f"np.copyto(b{outs[0]}, np.maximum({turns}.astype(np.int64) - 1 - {turn}.astype(np.int64), 0), "
@@ -596,10 +602,12 @@ def _index(exe, index):
     return f"k{len(exe.consts) - 1}"
 
 
+@numpy_rules.register(ir.slice_p)
 def _slice(exe, g, d, e, outs):
     g.emit(d, f"np.copyto(b{outs[0]}, {exe.b(e.inputs[0])}[{_index(exe, e.params['index'])}])")
 
 
+@numpy_rules.register(ir.update_p)
 def _update(exe, g, d, e, outs):
     base, value = e.inputs
     if exe.b(base) != f"b{outs[0]}":           # a functional update (derived programs): copy the base first
@@ -607,15 +615,12 @@ def _update(exe, g, d, e, outs):
     g.emit(d, f"b{outs[0]}[{_index(exe, e.params['index'])}] = {exe.b(value)}")
 
 
+@numpy_rules.register(ir.reshape_p)
 def _reshape(exe, g, d, e, outs):
     g.emit(d, f"np.copyto(b{outs[0]}, {exe.b(e.inputs[0])}.reshape({e.params['shape']}))")
 
 
+@numpy_rules.register(ir.concat_p)
 def _concat(exe, g, d, e, outs):
     g.emit(d, f"np.concatenate(({''.join(exe.b(a) + ', ' for a in e.inputs)}), axis={e.params['axis']}, "
               f"out=b{outs[0]})")
-
-
-numpy_rules.update({ir.slice_p: _slice, ir.update_p: _update, ir.reshape_p: _reshape, ir.concat_p: _concat,
-                    ir.zeros_p: _zeros, ir.add_any_p: _add_any, ir.stack_push_p: _stack_push,
-                    ir.stack_read_p: _stack_read, ir.cell_inc_p: _cell_inc, ir.cell_rev_p: _cell_rev})

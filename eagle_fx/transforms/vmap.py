@@ -22,6 +22,7 @@ from .. import ir
 from . import structure
 
 batch_broadcast_p = Primitive("batch_broadcast")
+# prim -> fn(batcher, e, atoms, flags of the atoms, env, flags, eqns): the _Batcher methods marked so
 batch_rules = RuleTable("batching")
 
 
@@ -90,6 +91,7 @@ class _Batcher:
         eqns.append(Eqn(e.prim, atoms, outs, params if params is not None else e.params, e.info))
         return outs
 
+    @batch_rules.register(ir.opaque_p)
     def opaque(self, e, atoms, fl, env, flags, eqns):
         if any(fl):
             raise VmapError(f"eagle_fx.vmap: the host node {e.info.name or getattr(e.params['fn'], '__name__', 'fn')!r} ({e.info.where}) reads batched "
@@ -97,14 +99,23 @@ class _Batcher:
                             "into a kernel, or keep its arrays out of the batch (in_axes=None)")
         self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
 
+    @batch_rules.register(ir.cell_not_p)
+    @batch_rules.register(ir.cell_and_p)
+    @batch_rules.register(ir.cell_or_p)
+    @batch_rules.register(ir.add_any_p)
+    @batch_rules.register(ir.cell_inc_p)
+    @batch_rules.register(ir.cell_rev_p)
+    @batch_rules.register(ir.zeros_p)
     def elementwise(self, e, atoms, fl, env, flags, eqns):
         """Cell logic, sums, zeros, turn counting: batched when any operand is."""
         self.copy(e, atoms, [any(fl)], env, flags, eqns)
 
+    @batch_rules.register(ir.stack_read_p)
     def stack_read(self, e, atoms, fl, env, flags, eqns):
         params = dict(e.params, batched=fl[0], turn_batched=fl[1])
         self.copy(e, atoms, [any(fl)], env, flags, eqns, params)
 
+    @batch_rules.register(ir.call_p)
     def call(self, e, atoms, fl, env, flags, eqns):
         if not any(fl):
             self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
@@ -119,6 +130,7 @@ class _Batcher:
         params = dict(e.params, batch=(self.B,), in_batched=tuple(fl))
         self.copy(e, atoms, [True] * len(e.outputs), env, flags, eqns, params)
 
+    @batch_rules.register(ir.stack_push_p)
     def push(self, e, atoms, fl, env, flags, eqns):
         stack_b, turn_b, value_b = fl
         if turn_b:
@@ -130,6 +142,9 @@ class _Batcher:
         batched = stack_b or value_b
         self.copy(e, atoms, [batched], env, flags, eqns, dict(e.params, batched=batched))
 
+    @batch_rules.register(ir.slice_p)
+    @batch_rules.register(ir.reshape_p)
+    @batch_rules.register(ir.concat_p)
     def structure(self, e, atoms, fl, env, flags, eqns, new_base=False):
         if not any(fl):
             self.copy(e, atoms, [False], env, flags, eqns)
@@ -140,6 +155,7 @@ class _Batcher:
             params["inplace"] = ()          # the base was broadcast: a new buffer
         self.copy(e, atoms, [True], env, flags, eqns, params)
 
+    @batch_rules.register(ir.update_p)
     def update(self, e, atoms, fl, env, flags, eqns):
         """As structure; a shared base meeting batched values is broadcast (a write through a view refused)."""
         if any(fl) and not fl[0] and e.params.get("inplace"):
@@ -147,6 +163,8 @@ class _Batcher:
                             "an array shared by all instances; batch that array (in_axes=0)")
         self.structure(e, atoms, fl, env, flags, eqns, new_base=not fl[0])
 
+    @batch_rules.register(ir.cond_p)
+    @batch_rules.register(ir.switch_p)
     def branches(self, e, atoms, fl, env, flags, eqns):
         pred_b, op_flags = fl[0], fl[1:]
         arms = e.params["branches"]
@@ -160,6 +178,7 @@ class _Batcher:
         params = dict(e.params, branches=new_arms, masked=pred_b)
         self.copy(e, atoms, out_b, env, flags, eqns, params)
 
+    @batch_rules.register(ir.while_p)
     def loop(self, e, atoms, fl, env, flags, eqns):
         body, cond = e.params["body"], e.params["cond"]
         w = ir.WhileOperands(e, fl)
@@ -192,6 +211,7 @@ class _Batcher:
         self.copy(e, atoms, carry_f, env, flags, eqns, params)
 
 
+    @batch_rules.register(ir.revolve_p)
     def revolve(self, e, atoms, fl, env, flags, eqns):
         """A checkpointed reverse: carries, cotangents and sums batched (the consts as they are);
         with a turn count per instance, masked: an instance's turns past its own count are no-ops."""
@@ -213,20 +233,7 @@ class _Batcher:
         self.copy(e, atoms, [True] * len(e.outputs), env, flags, eqns, params)
 
 
-# -- the rules: prim -> fn(batcher, e, atoms, flags of the atoms, env, flags, eqns) -----------------
-
-batch_rules[ir.call_p] = _Batcher.call
-batch_rules[ir.opaque_p] = _Batcher.opaque
-for _p in (ir.cell_not_p, ir.cell_and_p, ir.cell_or_p, ir.add_any_p, ir.cell_inc_p, ir.cell_rev_p, ir.zeros_p):
-    batch_rules[_p] = _Batcher.elementwise
-batch_rules[ir.cond_p] = batch_rules[ir.switch_p] = _Batcher.branches
-batch_rules[ir.while_p] = _Batcher.loop
-batch_rules[ir.revolve_p] = _Batcher.revolve
-batch_rules[ir.stack_push_p] = _Batcher.push
-batch_rules[ir.stack_read_p] = _Batcher.stack_read
-batch_rules[ir.slice_p] = batch_rules[ir.reshape_p] = batch_rules[ir.concat_p] = _Batcher.structure
-batch_rules[ir.update_p] = _Batcher.update
-
+# -- refusals ---------------------------------------------------------------------------------------
 
 @batch_rules.refuse(batch_broadcast_p)
 def _batched_twice(b, e, atoms, fl, env, flags, eqns):
