@@ -185,10 +185,14 @@ def _linear(fn):
     return rule
 
 
+@jvp_rules.register(ir.add_any_p)
+@_linear
 def _add_tangent(e, env, tan, eqns):
     return eqns.add(tan.get(e.inputs[0]), tan.get(e.inputs[1]))
 
 
+@jvp_rules.register(ir.stack_push_p)
+@_linear
 def _push_tangent(e, env, tan, eqns):
     stack, turn, value = e.inputs
     ts = tan.get(stack) or eqns.zeros(ct_aval(stack.aval))
@@ -197,17 +201,14 @@ def _push_tangent(e, env, tan, eqns):
     return eqns.bind(ir.stack_push_p, [ts, env[turn], tv], dict(e.params, inplace=((0, 0),)))[0]
 
 
+@jvp_rules.register(ir.stack_read_p)
+@_linear
 def _read_tangent(e, env, tan, eqns):
     t = tan.get(e.inputs[0])
     return None if t is None else eqns.bind(ir.stack_read_p, [t, env[e.inputs[1]]], e.params)[0]
 
 
+@jvp_rules.register(batch_broadcast_p)
+@_linear
 def _broadcast_tangent(e, env, tan, eqns):
     return eqns.bind(batch_broadcast_p, [tan[e.inputs[0]]], e.params)[0]
-
-
-
-jvp_rules[ir.add_any_p] = _linear(_add_tangent)
-jvp_rules[ir.stack_push_p] = _linear(_push_tangent)
-jvp_rules[ir.stack_read_p] = _linear(_read_tangent)
-jvp_rules[batch_broadcast_p] = _linear(_broadcast_tangent)
