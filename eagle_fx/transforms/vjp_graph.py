@@ -158,7 +158,7 @@ class _Vjp:
         """The loop, also stacking each turn's carries (unless checkpointed) and counting its turns."""
         body, cond = e.params["body"], e.params["cond"]
         w = ir.WhileOperands(e)
-        nc, consts, init = w.n_consts, w.consts, w.carries
+        consts, init = w.consts, w.carries
         cap = self._cap(e)
         stack_avals = [] if self.checkpoints else [ir.stack_aval(cap, a.aval.shape, a.aval.dtype) for a in init]
         b_ins = [Var(v.aval, v.hint) for v in body.inputs]
