@@ -15,7 +15,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from hawk_fx.core import Literal, Program
+from hawk_fx.core import Literal, Program, RuleTable
 
 from . import ir
 
@@ -109,17 +109,10 @@ class _Drawing:
         return fork, join
 
     def eqn(self, e, env, indent) -> str:
-        if e.prim in ir.CONTROL:
-            return self.control(e, env, indent)
-        if e.prim is ir.call_p:
-            kernel = e.params["kernel"].name
-            label = kernel if not e.info.name or e.info.name == kernel else f"{kernel}\n{e.info.name}"
-            nid = self.node(label, indent, shape="box")
-        elif e.prim is ir.opaque_p:
-            fn = getattr(e.params["fn"], "__name__", "fn")
-            nid = self.node(f"{e.info.name or fn}\n(host)", indent, shape="box", style="dashed")
-        else:                                           # cell logic, records, the transforms' helpers
-            nid = self.node(e.prim.name, indent, shape="box", style="rounded", fontsize="10")
+        return draw_rules.get(e.prim, _draw_node)(self, e, env, indent)
+
+    def place(self, e, env, indent, nid) -> str:
+        """The node `nid` drawn for e: its inputs' edges in, its outputs from it."""
         self.by_info[id(e.info)] = nid
         self.inputs(e, nid, env)
         for v in e.outputs:
@@ -134,27 +127,14 @@ class _Drawing:
             seen.add(env[v])
             self.edge(env[v], nid)
 
-    def control(self, e, env, indent) -> str:
-        p = e.params
-        if e.prim is ir.while_p:
-            kind = "while" + (f" (at most {p['cap']} turns)" if p["cap"] is not None else "") + (
-                " (counted)" if p["counted"] else "")
-        elif e.prim is ir.cond_p:
-            kind = "if"
-        else:
-            kind = "match"
+    def control(self, e, env, indent, kind, arms, loops=False) -> str:
+        """A cluster with the header `kind` and a sub-cluster per (label, program) of `arms`
+        (`loops`: the body's back edge to the header)."""
         where = f" at {e.info.where}" if e.info.where else ""
         inner = self.open_cluster(f"{kind}{where}", indent, style="dashed", color="darkorange")
         head = self.node(kind.split(" ")[0], inner, shape="diamond")
         self.by_info[id(e.info)] = head
         self.inputs(e, head, env)
-        if e.prim is ir.while_p:
-            arms = ([("condition", p["cond"])] if p["cond"] is not None else []) + [("body", p["body"])]
-        elif e.prim is ir.cond_p:
-            arms = [("else", p["branches"][0]), ("then", p["branches"][1])]
-        else:
-            cases = [f"case {c}" for c in p["cases"]] + ["case _"]
-            arms = list(zip(cases, p["branches"]))
         for label, prog in arms:
             arm = self.open_cluster(label, inner, style="rounded", color="gray50")
             sub = {v: head for v in prog.inputs}          # a sub-program's inputs enter through the header
@@ -164,12 +144,57 @@ class _Drawing:
                 a = b = self.node(text, arm, shape="plaintext")
             self.close_cluster(arm)
             self.edge(head, a, label=label.split(" ")[-1] if label.startswith("case") else label)
-            if e.prim is ir.while_p and label == "body":
+            if loops and label == "body":
                 self.edge(b, head, style="dashed", label="next turn", constraint="false")
         self.close_cluster(inner)
         for v in e.outputs:
             env[v] = head
         return head
+
+
+# -- the rules: prim -> fn(drawing, e, env, indent) -> its node; a primitive with none is a small
+# rounded box with its name (cell logic, records, the transforms' helpers) ----------------------------
+
+draw_rules = RuleTable("drawing")
+
+
+def _draw_node(d, e, env, indent):
+    return d.place(e, env, indent, d.node(e.prim.name, indent, shape="box", style="rounded", fontsize="10"))
+
+
+@draw_rules.register(ir.call_p)
+def _draw_call(d, e, env, indent):
+    kernel = e.params["kernel"].name
+    label = kernel if not e.info.name or e.info.name == kernel else f"{kernel}\n{e.info.name}"
+    return d.place(e, env, indent, d.node(label, indent, shape="box"))
+
+
+@draw_rules.register(ir.opaque_p)
+def _draw_host(d, e, env, indent):
+    fn = getattr(e.params["fn"], "__name__", "fn")
+    return d.place(e, env, indent, d.node(f"{e.info.name or fn}\n(host)", indent, shape="box", style="dashed"))
+
+
+@draw_rules.register(ir.while_p)
+def _draw_while(d, e, env, indent):
+    p = e.params
+    kind = "while" + (f" (at most {p['cap']} turns)" if p["cap"] is not None else "") + (
+        " (counted)" if p["counted"] else "")
+    arms = ([("condition", p["cond"])] if p["cond"] is not None else []) + [("body", p["body"])]
+    return d.control(e, env, indent, kind, arms, loops=True)
+
+
+@draw_rules.register(ir.cond_p)
+def _draw_cond(d, e, env, indent):
+    p = e.params
+    return d.control(e, env, indent, "if", [("else", p["branches"][0]), ("then", p["branches"][1])])
+
+
+@draw_rules.register(ir.switch_p)
+def _draw_switch(d, e, env, indent):
+    p = e.params
+    cases = [f"case {c}" for c in p["cases"]] + ["case _"]
+    return d.control(e, env, indent, "match", list(zip(cases, p["branches"])))
 
 
 def _leaf_paths(tree, path="result"):

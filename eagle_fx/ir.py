@@ -72,6 +72,40 @@ def _while_abstract(*avals, body, cond, cap, counted, n_consts, inplace, **rest)
     return list(body.out_avals)
 
 
+class WhileOperands:
+    """The operands of a while (or revolve) equation split by role, so no rule decodes the layout
+    by hand: `trip` (the trip count cell of a counted loop, a revolve's turn count; None for an
+    uncounted loop), `consts`, `carries` (a revolve's carries on entry) and `rest` (a revolve's
+    carry cotangents and const cotangent sums; empty for a loop). `operands` defaults to the
+    equation's inputs; any sequence laid out like them (values, avals) splits the same way.
+    `head` is the number of operands before the consts: a const's operand index is head + i, a
+    carry's head + n_consts + j. `body_parts` / `guard_parts` split the inputs of the body
+    (turn, consts..., carries...) and of the guard (consts..., carries...)."""
+
+    __slots__ = ("head", "n_consts", "trip", "consts", "carries", "rest")
+
+    def __init__(self, eqn, operands=None):
+        ops = list(eqn.inputs if operands is None else operands)
+        nc = self.n_consts = eqn.params["n_consts"]
+        self.head = 1 if eqn.prim is revolve_p or eqn.params.get("counted") else 0
+        self.trip = ops[0] if self.head else None
+        self.consts = ops[self.head:self.head + nc]
+        if eqn.prim is revolve_p:
+            nk = len(eqn.params["forward"].outputs)
+            self.carries, self.rest = ops[1 + nc:1 + nc + nk], ops[1 + nc + nk:]
+        else:
+            self.carries, self.rest = ops[self.head + nc:], []
+
+    def body_parts(self, seq):
+        """(turn, consts, carries) of a sequence laid out as the loop body's inputs."""
+        nc = self.n_consts
+        return seq[0], list(seq[1:1 + nc]), list(seq[1 + nc:])
+
+    def guard_parts(self, seq):
+        """(consts, carries) of a sequence laid out as the guard's inputs."""
+        return list(seq[:self.n_consts]), list(seq[self.n_consts:])
+
+
 for _p in (cell_not_p, cell_and_p, cell_or_p):
     abstract_eval[_p] = lambda *avals: [U32_CELL]
 
@@ -272,3 +306,4 @@ def _pp_index(index):
 pp_params_rules[slice_p] = lambda params: {"index": _pp_index(params["index"])}
 pp_params_rules[update_p] = lambda params: {"index": _pp_index(params["index"]),
                                             **({"inplace": params["inplace"]} if params.get("inplace") else {})}
+pp_params_rules[reshape_p] = pp_params_rules[concat_p] = dict      # every param shown, as they are

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hawk_fx.core import NO_INFO, Eqn, Literal, Program, Var
+from hawk_fx.core import NO_INFO, Eqn, Literal, Program, RuleTable, Var
 
 from . import ir
 from .backends.numpy import NumpyExecutable
@@ -149,22 +149,40 @@ def _loop_gap(prog, v):
     if k is None:
         return None
     e = prog.eqns[k]
-    if e.prim in (ir.cond_p, ir.switch_p):
-        for b in e.params["branches"]:
-            o = b.outputs[j]
-            where = _loop_gap(prog, e.inputs[1 + b.inputs.index(o)]) if o in b.inputs else _loop_gap(b, o)
-            if where is not None:
-                return where
-        return None
-    if e.prim is not ir.while_p:
-        return None
-    body, nc = e.params["body"], e.params["n_consts"]
-    out, carry = body.outputs[j], body.inputs[1 + nc + j]
-    if (out is not carry and _reads(body, out)) or (_reads(body, carry) and not _steady(body, out, body.inputs[1:1 + nc])):
+    rule = gap_rules.get(e.prim)
+    return None if rule is None else rule(prog, e, j)
+
+
+# -- how if/match and loops hand values on: one table per question, keyed by primitive; a primitive
+# in none of them is a plain write (its outputs are new values, any read of an operand counts) --------
+
+gap_rules = RuleTable("loop gap")          # prim -> fn(prog, e, j): _loop_gap of e's output j
+steady_rules = RuleTable("steady")         # prim -> fn(d, v, fixed): _steady of d's output v
+read_rules = RuleTable("reads")            # prim -> fn(prog, e, p): does e's operand p count as read
+walk_rules = RuleTable("walk")             # prim -> fn(e, k, j, chained, handed, todo, carried): _walk
+thread_rules = RuleTable("thread")         # prim -> fn(e, js, handed, last, probes, sites, fixed): _thread
+
+
+@gap_rules.register(ir.cond_p)
+@gap_rules.register(ir.switch_p)
+def _arms_gap(prog, e, j):
+    for b in e.params["branches"]:
+        o = b.outputs[j]
+        where = _loop_gap(prog, e.inputs[1 + b.inputs.index(o)]) if o in b.inputs else _loop_gap(b, o)
+        if where is not None:
+            return where
+    return None
+
+
+@gap_rules.register(ir.while_p)
+def _while_gap(prog, e, j):
+    body, w = e.params["body"], ir.WhileOperands(e)
+    _, body_consts, body_carries = w.body_parts(body.inputs)
+    out, carry = body.outputs[j], body_carries[j]
+    if (out is not carry and _reads(body, out)) or (_reads(body, carry) and not _steady(body, out, body_consts)):
         write = next((d for d in body.eqns if out in d.outputs), e)
         return write.info.where or e.info.where
-    return (_loop_gap(body, out) if out is not carry else None) or \
-        _loop_gap(prog, e.inputs[int(e.params["counted"]) + nc + j])
+    return (_loop_gap(body, out) if out is not carry else None) or _loop_gap(prog, w.carries[j])
 
 
 def _steady(prog, v, fixed):
@@ -172,13 +190,21 @@ def _steady(prog, v, fixed):
     as decided by conditions that do not change from turn to turn (`fixed`: the body's loop
     constants). Then the carry a turn reads is never the label's last value, or always it."""
     d = next((d for d in prog.eqns if v in d.outputs), None)
-    if d is None or d.prim not in (ir.cond_p, ir.switch_p, ir.while_p):
-        return True
-    if d.prim is ir.while_p or not any(d.inputs[0] is c for c in fixed):
+    rule = None if d is None else steady_rules.get(d.prim)
+    return True if rule is None else rule(d, v, fixed)
+
+
+@steady_rules.register(ir.cond_p)
+@steady_rules.register(ir.switch_p)
+def _arms_steady(d, v, fixed):
+    if not any(d.inputs[0] is c for c in fixed):
         return False
     j = d.outputs.index(v)
     return all(_steady(b, b.outputs[j], [b.inputs[p - 1] for p, a in enumerate(d.inputs) if p and any(a is c for c in fixed)])
                for b in d.params["branches"])
+
+
+steady_rules[ir.while_p] = lambda d, v, fixed: False
 
 
 def _reads(prog, v):
@@ -188,12 +214,21 @@ def _reads(prog, v):
         for p, a in enumerate(e.inputs):
             if a is not v:
                 continue
-            if e.prim not in (ir.cond_p, ir.switch_p) or p == 0:
+            rule = read_rules.get(e.prim)
+            if rule is None or rule(prog, e, p):
                 return True
-            for b in e.params["branches"]:
-                w = b.inputs[p - 1]
-                if _reads(b, w) or any(o is w and _reads(prog, e.outputs[j]) for j, o in enumerate(b.outputs)):
-                    return True
+    return False
+
+
+@read_rules.register(ir.cond_p)
+@read_rules.register(ir.switch_p)
+def _arms_read(prog, e, p):
+    if p == 0:
+        return True
+    for b in e.params["branches"]:
+        w = b.inputs[p - 1]
+        if _reads(b, w) or any(o is w and _reads(prog, e.outputs[j]) for j, o in enumerate(b.outputs)):
+            return True
     return False
 
 
@@ -204,9 +239,9 @@ def _id(k):
 def _walk(prog, wants):
     """Where the values `wants` of prog come from: (the writes, {eqn place: [output j]} of the
     if/match/loops that hand them on, {eqn place: operand places an arm may hand on unchanged},
-    the places of the inputs of prog they may be)."""
+    the places of the inputs of prog they may be, the writes that are a loop's output)."""
     defs = {v: (k, j) for k, e in enumerate(prog.eqns) for j, v in enumerate(e.outputs)}
-    writes, chained, handed, reached = [], {}, {}, set()
+    writes, chained, handed, reached, carried = [], {}, {}, set(), set()
     todo, seen = list(wants), set()
     while todo:
         v = todo.pop()
@@ -218,18 +253,31 @@ def _walk(prog, wants):
             continue
         k, j = defs[v]
         e = prog.eqns[k]
-        if e.prim in (ir.cond_p, ir.switch_p):
-            chained.setdefault(k, []).append(j)
-            for b in e.params["branches"]:
-                for p in _walk(b, [b.outputs[j]])[3]:
-                    handed.setdefault(k, set()).add(1 + p)
-                    todo.append(e.inputs[1 + p])
-            continue
-        if e.prim is ir.while_p:        # the loop's output is the write of its body's writes
-            chained.setdefault(k, []).append(j)
-            todo.append(e.inputs[int(e.params["counted"]) + e.params["n_consts"] + j])
-        writes.append(v)
-    return writes, chained, handed, reached
+        rule = walk_rules.get(e.prim)
+        if rule is None or rule(e, k, j, chained, handed, todo, carried):
+            writes.append(v)
+    return writes, chained, handed, reached, carried
+
+
+@walk_rules.register(ir.cond_p)
+@walk_rules.register(ir.switch_p)
+def _arms_walk(e, k, j, chained, handed, todo, carried):
+    """An arm's output: what each arm may hand on (no write of its own)."""
+    chained.setdefault(k, []).append(j)
+    for b in e.params["branches"]:
+        for p in _walk(b, [b.outputs[j]])[3]:
+            handed.setdefault(k, set()).add(1 + p)
+            todo.append(e.inputs[1 + p])
+    return False
+
+
+@walk_rules.register(ir.while_p)
+def _while_walk(e, k, j, chained, handed, todo, carried):
+    """The loop's output is the write of its body's writes (and what it carries in)."""
+    chained.setdefault(k, []).append(j)
+    todo.append(ir.WhileOperands(e).carries[j])
+    carried.add(e.outputs[j])
+    return True
 
 
 def _thread(prog, wants, entry, sites, fixed=None):
@@ -239,10 +287,9 @@ def _thread(prog, wants, entry, sites, fixed=None):
     and gives out the id of the write that ran last. `entry` maps inputs of prog to their ids. In a
     loop body every write has the loop's id `fixed` and no probe of its own.
     Returns (eqns, the ids of `wants`, {site: its probe's Var in prog}, {site: probed Var})."""
-    writes, chained, handed, reached = _walk(prog, wants)
+    writes, chained, handed, reached, loops = _walk(prog, wants)
     last = dict(entry)
     mine = [prog.inputs[p] for p in sorted(reached) if prog.inputs[p] not in entry] + writes
-    loops = {v for e in prog.eqns if e.prim is ir.while_p for v in e.outputs}
     for v in mine:
         if fixed is not None:
             last[v] = fixed
@@ -266,8 +313,7 @@ def _thread(prog, wants, entry, sites, fixed=None):
     for k, e in enumerate(prog.eqns):
         e = e.replace(inputs=[sub.get(a, a) if isinstance(a, Var) else a for a in e.inputs])
         if k in chained:
-            e = (_thread_loop(e, chained[k], last, sites, fixed) if e.prim is ir.while_p
-                 else _thread_arms(e, chained[k], sorted(handed.get(k, ())), last, probes, sites, fixed))
+            e = thread_rules[e.prim](e, chained[k], sorted(handed.get(k, ())), last, probes, sites, fixed)
         eqns.append(e)
         for v in e.outputs:
             if v in probes:
@@ -300,19 +346,23 @@ def _thread_arms(e, js, handed, last, probes, sites, fixed):
 def _thread_loop(e, js, last, sites, fixed):
     """The while `e` carrying, for each carry j on a chain, the id of its last write: the entry's
     until a turn writes it, then the loop's own (`fixed` in an enclosing body)."""
-    body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
-    base = int(e.params["counted"]) + nc
+    body, cond = e.params["body"], e.params["cond"]
+    w = ir.WhileOperands(e)
     given = []
     for j in js:
         own = fixed if fixed is not None else _id(sites.index(e.outputs[j]))
         carry = Var(ir.U32_CELL)
-        eqns, ids, _, _ = _thread(body, [body.outputs[j]], {body.inputs[1 + nc + j]: carry}, sites, own)
+        eqns, ids, _, _ = _thread(body, [body.outputs[j]], {w.body_parts(body.inputs)[2][j]: carry}, sites, own)
         body = Program(list(body.inputs) + [carry], eqns, list(body.outputs) + ids)
         if cond is not None:
             cond = cond.replace(inputs=list(cond.inputs) + [Var(ir.U32_CELL)])
-        given.append(last[e.inputs[base + j]])
+        given.append(last[w.carries[j]])
     return e.replace(inputs=list(e.inputs) + given, outputs=list(e.outputs) + _ids_out(e, js, last),
                      params=dict(e.params, body=body, cond=cond))
+
+
+thread_rules[ir.cond_p] = thread_rules[ir.switch_p] = _thread_arms
+thread_rules[ir.while_p] = lambda e, js, handed, last, probes, sites, fixed: _thread_loop(e, js, last, sites, fixed)
 
 
 def _ids_out(e, js, last):

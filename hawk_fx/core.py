@@ -14,7 +14,7 @@ value (a Python number), which takes the dtype of what it meets, as in NumPy.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -191,9 +191,14 @@ class Primitive:
 # Rule tables. Each interpreter owns one; a missing rule names the rule and the primitive.
 
 class RuleTable(dict):
+    """prim -> rule. A missing rule's error names the table and the primitive. A primitive an
+    interpreter declines on purpose has a refusal (`refuse`): a rule that raises the reason, kept
+    in `refused` so a check of the tables tells a refusal from a forgotten rule."""
+
     def __init__(self, rule: str):
         super().__init__()
         self.rule = rule
+        self.refused: set = set()
 
     def __missing__(self, prim):
         raise NotImplementedError(f"no {self.rule} rule for primitive '{prim}'")
@@ -201,6 +206,15 @@ class RuleTable(dict):
     def register(self, prim):
         def deco(fn):
             self[prim] = fn
+            return fn
+        return deco
+
+    def refuse(self, *prims):
+        """Register `fn` (which raises why) as the rule of each of `prims`: declined on purpose."""
+        def deco(fn):
+            for prim in prims:
+                self[prim] = fn
+                self.refused.add(prim)
             return fn
         return deco
 
@@ -360,7 +374,7 @@ def check_program(prog: Program) -> None:
 # ---------------------------------------------------------------------------------------------
 # Printing. Sub-programs indent; primitives may register a hook for their params.
 
-pp_params_rules: dict[Primitive, Callable] = {}
+pp_params_rules = RuleTable("printing")     # prim -> fn(params) -> the params shown (none: all of them)
 
 
 def _names():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from hawk_fx import prims
 from hawk_fx.caches import LRU
-from hawk_fx.core import Eqn, Literal, Program, Var
+from hawk_fx.core import Eqn, Literal, Program, RuleTable, Var
 from hawk_fx.kernel import BodySpec
 
 from .. import ir
@@ -161,12 +161,27 @@ def fuse(prog: Program, keep: set, barriers=frozenset()) -> Program:
 
 
 def _fuse_inside(e, keep, barriers):
-    if e.prim in (ir.cond_p, ir.switch_p):
-        branches = tuple(fuse(b, keep, barriers) for b in e.params["branches"])
-        return e.replace(params=dict(e.params, branches=branches))
-    if e.prim is ir.while_p:
-        return e.replace(params=dict(e.params, body=fuse(e.params["body"], keep, barriers)))
-    if e.prim is ir.revolve_p:
-        return e.replace(params=dict(e.params, forward=fuse(e.params["forward"], keep, barriers),
-                                     backward=fuse(e.params["backward"], keep, barriers)))
-    return e
+    rule = fuse_inside_rules.get(e.prim)
+    return e if rule is None else rule(e, keep, barriers)
+
+
+# prim -> fn(e, keep, barriers) -> e with its sub-programs fused; a primitive with none holds none
+fuse_inside_rules = RuleTable("fusion inside")
+
+
+@fuse_inside_rules.register(ir.cond_p)
+@fuse_inside_rules.register(ir.switch_p)
+def _fuse_branches(e, keep, barriers):
+    branches = tuple(fuse(b, keep, barriers) for b in e.params["branches"])
+    return e.replace(params=dict(e.params, branches=branches))
+
+
+@fuse_inside_rules.register(ir.while_p)
+def _fuse_while(e, keep, barriers):
+    return e.replace(params=dict(e.params, body=fuse(e.params["body"], keep, barriers)))
+
+
+@fuse_inside_rules.register(ir.revolve_p)
+def _fuse_revolve(e, keep, barriers):
+    return e.replace(params=dict(e.params, forward=fuse(e.params["forward"], keep, barriers),
+                                 backward=fuse(e.params["backward"], keep, barriers)))

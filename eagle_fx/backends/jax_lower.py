@@ -219,13 +219,12 @@ def _guard(lw, cond, consts, c_atoms, carries, carry_atoms):
 def _while(lw, e, ins):
     jnp, lax = _jnp(), _lax()
     body, cond = e.params["body"], e.params["cond"]
-    cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
-    ops, atoms = list(ins), list(e.inputs)
-    trip = trip_atom = None
-    if counted:
-        trip, trip_atom = jnp.asarray(ops.pop(0)), atoms.pop(0)
-    consts, init = ops[:nc], [fit(x, v.aval) for x, v in zip(ops[nc:], e.outputs)]
-    c_atoms, i_atoms = atoms[:nc], atoms[nc:]
+    cap, counted = e.params["cap"], e.params["counted"]
+    ops, atoms = ir.WhileOperands(e, ins), ir.WhileOperands(e)
+    trip = jnp.asarray(ops.trip) if counted else None
+    trip_atom = atoms.trip
+    consts, init = ops.consts, [fit(x, v.aval) for x, v in zip(ops.carries, e.outputs)]
+    c_atoms, i_atoms = atoms.consts, atoms.carries
     carry_atoms = list(body.outputs)          # inside the loop a carry is the body's last output
     masked = e.params.get("masked")
     lw.loop_trips.append(trip_atom)
@@ -317,8 +316,9 @@ def _stack_push(lw, e, ins):
     return [stack.at[i].set(value)]
 
 
-@graph_rules.register(ir.revolve_p)
+@graph_rules.refuse(ir.revolve_p)
 def _revolve(lw, e, ins):
+    """A checkpointed reverse pass runs on the NumPy backend only."""
     raise LoweringError(f"eagle_fx jax backend: the reverse pass through the device loop at {e.info.where} is "
                         "checkpointed (checkpoints=), which runs on the NumPy backend; on JAX, take the gradient "
                         "without checkpoints")

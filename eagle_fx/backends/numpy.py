@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from hawk_fx.core import Literal, Program, Var
+from hawk_fx.core import Literal, Program, RuleTable, Var
 
 from hawk_fx.emit.numpy import NumpyKernel, overlapping_inputs
 
@@ -157,54 +157,7 @@ class NumpyExecutable(SlotPlanner):
             else:
                 self.slot_of[v] = self._out_slot(v, pre, top)
             outs.append(self.slot_of[v])
-        p = e.prim
-        if p is ir.call_p:
-            k = len(self.calls)
-            self.calls.append(("call", e.params["spec"], list(e.inputs), outs, e.params["n"],
-                               e.params.get("batch", ()), e.params.get("in_batched"), self._spread(g, e)))
-            g.emit(d, f"c{k}()")
-        elif p is ir.opaque_p:
-            k = len(self.calls)
-            self.calls.append(("fn", e.params["fn"]))
-            g.emit(d, f"c{k}()")
-        elif p in _CELL_UFUNC and e.outputs[0].aval.shape != (1,):     # batched cells: one per instance
-            g.emit(d, f"{_CELL_UFUNC[p]}({', '.join(self.b(a) for a in e.inputs)}, out=b{outs[0]})")
-        elif p is batch_broadcast_p:
-            g.emit(d, _copy(f"b{outs[0]}", self.b(e.inputs[0]), e.outputs[0].aval))
-        elif p is ir.cell_not_p:
-            g.emit(d, f"b{outs[0]}[0] = {self.b(e.inputs[0])}[0] == 0")
-        elif p is ir.cell_and_p:
-            g.emit(d, f"b{outs[0]}[0] = ({self.b(e.inputs[0])}[0] != 0) & ({self.b(e.inputs[1])}[0] != 0)")
-        elif p is ir.cell_or_p:
-            g.emit(d, f"b{outs[0]}[0] = ({self.b(e.inputs[0])}[0] != 0) | ({self.b(e.inputs[1])}[0] != 0)")
-        elif p in (ir.cond_p, ir.switch_p) and e.params.get("masked"):
-            self._gen_masked_branches(g, d, e, outs)
-        elif p is ir.while_p and e.params.get("masked"):
-            self._gen_masked_while(g, d, e, outs)
-        elif p is ir.cond_p:
-            false_p, true_p = e.params["branches"]
-            g.emit(d, f"if {self.b(e.inputs[0])}[0]:")
-            self._gen_sub(g, d + 1, true_p, e.inputs[1:], outs)
-            g.emit(d, "else:")
-            self._gen_sub(g, d + 1, false_p, e.inputs[1:], outs)
-        elif p is ir.switch_p:
-            sel = f"s{g.turns}"
-            g.turns += 1
-            g.emit(d, f"{sel} = int({self.b(e.inputs[0])}[0])")
-            *arms, default = e.params["branches"]
-            for c, arm in zip(e.params["cases"], arms):
-                g.emit(d, f"{'if' if c == e.params['cases'][0] else 'elif'} {sel} == {c}:")
-                self._gen_sub(g, d + 1, arm, e.inputs[1:], outs)
-            g.emit(d, "else:" if arms else "if True:")
-            self._gen_sub(g, d + 1, default, e.inputs[1:], outs)
-        elif p is ir.while_p:
-            self._gen_while(g, d, e, outs)
-        elif p is ir.revolve_p:
-            self._gen_revolve(g, d, e, outs)
-        elif p in _DERIVATIVE_OPS:
-            _DERIVATIVE_OPS[p](self, g, d, e, outs)
-        else:
-            raise NotImplementedError(f"eagle numpy backend: no rule for primitive '{p}'")
+        numpy_rules[e.prim](self, g, d, e, outs)
 
     def _spread(self, g, e):
         """input index -> slot of its spread copy, for the batched Params of a call in a device loop
@@ -246,10 +199,9 @@ class NumpyExecutable(SlotPlanner):
 
     def _gen_while(self, g, d, e, outs):
         body, cond = e.params["body"], e.params["cond"]
-        cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
-        ops = list(e.inputs)
-        trip = ops.pop(0) if counted else None
-        consts, init = ops[:nc], ops[nc:]
+        cap, counted = e.params["cap"], e.params["counted"]
+        w = ir.WhileOperands(e)
+        trip, consts, init = w.trip, w.consts, w.carries
         self._gen_copies(g, d, init, outs)
         t = f"t{g.turns}"
         g.turns += 1
@@ -283,10 +235,9 @@ class NumpyExecutable(SlotPlanner):
         """A checkpointed reverse (ir.revolve_p): the loop body and its reverse step become local
         functions over a working state, driven by the binomial schedule (transforms/checkpoint.py);
         the kept states are stacks indexed by slot, so they too grow only as they are used."""
-        fwd, bwd, K, nc = e.params["forward"], e.params["backward"], e.params["checkpoints"], e.params["n_consts"]
-        nk = len(fwd.outputs)
-        turns, consts = e.inputs[0], e.inputs[1:1 + nc]
-        init, start = e.inputs[1 + nc:1 + nc + nk], e.inputs[1 + nc + nk:]
+        fwd, bwd, K = e.params["forward"], e.params["backward"], e.params["checkpoints"]
+        w = ir.WhileOperands(e)
+        turns, consts, init, start = w.trip, w.consts, w.carries, w.rest
         self._gen_copies(g, d, start, outs)                  # the seeds and zero sums: what the steps update
         work = [self._sub_slot(a.aval) for a in init]
         kept = [self._new_slot(Stack(ir.stack_aval(K, a.aval.shape, a.aval.dtype))) for a in init]
@@ -350,7 +301,9 @@ class NumpyExecutable(SlotPlanner):
             ops[i] = self._ref(t, a.aval)
         return ops
 
-    def _gen_masked_branches(self, g, d, e, outs):
+    def _gen_masked_branches(self, g, d, e, outs, cases=None):
+        """Every arm, then each instance's own: a cond's true arm where its cell is set (cases None),
+        a switch's default, then the arm of each of `cases` where the cell equals it."""
         if any(ir.is_stack(v.aval) for v in e.outputs):
             raise NotImplementedError("eagle numpy backend: a stack of saved loop turns leaving a batched arm")
         pred, operands = e.inputs[0], list(e.inputs[1:])
@@ -366,7 +319,7 @@ class NumpyExecutable(SlotPlanner):
             self._gen_sub(g, d, arm, self._private(g, d, operands, written), t_slots)
             arm_outs.append(t_slots)
         mask = self._new_slot(np.zeros(pred.aval.shape, bool))
-        if e.prim is ir.cond_p:
+        if cases is None:
             false_s, true_s = arm_outs
             g.emit(d, f"np.not_equal({self.b(pred)}, 0, out=b{mask})")
             for o, f in zip(outs, false_s):
@@ -375,7 +328,7 @@ class NumpyExecutable(SlotPlanner):
         else:
             for o, t in zip(outs, arm_outs[-1]):
                 g.emit(d, f"np.copyto(b{o}, b{t})")
-            for c, slots in zip(e.params["cases"], arm_outs[:-1]):
+            for c, slots in zip(cases, arm_outs[:-1]):
                 g.emit(d, f"np.equal({self.b(pred)}, {c}, out=b{mask})")
                 self._merge(g, d, mask, outs, slots)
 
@@ -384,10 +337,9 @@ class NumpyExecutable(SlotPlanner):
         (copied aside, its rows only) on the turn it finishes, and put back when the loop ends: the
         turns it runs past its end touch nothing it returns, and no turn merges whole carries."""
         body, cond = e.params["body"], e.params["cond"]
-        cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
-        ops = list(e.inputs)
-        trip = ops.pop(0) if counted else None
-        consts, init = ops[:nc], ops[nc:]
+        cap, counted = e.params["cap"], e.params["counted"]
+        w = ir.WhileOperands(e)
+        trip, consts, init = w.trip, w.consts, w.carries
         if not outs:            # it carries nothing and writes nothing: no turn has an effect
             return
         self._gen_copies(g, d, init, outs)
@@ -493,25 +445,109 @@ class NumpyExecutable(SlotPlanner):
         return None if k is None else self.slots[k]
 
 
+# -- the rules: prim -> fn(exe, g, d, e, outs), the lines of e at depth d (outs: its output slots) -------
+
+numpy_rules = RuleTable("eagle numpy backend")
+
+
+@numpy_rules.register(ir.call_p)
+def _gen_call(exe, g, d, e, outs):
+    k = len(exe.calls)
+    exe.calls.append(("call", e.params["spec"], list(e.inputs), outs, e.params["n"],
+                      e.params.get("batch", ()), e.params.get("in_batched"), exe._spread(g, e)))
+    g.emit(d, f"c{k}()")
+
+
+@numpy_rules.register(ir.opaque_p)
+def _gen_opaque(exe, g, d, e, outs):
+    k = len(exe.calls)
+    exe.calls.append(("fn", e.params["fn"]))
+    g.emit(d, f"c{k}()")
+
+
+def _cell(line):
+    """A cell-logic rule: `line(exe, e, outs)` for one cell; batched cells, one per instance, by ufunc."""
+    def rule(exe, g, d, e, outs):
+        if e.outputs[0].aval.shape != (1,):
+            g.emit(d, f"{_CELL_UFUNC[e.prim]}({', '.join(exe.b(a) for a in e.inputs)}, out=b{outs[0]})")
+        else:
+            g.emit(d, line(exe, e, outs))
+    return rule
+
+
+numpy_rules[ir.cell_not_p] = _cell(lambda exe, e, outs: f"b{outs[0]}[0] = {exe.b(e.inputs[0])}[0] == 0")
+numpy_rules[ir.cell_and_p] = _cell(
+    lambda exe, e, outs: f"b{outs[0]}[0] = ({exe.b(e.inputs[0])}[0] != 0) & ({exe.b(e.inputs[1])}[0] != 0)")
+numpy_rules[ir.cell_or_p] = _cell(
+    lambda exe, e, outs: f"b{outs[0]}[0] = ({exe.b(e.inputs[0])}[0] != 0) | ({exe.b(e.inputs[1])}[0] != 0)")
+
+
+@numpy_rules.register(batch_broadcast_p)
+def _gen_broadcast(exe, g, d, e, outs):
+    g.emit(d, _copy(f"b{outs[0]}", exe.b(e.inputs[0]), e.outputs[0].aval))
+
+
+# -- control flow --------------------------------------------------------------------------------------
+
+@numpy_rules.register(ir.cond_p)
+def _gen_cond(exe, g, d, e, outs):
+    if e.params.get("masked"):
+        return exe._gen_masked_branches(g, d, e, outs)
+    false_p, true_p = e.params["branches"]
+    g.emit(d, f"if {exe.b(e.inputs[0])}[0]:")
+    exe._gen_sub(g, d + 1, true_p, e.inputs[1:], outs)
+    g.emit(d, "else:")
+    exe._gen_sub(g, d + 1, false_p, e.inputs[1:], outs)
+
+
+@numpy_rules.register(ir.switch_p)
+def _gen_switch(exe, g, d, e, outs):
+    if e.params.get("masked"):
+        return exe._gen_masked_branches(g, d, e, outs, e.params["cases"])
+    sel = f"s{g.turns}"
+    g.turns += 1
+    g.emit(d, f"{sel} = int({exe.b(e.inputs[0])}[0])")
+    *arms, default = e.params["branches"]
+    for c, arm in zip(e.params["cases"], arms):
+        g.emit(d, f"{'if' if c == e.params['cases'][0] else 'elif'} {sel} == {c}:")
+        exe._gen_sub(g, d + 1, arm, e.inputs[1:], outs)
+    g.emit(d, "else:" if arms else "if True:")
+    exe._gen_sub(g, d + 1, default, e.inputs[1:], outs)
+
+
+@numpy_rules.register(ir.while_p)
+def _gen_while(exe, g, d, e, outs):
+    if e.params.get("masked"):
+        return exe._gen_masked_while(g, d, e, outs)
+    exe._gen_while(g, d, e, outs)
+
+
+numpy_rules[ir.revolve_p] = lambda exe, g, d, e, outs: exe._gen_revolve(g, d, e, outs)
+
+
 # -- the primitives of derivative programs (ir.py): one line each ------------------------------------
 
 def _copy(dst, src, aval):
     return f"{dst}.assign({src})" if ir.is_stack(aval) else f"np.copyto({dst}, {src})"
 
 
+@numpy_rules.register(ir.zeros_p)
 def _zeros(exe, g, d, e, outs):
     g.emit(d, f"b{outs[0]}.clear()" if ir.is_stack(e.outputs[0].aval) else f"b{outs[0]}.fill(0)")
 
 
+@numpy_rules.register(ir.add_any_p)
 def _add_any(exe, g, d, e, outs):
     g.emit(d, f"np.add({exe.b(e.inputs[0])}, {exe.b(e.inputs[1])}, out=b{outs[0]})")
 
 
+@numpy_rules.register(ir.stack_push_p)
 def _stack_push(exe, g, d, e, outs):
     stack, turn, value = e.inputs          # in place: outs[0] is the stack's slot (numpy_stack.Stack)
     g.emit(d, f"b{outs[0]}.push(int({exe.b(turn)}[0]), {exe.b(value)})")
 
 
+@numpy_rules.register(ir.stack_read_p)
 def _stack_read(exe, g, d, e, outs):
     stack, turn = exe.b(e.inputs[0]), exe.b(e.inputs[1])
     if e.params["turn_batched"]:             # a turn per instance
@@ -521,10 +557,12 @@ def _stack_read(exe, g, d, e, outs):
     g.emit(d, f"np.copyto(b{outs[0]}, {src})")
 
 
+@numpy_rules.register(ir.cell_inc_p)
 def _cell_inc(exe, g, d, e, outs):
     g.emit(d, f"np.add({exe.b(e.inputs[0])}, 1, out=b{outs[0]})")
 
 
+@numpy_rules.register(ir.cell_rev_p)
 def _cell_rev(exe, g, d, e, outs):
     turns, turn = exe.b(e.inputs[0]), exe.b(e.inputs[1])
     g.emit(d, f"np.copyto(b{outs[0]}, np.maximum({turns}.astype(np.int64) - 1 - {turn}.astype(np.int64), 0), "
@@ -564,10 +602,12 @@ def _index(exe, index):
     return f"k{len(exe.consts) - 1}"
 
 
+@numpy_rules.register(ir.slice_p)
 def _slice(exe, g, d, e, outs):
     g.emit(d, f"np.copyto(b{outs[0]}, {exe.b(e.inputs[0])}[{_index(exe, e.params['index'])}])")
 
 
+@numpy_rules.register(ir.update_p)
 def _update(exe, g, d, e, outs):
     base, value = e.inputs
     if exe.b(base) != f"b{outs[0]}":           # a functional update (derived programs): copy the base first
@@ -575,15 +615,12 @@ def _update(exe, g, d, e, outs):
     g.emit(d, f"b{outs[0]}[{_index(exe, e.params['index'])}] = {exe.b(value)}")
 
 
+@numpy_rules.register(ir.reshape_p)
 def _reshape(exe, g, d, e, outs):
     g.emit(d, f"np.copyto(b{outs[0]}, {exe.b(e.inputs[0])}.reshape({e.params['shape']}))")
 
 
+@numpy_rules.register(ir.concat_p)
 def _concat(exe, g, d, e, outs):
     g.emit(d, f"np.concatenate(({''.join(exe.b(a) + ', ' for a in e.inputs)}), axis={e.params['axis']}, "
               f"out=b{outs[0]})")
-
-
-_DERIVATIVE_OPS = {ir.slice_p: _slice, ir.update_p: _update, ir.reshape_p: _reshape, ir.concat_p: _concat,
-                   ir.zeros_p: _zeros, ir.add_any_p: _add_any, ir.stack_push_p: _stack_push,
-                   ir.stack_read_p: _stack_read, ir.cell_inc_p: _cell_inc, ir.cell_rev_p: _cell_rev}

@@ -12,7 +12,7 @@ The result is a Program like any other: printed, built into a graph, batched, tr
 """
 from __future__ import annotations
 
-from hawk_fx.core import Literal, Program, Var
+from hawk_fx.core import Literal, Program, RuleTable, Var
 from hawk_fx.diff import jvp_spec
 
 from .. import ir
@@ -21,6 +21,10 @@ from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce,
 from .vmap import batch_broadcast_p
 
 API = "eagle_fx.jvp"
+
+# prim -> fn(e, env, tan, eqns, ts): e's outputs into env, their tangents into tan (ts: the
+# tangent of each input, one at least not None; an equation with none is copied as it is)
+jvp_rules = RuleTable(API)
 
 
 def jvp_graph(prog: Program, flags, force=None):
@@ -47,38 +51,20 @@ def jvp_graph(prog: Program, flags, force=None):
 def _eqn(e, env, tan, eqns):
     refuse_untransformable(e, API)
     ts = [tan.get(a) if isinstance(a, Var) else None for a in e.inputs]
-    p = e.prim
     if all(t is None for t in ts):
         copy_eqn(e, env, eqns)
-    elif p is ir.call_p:
-        _call(e, env, tan, eqns)
-    elif p in (ir.cond_p, ir.switch_p):
-        _branches(e, env, tan, eqns)
-    elif p is ir.while_p:
-        _while(e, env, tan, eqns)
-    elif p is ir.revolve_p:
-        raise TransformError(f"{API}: forward mode over a checkpointed reverse pass (checkpoints=) is not "
-                             "supported: for a Hessian-vector product, take the inner gradient without checkpoints")
-    elif p in ir.STRUCTURE:
-        copy_eqn(e, env, eqns)
-        t = structure.jvp(e, ts, eqns)
-        if t is not None and is_float(e.outputs[0].aval):
-            tan[e.outputs[0]] = t
     else:
-        copy_eqn(e, env, eqns)
-        if p in _LINEAR:
-            t = _LINEAR[p](e, env, tan, eqns)
-            if t is not None:
-                tan[e.outputs[0]] = t
-        elif p not in (ir.cell_not_p, ir.cell_and_p, ir.cell_or_p, ir.cell_inc_p, ir.cell_rev_p):
-            raise NotImplementedError(f"{API}: no rule for primitive '{p}'")
+        jvp_rules[e.prim](e, env, tan, eqns, ts)
 
 
 def _read(a, env):
     return a if isinstance(a, Literal) else env[a]
 
 
-def _call(e, env, tan, eqns):
+# -- calls, host nodes, cells -----------------------------------------------------------------------
+
+@jvp_rules.register(ir.call_p)
+def _call(e, env, tan, eqns, ts):
     spec, n = e.params["spec"], e.params["n"]
     params = e.inputs[:len(e.params["kernel"].param_names)]
     flags = [isinstance(a, Var) and a in tan and is_float(v.aval) and not v.aval.weak
@@ -92,7 +78,28 @@ def _call(e, env, tan, eqns):
             tan[v] = t
 
 
-def _branches(e, env, tan, eqns):
+@jvp_rules.refuse(ir.opaque_p)
+def _opaque(e, env, tan, eqns, ts):
+    """Host nodes: refused (refuse_untransformable says why), with tangents or without."""
+    refuse_untransformable(e, API)
+
+
+@jvp_rules.register(ir.cell_not_p)
+@jvp_rules.register(ir.cell_and_p)
+@jvp_rules.register(ir.cell_or_p)
+@jvp_rules.register(ir.cell_inc_p)
+@jvp_rules.register(ir.cell_rev_p)
+@jvp_rules.register(ir.zeros_p)
+def _no_tangent(e, env, tan, eqns, ts):
+    """Cells (and zeros) carry no tangent: the equation as it is."""
+    copy_eqn(e, env, eqns)
+
+
+# -- control flow ------------------------------------------------------------------------------------
+
+@jvp_rules.register(ir.cond_p)
+@jvp_rules.register(ir.switch_p)
+def _branches(e, env, tan, eqns, ts):
     ops = e.inputs[1:]
     op_flags = [isinstance(a, Var) and a in tan for a in ops]
     arms = e.params["branches"]
@@ -107,10 +114,11 @@ def _branches(e, env, tan, eqns):
         tan[v] = t
 
 
-def _while(e, env, tan, eqns):
-    body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
-    head = 1 if e.params["counted"] else 0
-    consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
+@jvp_rules.register(ir.while_p)
+def _while(e, env, tan, eqns, ts):
+    body, cond = e.params["body"], e.params["cond"]
+    w = ir.WhileOperands(e)
+    nc, consts, init = w.n_consts, w.consts, w.carries
     const_f = [isinstance(a, Var) and a in tan for a in consts]
     carry_f = [isinstance(a, Var) and a in tan for a in init]
     while True:            # carries with a tangent: a fixpoint over the body (the flags only grow)
@@ -132,9 +140,10 @@ def _while(e, env, tan, eqns):
         cc = copy_program(cond)                     # the guard reads no tangent: unused inputs for them
         t_consts = [Var(ct_aval(a.aval)) for a, f in zip(consts, const_f) if f]
         t_carries = [Var(ct_aval(a.aval)) for a, f in zip(init, carry_f) if f]
-        new_cond = cc.replace(inputs=list(cc.inputs[:nc]) + t_consts + list(cc.inputs[nc:]) + t_carries)
+        c_consts, c_carries = w.guard_parts(cc.inputs)
+        new_cond = cc.replace(inputs=c_consts + t_consts + c_carries + t_carries)
     t_init = [tan.get(a) or eqns.zeros(ct_aval(a.aval)) for a, f in zip(init, carry_f) if f]
-    inputs = ([_read(e.inputs[0], env)] if head else []) + [_read(a, env) for a in consts] \
+    inputs = ([_read(w.trip, env)] if w.head else []) + [_read(a, env) for a in consts] \
         + [tan[a] for a, f in zip(consts, const_f) if f] + [_read(a, env) for a in init] + t_init
     params = dict(e.params, body=jb, cond=new_cond, n_consts=nc + ntc, inplace=())
     outs = eqns.bind(ir.while_p, inputs, params, e.info)
@@ -144,10 +153,46 @@ def _while(e, env, tan, eqns):
         tan[v] = t
 
 
+@jvp_rules.refuse(ir.revolve_p)
+def _revolve(e, env, tan, eqns, ts):
+    """A checkpointed reverse pass: forward mode over it is refused (take the inner gradient without)."""
+    raise TransformError(f"{API}: forward mode over a checkpointed reverse pass (checkpoints=) is not "
+                         "supported: for a Hessian-vector product, take the inner gradient without checkpoints")
+
+
+# -- array structure: the same op on the tangents (transforms/structure.py) ----------------------------
+
+@jvp_rules.register(ir.slice_p)
+@jvp_rules.register(ir.update_p)
+@jvp_rules.register(ir.reshape_p)
+@jvp_rules.register(ir.concat_p)
+def _structure(e, env, tan, eqns, ts):
+    copy_eqn(e, env, eqns)
+    t = structure.jvp(e, ts, eqns)
+    if t is not None and is_float(e.outputs[0].aval):
+        tan[e.outputs[0]] = t
+
+
+# -- the derivative primitives, linear in their planes ------------------------------------------------
+
+def _linear(fn):
+    """The rule of a linear primitive: the equation as it is, and `fn`'s tangent of its output."""
+    def rule(e, env, tan, eqns, ts):
+        copy_eqn(e, env, eqns)
+        t = fn(e, env, tan, eqns)
+        if t is not None:
+            tan[e.outputs[0]] = t
+    return rule
+
+
+@jvp_rules.register(ir.add_any_p)
+@_linear
 def _add_tangent(e, env, tan, eqns):
     return eqns.add(tan.get(e.inputs[0]), tan.get(e.inputs[1]))
 
 
+@jvp_rules.register(ir.stack_push_p)
+@_linear
 def _push_tangent(e, env, tan, eqns):
     stack, turn, value = e.inputs
     ts = tan.get(stack) or eqns.zeros(ct_aval(stack.aval))
@@ -156,14 +201,14 @@ def _push_tangent(e, env, tan, eqns):
     return eqns.bind(ir.stack_push_p, [ts, env[turn], tv], dict(e.params, inplace=((0, 0),)))[0]
 
 
+@jvp_rules.register(ir.stack_read_p)
+@_linear
 def _read_tangent(e, env, tan, eqns):
     t = tan.get(e.inputs[0])
     return None if t is None else eqns.bind(ir.stack_read_p, [t, env[e.inputs[1]]], e.params)[0]
 
 
+@jvp_rules.register(batch_broadcast_p)
+@_linear
 def _broadcast_tangent(e, env, tan, eqns):
     return eqns.bind(batch_broadcast_p, [tan[e.inputs[0]]], e.params)[0]
-
-
-_LINEAR = {ir.add_any_p: _add_tangent, ir.stack_push_p: _push_tangent, ir.stack_read_p: _read_tangent,
-           batch_broadcast_p: _broadcast_tangent}

@@ -7,7 +7,7 @@ in-place write would destroy; `copy_eqn` rewrites a staged equation that way, wi
 """
 from __future__ import annotations
 
-from hawk_fx.core import NO_INFO, Eqn, Literal, Program, Var, abstract_eval
+from hawk_fx.core import NO_INFO, Eqn, Literal, Program, RuleTable, Var, abstract_eval
 
 from .. import ir
 
@@ -48,12 +48,25 @@ class Eqns(list):
 
 def refuse_untransformable(e, api):
     """The equations no derivative passes through, with what to do instead."""
-    if e.prim is ir.opaque_p:
-        raise TransformError(f"{api}: the host node {e.info.name or _name(e.params['fn'])!r} ({e.info.where}) is a "
-                             "Python function "
-                             "the transform cannot see into; move its work into a kernel, or keep it out of the "
-                             "function you differentiate")
-    if e.prim is ir.call_p and e.params.get("batch"):
+    rule = _untransformable.get(e.prim)
+    if rule is not None:
+        rule(e, api)
+
+
+_untransformable = RuleTable("derivative refusal")     # prim -> fn(e, api): raises where e has no derivative
+
+
+@_untransformable.register(ir.opaque_p)
+def _host_node(e, api):
+    raise TransformError(f"{api}: the host node {e.info.name or _name(e.params['fn'])!r} ({e.info.where}) is a "
+                         "Python function "
+                         "the transform cannot see into; move its work into a kernel, or keep it out of the "
+                         "function you differentiate")
+
+
+@_untransformable.register(ir.call_p)
+def _batched_call(e, api):
+    if e.params.get("batch"):
         raise TransformError(f"{api}: the program is batched (made by vmap); differentiate first, then batch: "
                              "eagle_fx.vmap(eagle_fx.grad(f))")
 
@@ -87,18 +100,42 @@ def copy_eqn(e, env, eqns: Eqns):
     params = dict(e.params)
     if "inplace" in params:
         params["inplace"] = ()
-    if e.prim is ir.call_p:
-        inputs = inputs[:len(e.params["kernel"].param_names)]     # buffer= targets: outputs get their own
-    elif e.prim in (ir.cond_p, ir.switch_p):
-        params["branches"] = tuple(copy_program(b) for b in e.params["branches"])
-    elif e.prim is ir.while_p:
-        params["body"] = copy_program(e.params["body"])
-        params["cond"] = copy_program(e.params["cond"]) if e.params["cond"] is not None else None
-    elif e.prim is ir.stack_push_p:
-        params["inplace"] = ((0, 0),)
+    rule = copy_rules.get(e.prim)
+    if rule is not None:
+        inputs = rule(e, inputs, params)
     outs = eqns.bind(e.prim, inputs, params, e.info)
     env.update(zip(e.outputs, outs))
     return outs
+
+
+# prim -> fn(e, inputs, params) -> inputs: what a functional copy changes beyond dropping `inplace`
+# (params edited in place); a primitive with none is copied as it is
+copy_rules = RuleTable("functional copy")
+
+
+@copy_rules.register(ir.call_p)
+def _copy_call(e, inputs, params):
+    return inputs[:len(e.params["kernel"].param_names)]     # buffer= targets: outputs get their own
+
+
+@copy_rules.register(ir.cond_p)
+@copy_rules.register(ir.switch_p)
+def _copy_branches(e, inputs, params):
+    params["branches"] = tuple(copy_program(b) for b in e.params["branches"])
+    return inputs
+
+
+@copy_rules.register(ir.while_p)
+def _copy_while(e, inputs, params):
+    params["body"] = copy_program(e.params["body"])
+    params["cond"] = copy_program(e.params["cond"]) if e.params["cond"] is not None else None
+    return inputs
+
+
+@copy_rules.register(ir.stack_push_p)
+def _copy_push(e, inputs, params):
+    params["inplace"] = ((0, 0),)
+    return inputs
 
 
 def written_inputs(prog: Program) -> set:
@@ -121,8 +158,9 @@ def dce(prog: Program) -> Program:
     keep, changed = [], False
     for e in reversed(prog.eqns):
         if any(v in live for v in e.outputs):
-            if e.prim is ir.while_p and not e.params["inplace"]:
-                pruned = _prune_carries(e, live)
+            prune = _prune_rules.get(e.prim)
+            if prune is not None and not e.params["inplace"]:
+                pruned = prune(e, live)
                 changed |= pruned is not e
                 e = pruned
             keep.append(e)
@@ -135,15 +173,20 @@ def _reads(prog: Program, outputs) -> set:
     return {a for q in kept.eqns for a in q.inputs if isinstance(a, Var)} | {a for a in outputs if isinstance(a, Var)}
 
 
+_prune_rules = RuleTable("pruning")    # prim -> fn(e, live) -> e without what nothing live reads
+
+
+@_prune_rules.register(ir.while_p)
 def _prune_carries(e, live):
     """The loop without the carries no live output or later turn needs, and without unread consts."""
-    body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
-    head = 1 if e.params["counted"] else 0
+    body, cond = e.params["body"], e.params["cond"]
+    w = ir.WhileOperands(e)
+    nc = w.n_consts
     n = len(e.outputs)
-    carry_in = body.inputs[1 + nc:]
+    _, body_consts, carry_in = w.body_parts(body.inputs)
     kept = [v in live for v in e.outputs]
     guard = _reads(cond, cond.outputs) if cond is not None else set()
-    guard_carries = cond.inputs[nc:] if cond is not None else ()
+    guard_consts, guard_carries = w.guard_parts(cond.inputs) if cond is not None else ((), ())
     while True:
         read = _reads(body, [o for o, k in zip(body.outputs, kept) if k])
         more = [k or carry_in[j] in read or guard_carries and guard_carries[j] in guard for j, k in enumerate(kept)]
@@ -152,15 +195,14 @@ def _prune_carries(e, live):
         kept = more
     js = [j for j in range(n) if kept[j]]
     read = _reads(body, [body.outputs[j] for j in js]) | guard
-    cs = [i for i in range(nc) if body.inputs[1 + i] in read or (cond is not None and cond.inputs[i] in guard)]
+    cs = [i for i in range(nc) if body_consts[i] in read or (cond is not None and guard_consts[i] in guard)]
     if len(js) == n and len(cs) == nc:
         return e
-    new_body = dce(Program([body.inputs[0]] + [body.inputs[1 + i] for i in cs] + [carry_in[j] for j in js],
+    new_body = dce(Program([body.inputs[0]] + [body_consts[i] for i in cs] + [carry_in[j] for j in js],
                            body.eqns, [body.outputs[j] for j in js]))
     new_cond = None
     if cond is not None:
-        new_cond = cond.replace(inputs=[cond.inputs[i] for i in cs] + [cond.inputs[nc + j] for j in js])
-    consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
-    inputs = list(e.inputs[:head]) + [consts[i] for i in cs] + [init[j] for j in js]
+        new_cond = cond.replace(inputs=[guard_consts[i] for i in cs] + [guard_carries[j] for j in js])
+    inputs = list(e.inputs[:w.head]) + [w.consts[i] for i in cs] + [w.carries[j] for j in js]
     return e.replace(inputs=inputs, outputs=[e.outputs[j] for j in js],
                      params=dict(e.params, body=new_body, cond=new_cond, n_consts=len(cs)))

@@ -8,8 +8,9 @@ are made again in the backward instead of being saved.
 """
 from __future__ import annotations
 
-from hawk_fx.core import Eqn, Program, Var
+from hawk_fx.core import Eqn, Program, RuleTable, Var
 
+from .. import ir
 from .program import dce
 
 
@@ -51,27 +52,38 @@ def _unread_as_zeros(bwd, known):
     """The backward's calls reading zeros, not a forward value, where the kernel body reads not
     that parameter (the vjp of a linear kernel reads none of its inputs): no residual is kept for
     it. One zeros value per type, made in the backward."""
-    from .. import ir
     zeros: dict = {}
     out = []
     for e in bwd:
-        if e.prim is ir.call_p:
-            body = e.params["spec"].prog
-            read = {a for q in body.eqns for a in q.inputs if isinstance(a, Var)} | \
-                {a for a in body.outputs if isinstance(a, Var)}
-            ins = list(e.inputs)
-            for k, v in enumerate(body.inputs[:len(ins)]):
-                a = ins[k]
-                if v not in read and isinstance(a, Var) and a in known:
-                    if a.aval not in zeros:
-                        z = Var(a.aval)
-                        zeros[a.aval] = z
-                        out.insert(0, Eqn(ir.zeros_p, [], [z], {"aval": a.aval}))
-                    ins[k] = zeros[a.aval]
-            if ins != list(e.inputs):
-                e = e.replace(inputs=ins)
+        rule = unread_rules.get(e.prim)
+        if rule is not None:
+            e = rule(e, known, zeros, out)
         out.append(e)
     return out
+
+
+# prim -> fn(e, known, zeros, out) -> e reading zeros (made at the front of `out`, one per type in
+# `zeros`) instead of the forward values (`known`) it does not read; a primitive with none reads all
+unread_rules = RuleTable("unread residuals")
+
+
+@unread_rules.register(ir.call_p)
+def _call_unread(e, known, zeros, out):
+    body = e.params["spec"].prog
+    read = {a for q in body.eqns for a in q.inputs if isinstance(a, Var)} | \
+        {a for a in body.outputs if isinstance(a, Var)}
+    ins = list(e.inputs)
+    for k, v in enumerate(body.inputs[:len(ins)]):
+        a = ins[k]
+        if v not in read and isinstance(a, Var) and a in known:
+            if a.aval not in zeros:
+                z = Var(a.aval)
+                zeros[a.aval] = z
+                out.insert(0, Eqn(ir.zeros_p, [], [z], {"aval": a.aval}))
+            ins[k] = zeros[a.aval]
+    if ins != list(e.inputs):
+        e = e.replace(inputs=ins)
+    return e
 
 
 def _ordered(eqns, outputs):
@@ -83,7 +95,6 @@ def _ordered(eqns, outputs):
 def without_zero_inputs(prog: Program, zero) -> Program:
     """`prog` with the inputs `zero` known to be zeros (cotangents no seed reaches): sums with
     them are dropped; any other reader gets a zeros value. The inputs stay, unread."""
-    from .. import ir
     from .program import Eqns
     zero = set(zero)
     alias: dict = {}
@@ -98,14 +109,26 @@ def without_zero_inputs(prog: Program, zero) -> Program:
             return made[a]
         return a
     for e in prog.eqns:
-        if e.prim is ir.add_any_p:
-            x, y = (alias.get(a, a) for a in e.inputs)
-            if x in zero or y in zero:
-                other = y if x in zero else x
-                if other in zero:
-                    zero.add(e.outputs[0])
-                else:
-                    alias[e.outputs[0]] = other
-                continue
+        rule = zero_rules.get(e.prim)
+        if rule is not None and rule(e, zero, alias):
+            continue
         eqns.append(e.replace(inputs=[atom(a) for a in e.inputs]))
     return dce(prog.replace(eqns=list(eqns), outputs=[atom(a) for a in prog.outputs]))
+
+
+# prim -> fn(e, zero, alias) -> True where e goes, its output known zero (added to `zero`) or another
+# value (in `alias`); a primitive with none is kept, reading zeros for the zero inputs
+zero_rules = RuleTable("zero inputs")
+
+
+@zero_rules.register(ir.add_any_p)
+def _add_zero(e, zero, alias):
+    x, y = (alias.get(a, a) for a in e.inputs)
+    if x in zero or y in zero:
+        other = y if x in zero else x
+        if other in zero:
+            zero.add(e.outputs[0])
+        else:
+            alias[e.outputs[0]] = other
+        return True
+    return False

@@ -19,16 +19,24 @@ The result is one functional Program: the forward, then the backward reading the
 """
 from __future__ import annotations
 
-from hawk_fx.core import Literal, Program, Var
+from hawk_fx.core import Literal, Program, RuleTable, Var
 from hawk_fx.diff import kernel_vjp, vjp_spec
 
 from .. import ir
 from . import structure
 from .kernel_residuals import split_kernel
+from .vmap import batch_broadcast_p
 from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, inline, is_float, \
     refuse_untransformable
 
 API = "eagle_fx.grad"
+
+# prim -> fn(vjp, e, cts, env, ct, eqns, saved): the cotangents of e's inputs from those of its
+# outputs `cts` (one at least not None), accumulated into ct; `saved`: what the forward pass kept
+vjp_rules = RuleTable("reverse")
+# prim -> fn(vjp, e, env, eqns, saved): e in the forward pass, keeping in `saved` what its reverse
+# reads; a primitive with none is copied as it is
+forward_rules = RuleTable("forward pass")
 
 
 def vjp_graph(prog: Program, wrt, capacity, api=API, checkpoints=None) -> Program:
@@ -63,12 +71,7 @@ class _Vjp:
         saved: dict = {}
         for e in prog.eqns:
             refuse_untransformable(e, self.api)
-            if e.prim is ir.while_p:
-                saved[e] = self.forward_loop(e, env, eqns)
-            elif e.prim is ir.call_p and not e.params.get("inplace") and split_kernel(e.params["spec"]):
-                self.forward_call(e, env, eqns)
-            else:
-                copy_eqn(e, env, eqns)
+            forward_rules.get(e.prim, _copy)(self, e, env, eqns, saved)
         ct: dict = {}
         it = iter(ct_in)
         for a in prog.outputs:
@@ -80,21 +83,7 @@ class _Vjp:
             cts = [ct.get(v) for v in e.outputs]
             if all(c is None for c in cts):
                 continue
-            if e.prim is ir.call_p:
-                self.call(e, cts, env, ct, eqns)
-            elif e.prim in (ir.cond_p, ir.switch_p):
-                self.branches(e, cts, env, ct, eqns)
-            elif e.prim is ir.while_p:
-                self.loop(e, cts, env, ct, eqns, saved[e])
-            elif e.prim is ir.add_any_p:
-                for a in e.inputs:
-                    _accumulate(ct, a, cts[0], eqns)
-            elif e.prim in ir.STRUCTURE:
-                if is_float(e.outputs[0].aval):
-                    for a, g in zip(e.inputs, structure.transpose(e, cts[0], eqns)):
-                        _accumulate(ct, a, g, eqns)
-            elif e.prim not in (ir.zeros_p, ir.cell_not_p, ir.cell_and_p, ir.cell_or_p, ir.cell_inc_p, ir.cell_rev_p):
-                raise NotImplementedError(f"{self.api}: no reverse rule for primitive '{e.prim}'")
+            vjp_rules[e.prim](self, e, cts, env, ct, eqns, saved)
         outs = [a if isinstance(a, Literal) else env[a] for a in prog.outputs]
         grads = [ct.get(v) or eqns.zeros(ct_aval(v.aval)) for v, w in zip(prog.inputs, wrt) if w]
         return _settle(Program(inputs + ct_in, eqns, (outs if values else []) + grads), self.kept)
@@ -159,16 +148,17 @@ class _Vjp:
         if e.params["cap"] is not None:
             return e.params["cap"]
         if e.params["counted"]:
-            trip = self.alias.get(e.inputs[0], e.inputs[0])
+            trip = ir.WhileOperands(e).trip
+            trip = self.alias.get(trip, trip)
             cap = self.capacity(trip, e) if trip in self.top else None
             return None if cap is None else max(1, cap)
         return None                 # no known bound: the stack grows as the loop runs
 
     def forward_loop(self, e, env, eqns):
         """The loop, also stacking each turn's carries (unless checkpointed) and counting its turns."""
-        body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
-        head = 1 if e.params["counted"] else 0
-        consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
+        body, cond = e.params["body"], e.params["cond"]
+        w = ir.WhileOperands(e)
+        consts, init = w.consts, w.carries
         cap = self._cap(e)
         stack_avals = [] if self.checkpoints else [ir.stack_aval(cap, a.aval.shape, a.aval.dtype) for a in init]
         b_ins = [Var(v.aval, v.hint) for v in body.inputs]
@@ -176,12 +166,12 @@ class _Vjp:
         turns = Var(ir.U32_CELL)
         b_eqns = Eqns()
         pushed = [b_eqns.bind(ir.stack_push_p, [s, b_ins[0], c], {"cap": cap, "batched": False, "inplace": ((0, 0),)},
-                              e.info)[0] for s, c in zip(stacks, b_ins[1 + nc:])]
+                              e.info)[0] for s, c in zip(stacks, w.body_parts(b_ins)[2])]
         outs = inline(body, b_ins, b_eqns)
         counted = b_eqns.bind(ir.cell_inc_p, [b_ins[0]], {})[0]
         new_body = Program(b_ins + stacks + [turns], b_eqns, outs + pushed + [counted])
         new_cond = copy_program(cond, stack_avals + [ir.U32_CELL]) if cond is not None else None
-        inputs = ([_read(e.inputs[0], env)] if head else []) + [_read(a, env) for a in consts + init] \
+        inputs = ([_read(w.trip, env)] if w.head else []) + [_read(a, env) for a in consts + init] \
             + [eqns.zeros(a) for a in stack_avals] + [eqns.zeros(ir.U32_CELL)]
         params = dict(e.params, body=new_body, cond=new_cond, inplace=())
         outs = eqns.bind(ir.while_p, inputs, params, e.info)
@@ -224,18 +214,85 @@ class _Vjp:
 
     def _loop_parts(self, e) -> "_LoopBackward":
         """What both loop backwards (stored turns, revolve) share: the body's vjp and its operands."""
-        body, nc = e.params["body"], e.params["n_consts"]
-        head = 1 if e.params["counted"] else 0
-        consts, init = e.inputs[head:head + nc], e.inputs[head + nc:]
+        body, w = e.params["body"], ir.WhileOperands(e)
+        nc, consts, init = w.n_consts, w.consts, w.carries
         c_wrt = [isinstance(a, Var) and is_float(a.aval) for a in consts]
         k_float = [is_float(a.aval) for a in init]
-        self._alias(body.inputs[1:1 + nc], consts)
+        self._alias(w.body_parts(body.inputs)[1], consts)
         self.in_loop += 1
         try:
             bv = self.program(body, [False] + c_wrt + k_float, values=False)    # (turn, consts, carries, cts) -> cts
         finally:
             self.in_loop -= 1
         return _LoopBackward(e, nc, consts, init, c_wrt, k_float, bv)
+
+
+# -- the forward pass --------------------------------------------------------------------------------
+
+def _copy(v, e, env, eqns, saved):
+    copy_eqn(e, env, eqns)
+
+
+@forward_rules.register(ir.while_p)
+def _forward_loop(v, e, env, eqns, saved):
+    saved[e] = v.forward_loop(e, env, eqns)
+
+
+@forward_rules.register(ir.call_p)
+def _forward_call(v, e, env, eqns, saved):
+    if not e.params.get("inplace") and split_kernel(e.params["spec"]):
+        v.forward_call(e, env, eqns)
+    else:
+        copy_eqn(e, env, eqns)
+
+
+# -- the reverse pass: calls, control flow ---------------------------------------------------------------
+
+vjp_rules[ir.call_p] = lambda v, e, cts, env, ct, eqns, saved: v.call(e, cts, env, ct, eqns)
+vjp_rules[ir.cond_p] = vjp_rules[ir.switch_p] = \
+    lambda v, e, cts, env, ct, eqns, saved: v.branches(e, cts, env, ct, eqns)
+vjp_rules[ir.while_p] = lambda v, e, cts, env, ct, eqns, saved: v.loop(e, cts, env, ct, eqns, saved[e])
+
+
+@vjp_rules.refuse(ir.opaque_p)
+def _opaque(v, e, cts, env, ct, eqns, saved):
+    """Host nodes: refused in the forward pass already (refuse_untransformable says why)."""
+    refuse_untransformable(e, v.api)
+
+
+@vjp_rules.refuse(ir.revolve_p, ir.stack_push_p, ir.stack_read_p, batch_broadcast_p)
+def _no_reverse(v, e, cts, env, ct, eqns, saved):
+    """A reverse pass (revolve, stacks of saved turns) or a batched program: reverse mode over it is
+    not supported (the loops that hold one are refused with what to do instead, in _Vjp._cap)."""
+    raise NotImplementedError(f"{v.api}: no reverse rule for primitive '{e.prim}'")
+
+
+@vjp_rules.register(ir.zeros_p)
+@vjp_rules.register(ir.cell_not_p)
+@vjp_rules.register(ir.cell_and_p)
+@vjp_rules.register(ir.cell_or_p)
+@vjp_rules.register(ir.cell_inc_p)
+@vjp_rules.register(ir.cell_rev_p)
+def _no_cotangent(v, e, cts, env, ct, eqns, saved):
+    """Cells and zeros: no cotangent flows into their operands."""
+
+
+# -- the derivative primitives and array structure: linear ------------------------------------------------
+
+@vjp_rules.register(ir.add_any_p)
+def _add_any(v, e, cts, env, ct, eqns, saved):
+    for a in e.inputs:
+        _accumulate(ct, a, cts[0], eqns)
+
+
+@vjp_rules.register(ir.slice_p)
+@vjp_rules.register(ir.update_p)
+@vjp_rules.register(ir.reshape_p)
+@vjp_rules.register(ir.concat_p)
+def _structure(v, e, cts, env, ct, eqns, saved):
+    if is_float(e.outputs[0].aval):
+        for a, g in zip(e.inputs, structure.transpose(e, cts[0], eqns)):
+            _accumulate(ct, a, g, eqns)
 
 
 class _LoopBackward:

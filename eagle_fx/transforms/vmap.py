@@ -16,12 +16,14 @@ Rules, one per primitive:
 """
 from __future__ import annotations
 
-from hawk_fx.core import Eqn, Literal, Primitive, Program, Var, abstract_eval
+from hawk_fx.core import Eqn, Literal, Primitive, Program, RuleTable, Var, abstract_eval
 
 from .. import ir
 from . import structure
 
 batch_broadcast_p = Primitive("batch_broadcast")
+# prim -> fn(batcher, e, atoms, flags of the atoms, env, flags, eqns): the _Batcher methods marked so
+batch_rules = RuleTable("batching")
 
 
 @abstract_eval.register(batch_broadcast_p)
@@ -78,34 +80,7 @@ class _Batcher:
         ins = [self.read(a, env, flags) for a in e.inputs]
         atoms = [a for a, _ in ins]
         fl = [f for _, f in ins]
-        p = e.prim
-        if p is ir.call_p:
-            self.call(e, atoms, fl, env, flags, eqns)
-        elif p is ir.opaque_p:
-            if any(fl):
-                raise VmapError(f"eagle_fx.vmap: the host node {e.info.name or getattr(e.params['fn'], '__name__', 'fn')!r} ({e.info.where}) reads batched "
-                                "arrays; a host function runs once per replay and cannot be batched: move its work "
-                                "into a kernel, or keep its arrays out of the batch (in_axes=None)")
-            self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
-        elif p in (ir.cell_not_p, ir.cell_and_p, ir.cell_or_p):
-            self.copy(e, atoms, [any(fl)], env, flags, eqns)
-        elif p in (ir.cond_p, ir.switch_p):
-            self.branches(e, atoms, fl, env, flags, eqns)
-        elif p is ir.while_p:
-            self.loop(e, atoms, fl, env, flags, eqns)
-        elif p is ir.revolve_p:
-            self.revolve(e, atoms, fl, env, flags, eqns)
-        elif p in (ir.add_any_p, ir.cell_inc_p, ir.cell_rev_p, ir.zeros_p):
-            self.copy(e, atoms, [any(fl)], env, flags, eqns)
-        elif p is ir.stack_push_p:
-            self.push(e, atoms, fl, env, flags, eqns)
-        elif p in ir.STRUCTURE:
-            self.structure(e, atoms, fl, env, flags, eqns)
-        elif p is ir.stack_read_p:
-            params = dict(e.params, batched=fl[0], turn_batched=fl[1])
-            self.copy(e, atoms, [any(fl)], env, flags, eqns, params)
-        else:
-            raise NotImplementedError(f"no batching rule for primitive '{p}'")
+        batch_rules[e.prim](self, e, atoms, fl, env, flags, eqns)
 
     def copy(self, e, atoms, out_flags, env, flags, eqns, params=None):
         outs = []
@@ -116,6 +91,31 @@ class _Batcher:
         eqns.append(Eqn(e.prim, atoms, outs, params if params is not None else e.params, e.info))
         return outs
 
+    @batch_rules.register(ir.opaque_p)
+    def opaque(self, e, atoms, fl, env, flags, eqns):
+        if any(fl):
+            raise VmapError(f"eagle_fx.vmap: the host node {e.info.name or getattr(e.params['fn'], '__name__', 'fn')!r} ({e.info.where}) reads batched "
+                            "arrays; a host function runs once per replay and cannot be batched: move its work "
+                            "into a kernel, or keep its arrays out of the batch (in_axes=None)")
+        self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
+
+    @batch_rules.register(ir.cell_not_p)
+    @batch_rules.register(ir.cell_and_p)
+    @batch_rules.register(ir.cell_or_p)
+    @batch_rules.register(ir.add_any_p)
+    @batch_rules.register(ir.cell_inc_p)
+    @batch_rules.register(ir.cell_rev_p)
+    @batch_rules.register(ir.zeros_p)
+    def elementwise(self, e, atoms, fl, env, flags, eqns):
+        """Cell logic, sums, zeros, turn counting: batched when any operand is."""
+        self.copy(e, atoms, [any(fl)], env, flags, eqns)
+
+    @batch_rules.register(ir.stack_read_p)
+    def stack_read(self, e, atoms, fl, env, flags, eqns):
+        params = dict(e.params, batched=fl[0], turn_batched=fl[1])
+        self.copy(e, atoms, [any(fl)], env, flags, eqns, params)
+
+    @batch_rules.register(ir.call_p)
     def call(self, e, atoms, fl, env, flags, eqns):
         if not any(fl):
             self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
@@ -130,6 +130,7 @@ class _Batcher:
         params = dict(e.params, batch=(self.B,), in_batched=tuple(fl))
         self.copy(e, atoms, [True] * len(e.outputs), env, flags, eqns, params)
 
+    @batch_rules.register(ir.stack_push_p)
     def push(self, e, atoms, fl, env, flags, eqns):
         stack_b, turn_b, value_b = fl
         if turn_b:
@@ -141,19 +142,29 @@ class _Batcher:
         batched = stack_b or value_b
         self.copy(e, atoms, [batched], env, flags, eqns, dict(e.params, batched=batched))
 
-    def structure(self, e, atoms, fl, env, flags, eqns):
+    @batch_rules.register(ir.slice_p)
+    @batch_rules.register(ir.reshape_p)
+    @batch_rules.register(ir.concat_p)
+    def structure(self, e, atoms, fl, env, flags, eqns, new_base=False):
         if not any(fl):
             self.copy(e, atoms, [False], env, flags, eqns)
             return
-        if e.prim is ir.update_p and not fl[0] and e.params.get("inplace"):
-            raise VmapError(f"eagle_fx.vmap: a write through a view ({e.info.where}) puts per-instance values into "
-                            "an array shared by all instances; batch that array (in_axes=0)")
         params, broadcast = structure.batch_params(e, fl, self.B)
         atoms = [self.broadcast(a, eqns) if b else a for a, b in zip(atoms, broadcast)]
-        if e.prim is ir.update_p and not fl[0]:
+        if new_base:
             params["inplace"] = ()          # the base was broadcast: a new buffer
         self.copy(e, atoms, [True], env, flags, eqns, params)
 
+    @batch_rules.register(ir.update_p)
+    def update(self, e, atoms, fl, env, flags, eqns):
+        """As structure; a shared base meeting batched values is broadcast (a write through a view refused)."""
+        if any(fl) and not fl[0] and e.params.get("inplace"):
+            raise VmapError(f"eagle_fx.vmap: a write through a view ({e.info.where}) puts per-instance values into "
+                            "an array shared by all instances; batch that array (in_axes=0)")
+        self.structure(e, atoms, fl, env, flags, eqns, new_base=not fl[0])
+
+    @batch_rules.register(ir.cond_p)
+    @batch_rules.register(ir.switch_p)
     def branches(self, e, atoms, fl, env, flags, eqns):
         pred_b, op_flags = fl[0], fl[1:]
         arms = e.params["branches"]
@@ -167,13 +178,13 @@ class _Batcher:
         params = dict(e.params, branches=new_arms, masked=pred_b)
         self.copy(e, atoms, out_b, env, flags, eqns, params)
 
+    @batch_rules.register(ir.while_p)
     def loop(self, e, atoms, fl, env, flags, eqns):
-        body, cond, nc = e.params["body"], e.params["cond"], e.params["n_consts"]
-        counted = e.params["counted"]
-        head = 1 if counted else 0
-        trip_b = fl[0] if counted else False
-        const_f = fl[head:head + nc]
-        carry_f = list(fl[head + nc:])
+        body, cond = e.params["body"], e.params["cond"]
+        w = ir.WhileOperands(e, fl)
+        trip_b = w.trip if w.head else False
+        const_f = w.consts
+        carry_f = list(w.carries)
         masked = trip_b
         while True:            # batched carries: a fixpoint (the flags only grow)
             _, body_out = self.program(body, [False] + const_f + carry_f)
@@ -193,31 +204,41 @@ class _Batcher:
         new_cond = self.program(cond, const_f + carry_f)[0] if cond is not None else None
         atoms = list(atoms)
         for j, f in enumerate(carry_f):
-            k = head + nc + j
+            k = w.head + w.n_consts + j
             if f and not fl[k]:
                 atoms[k] = self.broadcast(atoms[k], eqns)
         params = dict(e.params, body=new_body, cond=new_cond, masked=masked)
         self.copy(e, atoms, carry_f, env, flags, eqns, params)
 
 
+    @batch_rules.register(ir.revolve_p)
     def revolve(self, e, atoms, fl, env, flags, eqns):
         """A checkpointed reverse: carries, cotangents and sums batched (the consts as they are);
         with a turn count per instance, masked: an instance's turns past its own count are no-ops."""
         if not any(fl):
             self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
             return
-        fwd, bwd, nc = e.params["forward"], e.params["backward"], e.params["n_consts"]
-        const_f = fl[1:1 + nc]
-        rest = [True] * (len(atoms) - 1 - nc)
+        fwd, bwd = e.params["forward"], e.params["backward"]
+        w = ir.WhileOperands(e, fl)
+        const_f = w.consts
+        rest = [True] * (len(w.carries) + len(w.rest))
         nk = len(fwd.outputs)
         new_fwd = self.program(fwd, [False] + const_f + rest[:nk], force_out=[True] * nk)[0]
         new_bwd = self.program(bwd, [False] + const_f + rest, force_out=[True] * len(bwd.outputs))[0]
         atoms = list(atoms)
-        for k in range(1 + nc, len(atoms)):
+        for k in range(w.head + w.n_consts, len(atoms)):
             if not fl[k]:
                 atoms[k] = self.broadcast(atoms[k], eqns)
-        params = dict(e.params, forward=new_fwd, backward=new_bwd, masked=fl[0])
+        params = dict(e.params, forward=new_fwd, backward=new_bwd, masked=w.trip)
         self.copy(e, atoms, [True] * len(e.outputs), env, flags, eqns, params)
+
+
+# -- refusals ---------------------------------------------------------------------------------------
+
+@batch_rules.refuse(batch_broadcast_p)
+def _batched_twice(b, e, atoms, fl, env, flags, eqns):
+    """A program vmap already batched: batching it again is not supported."""
+    raise NotImplementedError(f"no batching rule for primitive '{e.prim}'")
 
 
 def batch_program(prog: Program, in_flags, B: int):
