@@ -242,6 +242,7 @@ class GraphTrace:
         self.branch: tuple = ()
         self.fork_ids = 0
         self.seq = 0
+        self.layouts: dict = {}            # (kernel, argument shapes, dtypes and numbers) -> (Layout, n)
 
     # -- planes ------------------------------------------------------------------------------
     def extern(self, arr: np.ndarray):
@@ -419,16 +420,23 @@ class GraphTrace:
             if key is not None:
                 var = scope.read(key)
                 atoms.append(var)
-                proxies.append(_proxy(var.aval))
+                proxies.append((var.aval.shape, var.aval.dtype))
                 reads.append((key, name))
                 keys[k] = key
             elif isinstance(v, (bool, int, float, np.number)):
                 atoms.append(Literal(v))
-                proxies.append(v)
+                proxies.append((type(v), v))
             else:
                 raise TypeError(f"{api}: argument '{name}' ({role!r}) is {type(v).__name__} {v!r:.60}; in a graph, "
                                 "pass arrays, staged planes or Python numbers")
-        layout, n = kernel.layout_of(proxies)
+        # the layout depends only on the planes' shapes and dtypes and the numbers: laid out once per
+        # kernel and such arguments, on stand-in arrays (role checks included)
+        layout_key = (kernel, tuple(proxies))
+        hit = self.layouts.get(layout_key)
+        if hit is None:
+            hit = self.layouts[layout_key] = kernel.layout_of(
+                [_proxy(a.aval) if isinstance(a, Var) else a.value for a in atoms])
+        layout, n = hit
         if any(kind == "sample" for kind, *_ in layout):
             if self.n is None or (self.n == 1 and n != 1):     # one-cell planes broadcast, whichever call is first
                 self.n = n
