@@ -8,7 +8,9 @@ inputs, and reports the outer planes it writes, which become outputs of the cond
 """
 from __future__ import annotations
 
+import contextlib
 import gc
+import threading
 import warnings
 import weakref
 
@@ -633,6 +635,28 @@ def _in_host_node(graph, fn):
 
 
 _source_stack = ThreadStack()     # this thread's builders being staged (SourceInfo), innermost last
+
+_PAUSE_LOCK = threading.Lock()
+_paused = [0, False]              # builds in progress (all threads), and whether the collector ran before
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """The cyclic garbage collector paused while a builder stages and lowers its graph. A build makes
+    many objects that live as long as the graph, and little garbage; the collector's passes over
+    the growing heap made a build's time per call grow with the program's size."""
+    with _PAUSE_LOCK:
+        if _paused[0] == 0:
+            _paused[1] = gc.isenabled()
+            gc.disable()
+        _paused[0] += 1
+    try:
+        yield
+    finally:
+        with _PAUSE_LOCK:
+            _paused[0] -= 1
+            if _paused[0] == 0 and _paused[1]:
+                gc.enable()
 
 
 def _current_source():

@@ -1,7 +1,9 @@
 """Kernel fusion for the NumPy backend: consecutive kernel calls that feed each other become one call.
 
-Fused bodies are memoised by their wiring (the kernels and how the calls of a chain connect), so building the
-same graph again reuses them and their compiled code instead of generating them anew.
+A chain of calls is wired once, as each call joins it, and its body is made in one pass (time
+linear in the chain). Fused bodies are memoised by that wiring (the kernels and how the calls of a
+chain connect), so building the same graph again reuses them and their compiled code instead of
+generating them anew.
 
 `dbl` then `inc` over a million samples costs two passes over memory; fused, the NumPy emitter
 runs both bodies chunk by chunk with the intermediate in cache, and at small n one call replaces
@@ -71,7 +73,9 @@ class _Chain:
         self.made.update((v, (m, j)) for j, v in enumerate(e.outputs))
 
     def admits(self, e, barriers) -> bool:
-        """Today's rule for fusing a call onto the call (or fused chain) before it."""
+        """Does `e` join the chain? It reads a value the chain makes, over the same samples (and
+        batch); the chain's last call writes nothing in place and makes no barrier; `e` does not
+        write in place a value the chain makes, nor make a value the chain reads."""
         prev = self.calls[-1]
         made = self.made
         return (_fusible(prev, True) and _fusible(e, False) and prev.params["n"] == e.params["n"]
