@@ -113,22 +113,17 @@ def count_stages(prog: Program) -> int:
     return last
 
 
-def reads_after(prog: Program, idx: int) -> set:
-    """Vars read by the equations after `idx` (a sub-program's reads are its equation's operands)."""
-    out = set()
-    for e in prog.eqns[idx + 1:]:
-        out.update(a for a in e.inputs if isinstance(a, Var))
-    return out
+def _producers(prog: Program) -> dict:
+    """Var -> (equation index, equation, output index) of the equation that makes it."""
+    return {o: (i, e, j) for i, e in enumerate(prog.eqns) for j, o in enumerate(e.outputs)}
 
 
-def buffer_root(prog: Program, v: Var):
+def buffer_root(prog: Program, v: Var, producers=None):
     """(Var, equation index) that made v's buffer, following `inplace` outputs back; (None, None)
     when the buffer is one of the program's inputs. A backend may place that Var straight into the
     buffer an output needs when nothing reads the buffer's old contents afterwards."""
-    producers = {}
-    for i, e in enumerate(prog.eqns):
-        for j, o in enumerate(e.outputs):
-            producers[o] = (i, e, j)
+    if producers is None:
+        producers = _producers(prog)
     while True:
         if v not in producers:
             return None, None
@@ -144,15 +139,27 @@ def buffer_root(prog: Program, v: Var):
 def direct_outputs(sub: Program, out_slots, slot_of) -> dict:
     """{Var: slot}: the values of `sub` a backend may compute straight into the slot its output
     needs (no copy at the end), because nothing reads that slot's old contents afterwards."""
+    producers = _producers(sub)
+    last_read: dict = {}                  # Var -> the last equation that reads it
+    for i, e in enumerate(sub.eqns):
+        for a in e.inputs:
+            if isinstance(a, Var):
+                last_read[a] = i
+    out_at: dict = {}                     # Var -> the output positions it takes
+    for k, x in enumerate(sub.outputs):
+        if isinstance(x, Var):
+            out_at.setdefault(x, []).append(k)
+    in_slot: dict = {}                    # slot -> the inputs bound to it
+    for v in sub.inputs:
+        in_slot.setdefault(slot_of.get(v), []).append(v)
     pre = {}
     for j, (o, s) in enumerate(zip(sub.outputs, out_slots)):
         if not isinstance(o, Var):
             continue
-        root, at = buffer_root(sub, o)
+        root, at = buffer_root(sub, o, producers)
         if root is None or root in pre:
             continue
-        occupants = {v for v in sub.inputs if slot_of.get(v) == s}
-        later = reads_after(sub, at) | {x for k, x in enumerate(sub.outputs) if k != j}
-        if not (occupants & later):
+        # an input in slot s read after `at`, or handed back as another output, needs the old contents
+        if not any(last_read.get(v, -1) > at or any(k != j for k in out_at.get(v, ())) for v in in_slot.get(s, ())):
             pre[root] = s
     return pre

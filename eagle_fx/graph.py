@@ -683,6 +683,10 @@ class Builder:
         return f"<eagle.Graph.{'block' if self.graph_param else 'builder'} {self.__name__}>"
 
     def __call__(self, *args, **kwargs):
+        with staging.collector_paused():
+            return self._call(args, kwargs)
+
+    def _call(self, args, kwargs):
         if self.graph_param is not None:
             return self._call_block(args, kwargs)
         if eager.staging_disabled():

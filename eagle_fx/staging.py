@@ -8,7 +8,9 @@ inputs, and reports the outer planes it writes, which become outputs of the cond
 """
 from __future__ import annotations
 
+import contextlib
 import gc
+import threading
 import warnings
 import weakref
 
@@ -157,7 +159,7 @@ class Scope:
         self.eqns: list[Eqn] = []
         self.current: dict = {}        # plane key -> Var (its version in this scope)
         self.captures: dict = {}       # plane key -> (inner Var, outer Var), in order of first read
-        self.written: list = []        # outer planes written here
+        self.written: dict = {}        # outer planes written here (keys, in order of first write)
         self.local: set = set()
         self.derived: dict = {}        # view key -> (its source's Var, the view's Var): one slice per version
 
@@ -192,8 +194,8 @@ class Scope:
             self.write(key.src, src)
             self.derived.pop(key, None)          # `var` may live in another plane's buffer: read it back anew
             return
-        if key not in self.local and key not in self.written:
-            self.written.append(key)
+        if key not in self.local:
+            self.written.setdefault(key)
         self.current[key] = var
 
 
@@ -244,6 +246,7 @@ class GraphTrace:
         self.branch: tuple = ()
         self.fork_ids = 0
         self.seq = 0
+        self.layouts: dict = {}            # (kernel, argument shapes, dtypes and numbers) -> (Layout, n)
 
     # -- planes ------------------------------------------------------------------------------
     def extern(self, arr: np.ndarray):
@@ -421,16 +424,23 @@ class GraphTrace:
             if key is not None:
                 var = scope.read(key)
                 atoms.append(var)
-                proxies.append(_proxy(var.aval))
+                proxies.append((var.aval.shape, var.aval.dtype))
                 reads.append((key, name))
                 keys[k] = key
             elif isinstance(v, (bool, int, float, np.number)):
                 atoms.append(Literal(v))
-                proxies.append(v)
+                proxies.append((type(v), v))
             else:
                 raise TypeError(f"{api}: argument '{name}' ({role!r}) is {type(v).__name__} {v!r:.60}; in a graph, "
                                 "pass arrays, staged planes or Python numbers")
-        layout, n = kernel.layout_of(proxies)
+        # the layout depends only on the planes' shapes and dtypes and the numbers: laid out once per
+        # kernel and such arguments, on stand-in arrays (role checks included)
+        layout_key = (kernel, tuple(proxies))
+        hit = self.layouts.get(layout_key)
+        if hit is None:
+            hit = self.layouts[layout_key] = kernel.layout_of(
+                [_proxy(a.aval) if isinstance(a, Var) else a.value for a in atoms])
+        layout, n = hit
         if any(kind == "sample" for kind, *_ in layout):
             if self.n is None or (self.n == 1 and n != 1):     # one-cell planes broadcast, whichever call is first
                 self.n = n
@@ -572,8 +582,8 @@ class GraphTrace:
 
     # -- finishing ---------------------------------------------------------------------------
     def program(self, outputs) -> Program:
-        written = [k for k in self.root.current if isinstance(k, Extern)
-                   and self.root.current[k] not in self.inputs]
+        inputs = set(self.inputs)
+        written = [k for k in self.root.current if isinstance(k, Extern) and self.root.current[k] not in inputs]
         outs = list(outputs) + [self.root.current[k] for k in written]
         return Program(self.inputs, self.root.eqns, outs)
 
@@ -618,6 +628,29 @@ def _in_host_node(graph, fn):
             return fn()
     host.__name__ = getattr(fn, "__name__", "opaque")
     return host
+
+
+_PAUSE_LOCK = threading.Lock()
+_paused = [0, False]              # builds in progress (all threads), and whether the collector ran before
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """The cyclic garbage collector paused while a builder stages and lowers its graph. A build makes
+    many objects that live as long as the graph, and little garbage; the collector's passes over
+    the growing heap made a build's time per call grow with the program's size."""
+    with _PAUSE_LOCK:
+        if _paused[0] == 0:
+            _paused[1] = gc.isenabled()
+            gc.disable()
+        _paused[0] += 1
+    try:
+        yield
+    finally:
+        with _PAUSE_LOCK:
+            _paused[0] -= 1
+            if _paused[0] == 0 and _paused[1]:
+                gc.enable()
 
 
 def _current_source():
@@ -829,17 +862,9 @@ class Runtime(RuntimeBase):
             raise TypeError(f"eagle.Graph.builder {self.where(line)}: {name!r} is set to different Python values in "
                             f"the arms of a device conditional ({', '.join(repr(v)[:30] for v in vals)}); only "
                             "arrays and bools/ints can differ by arm; decide Python values outside the if")
-        written = []
-        for s in scopes:
-            for k in s.written:
-                if k not in written:
-                    written.append(k)
+        written = list(dict.fromkeys(k for s in scopes for k in s.written))
         arm_outs = [[a[j] for _, a, _ in name_outs] + [s.read(k) for k in written] for j, s in enumerate(scopes)]
-        operands = []
-        for s in scopes:
-            for k in s.captures:
-                if k not in operands:
-                    operands.append(k)
+        operands = list(dict.fromkeys(k for s in scopes for k in s.captures))
         labelled = {j: state[i] for j, (i, _, _) in enumerate(name_outs) if _buffer_named(trace, state[i], names[i])}
         via_key = {}        # buffers an arm also writes (a construct nested in it moved the name's buffer)
         for j, h0 in list(labelled.items()):
@@ -861,8 +886,9 @@ class Runtime(RuntimeBase):
             progs.append(Program(ins, s.eqns, o))
         in_atoms = [pred] + [parent.read(k) for k in operands]
         out_vars = [Var(av) for _, _, av in name_outs] + [Var(parent.read(k).aval) for k in written]
-        inplace = tuple((j, 1 + operands.index(h0.key)) for j, h0 in labelled.items()) \
-            + tuple((len(name_outs) + j, 1 + operands.index(k)) for j, k in enumerate(written))
+        at = {k: i for i, k in enumerate(operands)}
+        inplace = tuple((j, 1 + at[h0.key]) for j, h0 in labelled.items()) \
+            + tuple((len(name_outs) + j, 1 + at[k]) for j, k in enumerate(written))
         info = trace.info()
         parent.eqns.append(Eqn(prim, in_atoms, out_vars, dict(params, branches=tuple(progs), inplace=inplace), info))
         for j, ((i, _, av), v) in enumerate(zip(name_outs, out_vars)):
@@ -994,7 +1020,8 @@ class Runtime(RuntimeBase):
                 elif not callable(v1):
                     raise TypeError(f"eagle.Graph.builder {self.where(line)}: {names[i]!r} is a Python value that "
                                     "changes in a device loop; a device loop carries arrays and cells only")
-            new_inplace = inplace + [k for k in body.written if k not in inplace]
+            seen = set(inplace)
+            new_inplace = inplace + [k for k in body.written if k not in seen]
             if sorted(new_carried) == sorted(carried) and new_inplace == inplace:
                 break
             # the carries only grow, and for fixed carries so do the in-place planes: a fixpoint. New carries
@@ -1020,11 +1047,7 @@ class Runtime(RuntimeBase):
             else:
                 body_out.append(Literal(np.array([int(v)], np.uint32), ir.U32_CELL))
         body_out += [body.read(k) for k in inplace]
-        consts = []
-        for s in (body, cscope):
-            for k in s.captures:
-                if k not in consts:
-                    consts.append(k)
+        consts = list(dict.fromkeys(k for s in (body, cscope) for k in s.captures))
 
         def ins(s, seeded):
             return [s.captures[k][0] if k in s.captures else Var(parent.read(k).aval) for k in consts] + seeded

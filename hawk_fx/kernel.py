@@ -139,8 +139,8 @@ class BodySpec:
 
     @property
     def compiled(self):
-        """The NumPy code of the body, generated when first run: fusing a chain makes a spec per
-        pair, and only the whole chain's runs."""
+        """The NumPy code of the body, generated when first needed (a body the CUDA backend runs
+        never needs it)."""
         if self._compiled is None:
             self._compiled = NumpyKernel(self.prog, [a.aval.kind == SAMPLE for a in self.prog.outputs])
         return self._compiled

@@ -1,7 +1,9 @@
 """Kernel fusion for the NumPy backend: consecutive kernel calls that feed each other become one call.
 
-Fused bodies are memoised by their wiring (the kernels and how the pair connects), so building the
-same graph again reuses them and their compiled code instead of generating them anew.
+A chain of calls is wired once, as each call joins it, and its body is made in one pass (time
+linear in the chain). Fused bodies are memoised by that wiring (the kernels and how the calls of a
+chain connect), so building the same graph again reuses them and their compiled code instead of
+generating them anew.
 
 `dbl` then `inc` over a million samples costs two passes over memory; fused, the NumPy emitter
 runs both bodies chunk by chunk with the intermediate in cache, and at small n one call replaces
@@ -28,102 +30,127 @@ def _fusible(e, first: bool) -> bool:
 
 def _inline(spec_prog: Program, args, eqns):
     """Append a copy of a kernel body (fresh Vars) reading `args`; returns its output atoms."""
-    env = {}
-    for v, a in zip(spec_prog.inputs, args):
-        env[v] = a
+    env = dict(zip(spec_prog.inputs, args))
     for q in spec_prog.eqns:
         outs = [Var(v.aval) for v in q.outputs]
-        eqns.append(q.replace(inputs=[a if isinstance(a, Literal) else env[a] for a in q.inputs], outputs=outs))
+        eqns.append(Eqn(q.prim, [a if isinstance(a, Literal) else env[a] for a in q.inputs], outs, q.params, q.info))
         env.update(zip(q.outputs, outs))
     return [a if isinstance(a, Literal) else env[a] for a in spec_prog.outputs]
 
 
-_FUSED = LRU("fused kernel pairs", 4096)    # wiring of a pair of calls -> (fused BodySpec, inplace, graph inputs)
+_FUSED = LRU("fused kernel chains", 4096)    # wiring of a chain of calls -> (fused BodySpec, inplace)
 
 
-def _wiring(e1, e2, needed_later):
-    """(key, graph inputs, keep1): what decides the fused body of e1 then e2, independent of the
-    graph's Vars, so that building the same graph again reuses the body and its compiled code."""
-    s1, s2 = e1.params["spec"], e2.params["spec"]
-    graph_inputs: list = []
+class _Chain:
+    """Consecutive calls growing into one fused call. Each call is wired once as it joins (its
+    inputs: a graph input by position, a literal, or an earlier call's output), so a chain of k
+    calls costs O(size of its bodies), and the wiring is the memo key of the fused body."""
 
-    def slot(atom):
+    def __init__(self, i, e):
+        self.calls = [e]
+        self.last = i                             # index in the program of the newest call
+        self.made: dict = {}                      # an output of a call in the chain -> (call, output)
+        self.inputs: list = []                    # graph inputs, in order of first use
+        self.position: dict = {}                  # id of a graph input -> its place in `inputs`
+        self.read: set = set()                    # every Var a call of the chain reads
+        self.sigs: list = []                      # per call: how each of its inputs is wired
+        self._wire(e)
+
+    def _slot(self, atom):
         if isinstance(atom, Literal):
             return ("lit", type(atom.value), atom.value, atom.aval)
-        for k, g in enumerate(graph_inputs):
-            if g is atom:
-                return k
-        graph_inputs.append(atom)
-        return len(graph_inputs) - 1
-    n1, n2 = len(s1.kernel.param_names), len(s2.kernel.param_names)
-    sig1 = tuple(slot(a) for a in e1.inputs[:n1])
-    made = {v: j for j, v in enumerate(e1.outputs)}
-    sig2 = tuple(("made", made[a]) if isinstance(a, Var) and a in made else slot(a) for a in e2.inputs[:n2])
-    extra = tuple((slot(e2.inputs[i]), e2.inputs[i].aval) for _, i in e2.params["inplace"])
-    keep1 = tuple(j for j, v in enumerate(e1.outputs) if v in needed_later)
-    return (s1, s2, sig1, sig2, extra, keep1, tuple(e2.params["inplace"])), graph_inputs, keep1
-
-
-def _fuse_pair(e1, e2, needed_later):
-    """One call doing e1 then e2. Graph-level inputs become kernel inputs; e1's results that e2 reads
-    stay inside; e1's results needed elsewhere stay outputs."""
-    key, graph_inputs, keep1 = _wiring(e1, e2, needed_later)
-    try:
-        hit = _FUSED.get(key)
-    except TypeError:                             # an unhashable literal: fuse without the memo
-        key, hit = None, None
-    if hit is None:
-        hit = _fused_body(e1, e2, keep1)
-        if key is not None:
-            _FUSED[key] = hit
-    spec, inplace = hit
-    out_vars = [e1.outputs[j] for j in keep1] + list(e2.outputs)
-    params = dict(kernel=spec.kernel, spec=spec, n=e2.params["n"], inplace=inplace)
-    if e2.params.get("batch"):                    # vmap: batched calls fuse too, each input keeps its flag
-        flag = {id(a): f for q in (e1, e2) for a, f in zip(q.inputs, q.params["in_batched"])}
-        params.update(batch=e2.params["batch"], in_batched=tuple(flag[id(a)] for a in graph_inputs))
-    return Eqn(ir.call_p, graph_inputs, out_vars, params, e2.info)
-
-
-def _fused_body(e1, e2, keep1):
-    """The BodySpec of e1 then e2 (its inputs in the order _wiring lists the graph inputs) and
-    the in-place pairs of the fused call."""
-    s1, s2 = e1.params["spec"], e2.params["spec"]
-    graph_inputs, kernel_inputs = [], []
-
-    def kin(atom, aval):
-        if isinstance(atom, Literal):
-            return atom
-        for g, k in zip(graph_inputs, kernel_inputs):
-            if g is atom:
-                return k
-        k = Var(aval)
-        graph_inputs.append(atom)
-        kernel_inputs.append(k)
+        k = self.position.get(id(atom))
+        if k is None:
+            k = self.position[id(atom)] = len(self.inputs)
+            self.inputs.append(atom)
         return k
 
-    body: list = []
-    n1 = len(s1.kernel.param_names)
-    outs1 = _inline(s1.prog, [kin(a, v.aval) for a, v in zip(e1.inputs[:n1], s1.prog.inputs)], body)
-    made = dict(zip(e1.outputs, outs1))           # e1's graph outputs -> their values in the body
-    n2 = len(s2.kernel.param_names)
-    args2 = [made[a] if isinstance(a, Var) and a in made else kin(a, v.aval)
-             for a, v in zip(e2.inputs[:n2], s2.prog.inputs)]
-    outs2 = _inline(s2.prog, args2, body)
-    out_atoms = [outs1[j] for j in keep1] + outs2
-    prog = Program(kernel_inputs, body, [_as_var(a, body) for a in out_atoms])
-    names = [s1.kernel.name, s2.kernel.name]
-    # e2's in-place writes (Mutable commits, buffer= arrays) stay in place: its output j overwrites
-    # graph input i; a buffer= array is an input the body does not read
-    for _, i in e2.params["inplace"]:
-        kin(e2.inputs[i], e2.inputs[i].aval if i >= n2 else s2.prog.inputs[i].aval)
-    prog = prog.replace(inputs=kernel_inputs)
+    def _wire(self, e):
+        m = len(self.calls) - 1
+        n = len(e.params["spec"].kernel.param_names)
+        self.sigs.append(tuple(("made",) + self.made[a] if isinstance(a, Var) and a in self.made else self._slot(a)
+                               for a in e.inputs[:n]))
+        self.read.update(a for a in e.inputs if isinstance(a, Var))
+        self.made.update((v, (m, j)) for j, v in enumerate(e.outputs))
 
-    def position(atom):
-        return next(k for k, g in enumerate(graph_inputs) if g is atom)
-    inplace = tuple((len(keep1) + j, position(e2.inputs[i])) for j, i in e2.params["inplace"])
-    commits = [position(e2.inputs[k]) for k in s2.commits]
-    return BodySpec(prog, "+".join(names), commits), inplace
+    def admits(self, e, barriers) -> bool:
+        """Does `e` join the chain? It reads a value the chain makes, over the same samples (and
+        batch); the chain's last call writes nothing in place and makes no barrier; `e` does not
+        write in place a value the chain makes, nor make a value the chain reads."""
+        prev = self.calls[-1]
+        made = self.made
+        return (_fusible(prev, True) and _fusible(e, False) and prev.params["n"] == e.params["n"]
+                and prev.params.get("batch", ()) == e.params.get("batch", ())
+                and not any(v in barriers for v in prev.outputs)
+                and any(a in made for a in e.inputs if isinstance(a, Var))
+                and not any(e.inputs[i] in made for _, i in e.params["inplace"])
+                and not any(e.inputs[k] in made for k in e.params["spec"].commits)
+                and not any(v in self.read for v in e.outputs))
+
+    def add(self, i, e):
+        self.calls.append(e)
+        self.last = i
+        self._wire(e)
+
+    def eqn(self, last_read) -> Eqn:
+        """The chain as one call. An output of an earlier call stays an output where something after
+        the chain reads it; the last call keeps all of its outputs and its in-place writes."""
+        calls = self.calls
+        if len(calls) == 1:
+            return calls[0]
+        last = calls[-1]
+        kept = tuple((m, j) for m, q in enumerate(calls[:-1]) for j, v in enumerate(q.outputs)
+                     if last_read.get(v, -1) > self.last)
+        # a buffer= array the last call writes in place is an input the body does not read
+        extra = tuple((self._slot(last.inputs[i]), last.inputs[i].aval) for _, i in last.params["inplace"])
+        key = (tuple(q.params["spec"] for q in calls), tuple(self.sigs), extra, kept, tuple(last.params["inplace"]))
+        try:
+            hit = _FUSED.get(key)
+        except TypeError:                         # an unhashable literal: fuse without the memo
+            key, hit = None, None
+        if hit is None:
+            hit = self._body(kept)
+            if key is not None:
+                _FUSED[key] = hit
+        spec, inplace = hit
+        out_vars = [calls[m].outputs[j] for m, j in kept] + list(last.outputs)
+        params = dict(kernel=spec.kernel, spec=spec, n=last.params["n"], inplace=inplace)
+        if last.params.get("batch"):              # vmap: batched calls fuse too, each input keeps its flag
+            flag = {id(a): f for q in calls for a, f in zip(q.inputs, q.params["in_batched"])}
+            params.update(batch=last.params["batch"], in_batched=tuple(flag[id(a)] for a in self.inputs))
+        return Eqn(ir.call_p, self.inputs, out_vars, params, last.info)
+
+    def _body(self, kept):
+        """The BodySpec of the chain (its inputs in the order of `inputs`) and the in-place pairs of
+        the fused call."""
+        kernel_inputs: list = [None] * len(self.inputs)
+        body: list = []
+        outs: list = []
+        for q, sig in zip(self.calls, self.sigs):
+            spec = q.params["spec"]
+            args = []
+            for s, a, v in zip(sig, q.inputs, spec.prog.inputs):
+                if isinstance(s, int):
+                    if kernel_inputs[s] is None:
+                        kernel_inputs[s] = Var(v.aval)
+                    args.append(kernel_inputs[s])
+                elif s[0] == "made":
+                    args.append(outs[s[1]][s[2]])
+                else:
+                    args.append(a)
+            outs.append(_inline(spec.prog, args, body))
+        last = self.calls[-1]
+        n_last = len(last.params["spec"].kernel.param_names)
+        for _, i in last.params["inplace"]:
+            k = self.position[id(last.inputs[i])]
+            if kernel_inputs[k] is None:
+                kernel_inputs[k] = Var(last.inputs[i].aval if i >= n_last else last.params["spec"].prog.inputs[i].aval)
+        out_atoms = [outs[m][j] for m, j in kept] + outs[-1]
+        prog = Program(kernel_inputs, body, [_as_var(a, body) for a in out_atoms])
+        inplace = tuple((len(kept) + j, self.position[id(last.inputs[i])]) for j, i in last.params["inplace"])
+        commits = [self.position[id(last.inputs[k])] for k in last.params["spec"].commits]
+        name = "+".join(q.params["spec"].kernel.name for q in self.calls)
+        return BodySpec(prog, name, commits), inplace
 
 
 def _as_var(a, body):
@@ -135,28 +162,42 @@ def _as_var(a, body):
     return v
 
 
+def _last_reads(prog: Program, keep) -> dict:
+    """Var -> the index of the last equation that reads it; past the end for results and `keep`."""
+    last: dict = {}
+    for i, e in enumerate(prog.eqns):
+        for a in e.inputs:
+            if isinstance(a, Var):
+                last[a] = i
+    end = len(prog.eqns)
+    for a in prog.outputs:
+        if isinstance(a, Var):
+            last[a] = end
+    for a in keep:
+        last[a] = end
+    return last
+
+
 def fuse(prog: Program, keep: set, barriers=frozenset()) -> Program:
     """`prog` with chains of fusible calls merged; sub-programs fused too. A call that makes one of
     `barriers` ends a chain (a gradient taken with respect to it must see every use of it)."""
-    reads_after: list[set] = [set() for _ in prog.eqns]
-    later: set = set(a for a in prog.outputs if isinstance(a, Var)) | set(keep)
-    for i in range(len(prog.eqns) - 1, -1, -1):
-        reads_after[i] = set(later)
-        later |= {a for a in prog.eqns[i].inputs if isinstance(a, Var)}
+    last_read = _last_reads(prog, keep)
     out: list[Eqn] = []
+    chain = None
     for i, e in enumerate(prog.eqns):
         e = _fuse_inside(e, keep, barriers)
-        prev = out[-1] if out else None
-        if (prev is not None and _fusible(prev, True) and _fusible(e, False) and prev.params["n"] == e.params["n"]
-                and prev.params.get("batch", ()) == e.params.get("batch", ())
-                and not any(v in barriers for v in prev.outputs)
-                and any(a in prev.outputs for a in e.inputs if isinstance(a, Var))
-                and not any(e.inputs[i] in prev.outputs for _, i in e.params["inplace"])
-                and not any(e.inputs[k] in prev.outputs for k in e.params["spec"].commits)
-                and not any(a in e.outputs for a in prev.inputs if isinstance(a, Var))):
-            out[-1] = _fuse_pair(prev, e, reads_after[i])
+        if chain is not None and chain.admits(e, barriers):
+            chain.add(i, e)
+            continue
+        if chain is not None:
+            out.append(chain.eqn(last_read))
+            chain = None
+        if e.prim is ir.call_p:
+            chain = _Chain(i, e)
         else:
             out.append(e)
+    if chain is not None:
+        out.append(chain.eqn(last_read))
     return prog.replace(eqns=out)
 
 

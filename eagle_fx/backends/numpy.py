@@ -585,8 +585,9 @@ def _viewable_slices(prog: Program) -> set:
                 written.add(buffer_of.get(a, a))
                 buffer_of[e.outputs[j]] = buffer_of.get(a, a)
     out = {}
+    inputs = set(prog.inputs)
     for e in prog.eqns:
-        if e.prim is ir.slice_p and e.inputs[0] in prog.inputs and e.inputs[0] not in written:
+        if e.prim is ir.slice_p and e.inputs[0] in inputs and e.inputs[0] not in written:
             out[e.outputs[0]] = e
     for e in prog.eqns:
         targets = {e.inputs[i] for _, i in e.params.get("inplace", ()) or ()}

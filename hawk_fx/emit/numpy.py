@@ -30,6 +30,7 @@ CHUNK = 32768   # samples per chunk: a few intermediates of this size (reused by
 # Read at every call, so they can be changed at run time; THREADS = 1 keeps every call in one thread.
 THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 PARALLEL_MIN = 8 * CHUNK    # below this, waking workers costs more than they save
+INLINE_LINES = 64          # a body up to this long runs inline in run_flat at one chunk: a call fewer
 SCRATCH_SIZES = 4          # chunk lengths whose scratch a thread keeps per compiled body (LRU)
 _pool: list = [None, 0]     # [ThreadPoolExecutor, its worker count], made at the first large call
 _pool_lock = threading.Lock()
@@ -91,10 +92,14 @@ single_pass: set = set()                    # prims whose emission may write ove
 class EmitContext:
     def __init__(self):
         self.globals: dict = {"np": np}
+        self._names: dict = {}          # (id(value), hint) -> its name: one global per object, however often used
 
     def const(self, value, hint="k") -> str:
-        name = f"{hint}{len(self.globals)}"
-        self.globals[name] = value
+        key = (id(value), hint)
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = f"{hint}{len(self.globals)}"
+            self.globals[name] = value
         return name
 
 
@@ -286,9 +291,13 @@ class NumpyKernel:
                 depends.update(e.outputs)
         # a uniform input read only by elementwise ops on per-sample values may be given already
         # spread over the samples (a batched Param inside a device loop: spread once, not per op)
-        consumers = {v: [e for e in prog.eqns if v in e.inputs] for v in prog.inputs}
+        consumers: dict[Var, list] = {v: [] for v in prog.inputs}
+        for e in prog.eqns:
+            for v in dict.fromkeys(a for a in e.inputs if isinstance(a, Var) and a in consumers):
+                consumers[v].append(e)
+        out_set = {a for a in prog.outputs if isinstance(a, Var)}
         self.spreadable = tuple(
-            v.aval.kind != SAMPLE and v not in prog.outputs and bool(consumers[v])
+            v.aval.kind != SAMPLE and v not in out_set and bool(consumers[v])
             and all((e.prim in prims.ELEMENTWISE or e.prim is prims.P["select"]) and all(o in depends for o in e.outputs)
                     for e in consumers[v])
             for v in prog.inputs)
@@ -308,7 +317,8 @@ class NumpyKernel:
         # Outputs made from the samples are written per chunk; the others once, after the chunks,
         # so a later chunk still reads the caller's old one-cell values.
         in_body = [j for j, a in enumerate(prog.outputs) if isinstance(a, Var) and a in depends]
-        out_after = [j for j in range(len(prog.outputs)) if j not in in_body]
+        body_set = set(in_body)
+        out_after = [j for j in range(len(prog.outputs)) if j not in body_set]
         body_from_mem = [j for j in in_body if prog.outputs[j] in in_mem]
 
         # which outputs can be written directly by the equation that makes them: a single-pass
@@ -442,7 +452,10 @@ class NumpyKernel:
                      "        S = _T.sets.get(n)",
                      "        if S is None:",
                      "            S = _scratch(n)"]
-            code += ["        " + ln for ln in body]
+            if len(body) <= INLINE_LINES:
+                code += ["        " + ln for ln in body]
+            else:       # a long body (a fused chain): one copy of its code, not two to compile
+                code += [f"        body({', '.join(i_names + o_names + hoisted_names + ['S', 'U', 'n'])})"]
             part_args = "".join(a + ", " for a in whole + ["U", "n"])
             code += ["    else:",
                      f"        _run_chunks(part, n, {ch}, ({part_args}))"]
