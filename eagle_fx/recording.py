@@ -96,7 +96,7 @@ class Halves:
         for k, j in self.ct_of.items():
             if k < self.seedable and k in seeds:
                 arrays[len(residuals) + j] = seeds[k]
-        if backend == "jax":            # its arguments are read at each replay: rebinding is free
+        if backend != "numpy":          # JAX reads its arguments at each replay; CUDA rebinds its nodes
             for i, arr in enumerate(arrays):
                 exe.rebind(i, arr)
             return exe
@@ -121,6 +121,9 @@ def _executable(backend, prog, arrays, n, names=None):
     if backend == "jax":
         from .backends.jax import JaxExecutable
         return JaxExecutable(prog, arrays, set(), n, names)
+    if backend != "numpy":                  # a CUDA runtime: one CUDA graph
+        from .backends.cuda_graph import CudaExecutable
+        return CudaExecutable(prog, arrays, set(), n, runtime=backend, names=names)
     return NumpyExecutable(prog, arrays, set(), n)
 
 
@@ -329,7 +332,7 @@ class RecordedExecutable:
 
     def __init__(self, halves: Halves, arrays, written, n, backend="numpy", names=None):
         self.h, self.n, self.backend = halves, n, backend
-        self.backend_name = "cpu" if backend == "numpy" else backend
+        self.backend_name = "cpu" if backend == "numpy" else getattr(backend, "name", backend)
         # a written argument: the forward reads a private copy of it on entry (what the derivatives
         # read, views included), and its value on exit is copied into the caller's array
         self.user = {i: arrays[i] for i, _ in written}

@@ -1,0 +1,152 @@
+"""Derivative programs on the CUDA backend, checked on the fake device (eagle_fx.testing.fake_cuda)
+and compiled with NVRTC.
+
+The NumPy backend's derivative suites (record=True with eagle_fx.diff.reverse, grad, vjp, jvp,
+jacfwd/jacrev, value_and_grad, checkpoints=) run again here with every graph built under
+`use_backend("fake-cuda")`: their oracles (finite differences, JAX, the NumPy backend's own runs)
+then check the CUDA lowering's values. A representative subset runs by default, every test under
+`-m slow`. A test that reaches a vmap'd program is an expected failure (xfail): the CUDA lowering
+refuses vmap's batched primitives in this version, with an error that says so.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+
+import numpy as np
+import pytest
+
+import eagle_fx as eagle
+import eagle_fx.backends.cuda_graph as cuda_graph
+from eagle_fx.backends import cuda_lower
+from eagle_fx.backends.select import use_backend
+
+# the suites run again, and the tests of each that run by default (the rest: -m slow)
+SUITES = {
+    "test_grad_graph": ("test_chain", "test_tour_whole_gradient_through_its_loop", "test_cond_elif_else_each_arm",
+                        "test_match_each_case_on_one_recorded_graph", "test_counted_loop_reads_its_trip_count_per_replay",
+                        "test_mid_body_break", "test_counted_loop_nested_in_a_capped_loop",
+                        "test_mutable_argument_written_in_place_by_a_loop", "test_forks_with_waits_and_a_result_tree"),
+    "test_one_reverse_mode": (),
+    "test_checkpointing": (),
+    "test_compose": (),
+    "test_grad_loops_fuzz": (),
+    "test_vmap": (),
+}
+# about the NumPy backend's own mechanics (host memory of its growing stacks): the CUDA backend's
+# device memory is checked by test_checkpointed_device_memory_is_k_states_not_t below
+NOT_RERUN = {"test_checkpointing": {"test_checkpointed_memory_is_k_states_not_t",
+                                    "test_twenty_thousand_turns_with_32_states_peak_under_24_mb"}}
+
+
+def _on_fake(fn):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if any(isinstance(v, str) and v == "jax" for v in kwargs.values()):
+            pytest.skip("the JAX backend's case of a test parametrised over backends")
+        with use_backend("fake-cuda"):
+            try:
+                return fn(*args, **kwargs)
+            except NotImplementedError as exc:
+                if "comes from vmap" in str(exc):
+                    pytest.xfail(f"vmap'd programs are not lowered on CUDA: {exc}")
+                raise
+    return run
+
+
+def _rerun(name, default):
+    mod = importlib.import_module(name)
+    for attr, obj in vars(mod).items():
+        if getattr(obj, "_pytestfixturefunction", None) is not None or type(obj).__name__ == "FixtureFunctionDefinition":
+            globals().setdefault(attr, obj)            # the suite's own fixtures (records_on)
+    for attr, fn in list(vars(mod).items()):
+        if not attr.startswith("test_") or not callable(fn) or attr in NOT_RERUN.get(name, ()):
+            continue
+        if getattr(fn, "__module__", None) != name:
+            continue                                   # imported from another suite: run there
+        test = _on_fake(fn)
+        if attr not in default:
+            test = pytest.mark.slow(test)
+        globals()[f"test_{name[5:]}__{attr[5:]}"] = test
+
+
+for _name, _default in SUITES.items():
+    _rerun(_name, _default)
+
+
+# ---------------------------------------------------------------------------------------------
+# the CUDA lowering's own mechanics: stacks that grow between runs, checkpoint memory, NVRTC
+
+from test_checkpointing import long_loop  # noqa: E402
+from test_one_reverse_mode import jax_grad, numpy_turns, settle_counted, settle_uncapped  # noqa: E402
+import tour_builders  # noqa: E402
+from tour_kernels import cell  # noqa: E402
+
+
+def _device_bytes(g):
+    return sum(a.nbytes for a in g._exe._memory)
+
+
+def test_a_stack_of_no_known_bound_grows_between_runs_and_the_values_are_rerun():
+    x = np.linspace(1.0, 2.0, 16)
+    turns = numpy_turns(x)
+    assert turns > cuda_lower.STACK_TURNS // 2
+    with use_backend("fake-cuda"), pytest.warns(Warning):
+        g = eagle.grad(settle_uncapped).graph(x, cell(1))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(cuda_lower, "STACK_TURNS", 4)        # the first run has room for 4 turns only
+            mp.setattr(cuda_graph, "STACK_TURNS", 4)
+            g = eagle.grad(settle_uncapped).graph(x, cell(1))
+            got = g()
+    assert isinstance(g._exe, cuda_graph.CudaExecutable)
+    assert g._exe.stack_turns >= turns and g._exe.plan.stack_turns == g._exe.stack_turns
+    assert int(g._exe.plan.overflow[0]) == 0
+    np.testing.assert_allclose(got, jax_grad(x, turns), rtol=1e-12)
+
+
+def test_a_counted_loop_runs_more_turns_than_its_stacks_held_at_build():
+    x = np.linspace(0.1, 1.0, 7)
+    n = cell(3)
+    with use_backend("fake-cuda"):
+        g = eagle.grad(settle_counted).graph(x, n)
+        for turns in (3, 200, 1, 0):
+            n[0] = turns
+            np.testing.assert_allclose(g(), jax_grad(x, turns), rtol=1e-12, err_msg=f"{turns} turns")
+    assert g._exe.stack_turns >= 200
+
+
+def test_checkpointed_device_memory_is_k_states_not_t():
+    n, T, K = 1000, 2000, 8
+    x = np.linspace(0.1, 3.0, n)
+    with use_backend("fake-cuda"):
+        g = eagle.grad(long_loop, checkpoints=K).graph(x, cell(T))
+        got = g()
+        stored = eagle.grad(long_loop).graph(x, cell(T))
+        want = stored()
+    assert isinstance(g._exe, cuda_graph.CudaExecutable)
+    assert _device_bytes(g) < (K + 32) * n * 8, _device_bytes(g)          # the kept states and a few planes
+    assert _device_bytes(stored) > T * n * 8                               # the stored reverse holds every turn
+    np.testing.assert_allclose(got, want, rtol=1e-13)
+    assert any(nd.entry == "eagle_revolve_step" for nd in g._exe.plan.nodes("kernel"))
+
+
+def test_every_source_the_derivative_rules_emit_compiles(nvrtc):
+    """NVRTC compiles every module of derivative graphs (stacks, sums, turn counters, revolve), and
+    the lowering's module holds every new entry."""
+    x = np.linspace(0.1, 1.0, 5)
+    with use_backend("fake-cuda"), pytest.warns(Warning):
+        graphs = [eagle.grad(settle_counted).graph(x, cell(3)), eagle.grad(settle_counted, checkpoints=2).graph(x, cell(3)),
+                  eagle.grad(settle_uncapped).graph(x, cell(1))]
+        rec = tour_builders.model(x.copy(), np.zeros(5), record=True)
+        rec()
+        eagle.diff.reverse(rec.record, {"result": np.ones(5)}, wrt=("x",))
+    plans = [g._exe.plan for g in graphs] + [rec._exe.exe.plan, rec._exe.h._bw.plan]
+    entries, modules = set(), {}
+    for plan in plans:
+        modules.update(plan.modules)
+        entries |= {nd.entry for nd in plan.nodes("kernel")}
+    for entry in ("eagle_stack_push", "eagle_stack_read", "eagle_cell_inc", "eagle_cell_rev", "eagle_add_float64",
+                  "eagle_revolve_step"):
+        assert entry in entries and entry in cuda_lower.LOWERING.entries, entry
+    for name, cubin in {name: m for name, m in modules.items()}.items():
+        assert len(cuda_lower.hcuda.compile_cubin(cubin.source, "sm_90")) > 0, name
