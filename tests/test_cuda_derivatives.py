@@ -27,11 +27,18 @@ SUITES = {
                         "test_match_each_case_on_one_recorded_graph", "test_counted_loop_reads_its_trip_count_per_replay",
                         "test_mid_body_break", "test_counted_loop_nested_in_a_capped_loop",
                         "test_mutable_argument_written_in_place_by_a_loop", "test_forks_with_waits_and_a_result_tree"),
-    "test_one_reverse_mode": (),
-    "test_checkpointing": (),
-    "test_compose": (),
-    "test_grad_loops_fuzz": (),
-    "test_vmap": (),
+    "test_one_reverse_mode": ("test_reverse_of_a_record_equals_vjp_and_finite_differences",
+                              "test_counted_loop_gradient_for_more_turns_than_at_build",
+                              "test_gradients_of_a_record_that_writes_the_callers_arrays"),
+    "test_checkpointing": ("test_checkpointed_gradients_equal_stored_ones",
+                           "test_a_checkpointed_record_reverses_as_the_stored_one", "test_value_and_grad_with_checkpoints"),
+    "test_compose": ("test_jvp_of_grad_is_a_hessian_vector_product", "test_second_derivative",
+                     "test_jacobian_through_a_cond", "test_grad_and_hvp_through_a_switch_with_a_param",
+                     "test_grad_and_jvp_through_loops_in_loops_with_a_cond_and_a_mutable",
+                     "test_grad_graph_replay_follows_its_cells_and_more_turns_than_at_build"),
+    "test_grad_loops_fuzz": ("test_reverse_through_a_loop_whose_kernel_backward_skips_an_input",
+                             "test_a_constant_kernel_as_a_loop_carry"),
+    "test_vmap": ("test_refusals",),
 }
 # about the NumPy backend's own mechanics (host memory of its growing stacks): the CUDA backend's
 # device memory is checked by test_checkpointed_device_memory_is_k_states_not_t below

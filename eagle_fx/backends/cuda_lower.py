@@ -34,6 +34,31 @@ What a Program becomes
              The turn counter (a device cell, reset at loop entry) holds the turn index during the
              body, and the number of turns after the loop.
     cell_not/and/or  one-thread kernels eagle_cell_not/and/or.
+    derivative programs (transforms/vjp_graph.py, jvp_graph.py; record=True's two halves)
+             zeros      a memset (a stack: nothing; no turn is read before it is pushed)
+             add_any    eagle_add_<dtype>, out = a + b
+             stack_push / stack_read   eagle_stack_push / eagle_stack_read: row `turn` (read from
+                        the turn cell on the device) of a (rows, *value) buffer, copied
+             cell_inc / cell_rev       one-thread kernels on the turn cells
+             revolve    the binomial checkpointing schedule (transforms/checkpoint.py) as a state
+                        machine on the device: a WHILE whose body SWITCHes on the action
+                        eagle_revolve_step chose (advance a turn, reverse a turn, keep the working
+                        state in one of K slots, restore it), then asks for the next one; the same
+                        actions in the same order as checkpoint.run
+             vmap's primitives (batched calls, masked loops and arms, batch_broadcast, stacks per
+             instance) have no rules yet: they are refused with an error that says so.
+    stacks   a stack of saved loop turns is a buffer of `rows` turns in device memory: its cap's
+             turns where that is at most STACK_CAP_BYTES (a counted loop's trip count when the
+             derivative was made, a capped loop's cap), else STACK_TURNS. A push or read past the
+             rows copies nothing and raises the plan's overflow cell to the turns it needed; the
+             executable (cuda_graph.CudaExecutable) reads that cell after each run, doubles the
+             rows until they fit, lowers again and runs again. Growing BETWEEN runs, not sizing every
+             stack by its cap, because a cap is an upper bound (a loop capped at 200 000 turns
+             that stops after 50) that would hold device memory for turns never run, and because a
+             counted loop may run more turns than when its derivative was made; a run that
+             overflowed is never read. Derivative programs write none of their arguments, so the
+             run is repeated; a graph that writes its arguments in place is refused instead
+             (the next launch has the room).
     forks    nodes follow program order, except that the branches of one `parallel` region
              (eqn.info.branch paths) are independent chains; an equation after the region joins
              them. Edges for buffer hazards (read-after-write, write-after-read, write-after-write
@@ -240,8 +265,9 @@ STACK_CAP_BYTES = 16 << 20
 class PlanNode:
     """One node of the lowered graph. kind: 'kernel' | 'memset' | 'memcpy' | 'host' | 'join' |
     'if' | 'if_else' | 'switch' | 'while'. role of a kernel: 'body' (a hawk entry), 'init' (a
-    workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic), 'select' (switch index), 'copy'
-    (eagle_strided_copy: slice, update, concat). For a conditional node `cond` is the condition it
+    workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic, turn counters), 'select'
+    (switch index), 'copy' (eagle_strided_copy: slice, update, concat), 'sum' (add_any), 'stack'
+    (a push or read of saved turns). For a conditional node `cond` is the condition it
     reads, `bodies` its body trees."""
 
     __slots__ = ("kind", "role", "label", "handle", "after", "module", "entry", "grid", "block", "args", "cond",
