@@ -157,3 +157,27 @@ def test_every_source_the_derivative_rules_emit_compiles(nvrtc):
         assert entry in entries and entry in cuda_lower.LOWERING.entries, entry
     for name, cubin in {name: m for name, m in modules.items()}.items():
         assert len(cuda_lower.hcuda.compile_cubin(cubin.source, "sm_90")) > 0, name
+
+
+def test_a_record_whose_stacks_grew_reverses_again():
+    """The backward reads the forward's stacks where they lie; a run that grew them binds stacks of
+    more rows, and the backward is lowered again for them."""
+    from test_grad_graph import counted
+    x = np.array([0.3, -0.7, 1.1])
+    for turns in (4, 150, 2):
+        want = eagle.diff.reverse(_ran(counted(x.copy(), cell(turns), record=True)).record, {"result": 1.0 + 0 * x},
+                                  wrt=("x",))
+        if turns == 4:
+            with use_backend("fake-cuda"):
+                n = cell(4)
+                g = counted(x.copy(), n, record=True)
+        n[0] = turns
+        g()
+        got = eagle.diff.reverse(g.record, {"result": 1.0 + 0 * x}, wrt=("x",))
+        np.testing.assert_allclose(got["x"], want["x"], rtol=1e-13, err_msg=f"{turns} turns")
+    assert g._exe.exe.stack_turns >= 150 and type(g._exe.exe).__name__ == "CudaExecutable"
+
+
+def _ran(g):
+    g()
+    return g

@@ -57,6 +57,7 @@ import numpy as np
 from hawk_fx.core import Var
 from hawk_fx.cuda_runtime import KernelRuntime, core_arg, ptr
 
+from .. import ir
 from .cuda_lower import STACK_TURNS, alias_pairs, lower
 
 
@@ -228,6 +229,12 @@ class _PlannedMemory:
         return getattr(self._builder, name)
 
 
+def _regrown(aval, old, new) -> bool:
+    """Whether `new` is the same stack of saved turns as `old` with another number of rows."""
+    return ir.is_stack(aval) and tuple(new.shape) != tuple(old.shape) and \
+        tuple(new.shape[1:]) == tuple(old.shape[1:]) and np.dtype(new.dtype) == np.dtype(old.dtype)
+
+
 def _writes_inputs(prog) -> bool:
     """Whether a top-level equation writes one of the Program's inputs in place."""
     inputs = set(prog.inputs)
@@ -357,6 +364,13 @@ class CudaExecutable:
         old = plan.slots[slot]
         (new,) = self.runtime.device_arrays([arr], [self.names[input_index] or f"input {input_index}"])
         if new is old:
+            return
+        if _regrown(self.prog.inputs[input_index].aval, old, new):
+            # a stack of saved turns with more (or fewer) rows, from a run that grew it: lower again
+            self.synchronize()
+            self.inputs[input_index] = new
+            self._lower()
+            self.last_bind, self.last_bind_reason = "instantiate", "a stack of saved turns holds another number of turns"
             return
         if tuple(new.shape) != tuple(old.shape) or np.dtype(new.dtype) != np.dtype(old.dtype):
             raise ValueError(f"eagle_fx CUDA: rebind of input {input_index}: {tuple(new.shape)} {new.dtype} for "
