@@ -47,9 +47,9 @@ What a Program becomes
                         actions in the same order as checkpoint.run
              vmap's primitives (batched calls, masked loops and arms, batch_broadcast, stacks per
              instance) have no rules yet: they are refused with an error that says so.
-    stacks   a stack of saved loop turns is a buffer of `rows` turns in device memory: its cap's
-             turns where that is at most STACK_CAP_BYTES (a counted loop's trip count when the
-             derivative was made, a capped loop's cap), else STACK_TURNS. A push or read past the
+    stacks   a stack of saved loop turns is a buffer of `rows` turns in device memory: at least
+             STACK_TURNS, and its cap (a counted loop's trip count when the derivative was made, a
+             capped loop's cap) where that many turns take at most STACK_CAP_BYTES. A push or read past the
              rows copies nothing and raises the plan's overflow cell to the turns it needed; the
              executable (cuda_graph.CudaExecutable) reads that cell after each run, doubles the
              rows until they fit, lowers again and runs again. Growing BETWEEN runs, not sizing every

@@ -24,7 +24,8 @@ respects the recorded edges only (`order`: "creation", "lifo" (the latest-create
 first: an adversarial order that exposes missing edges), or an int seed for a random order).
 Kernels of a hawk body run the kernel's NumPy code on the buffers (the body runs whole at its last
 entry; earlier entries are checked for order), guard kernels set the fake condition, the lowering's
-small kernels (cell logic, switch index) run their NumPy equivalents, IF/IF-ELSE/
+small kernels (cell logic, switch index, stack pushes and reads, turn counters, cotangent sums, the
+revolve schedule) run their NumPy equivalents, IF/IF-ELSE/
 SWITCH run the body the condition selects, WHILE runs its body while the condition is set
 (checked before the first turn). Conditions are reset to their default at every launch.
 
