@@ -200,3 +200,19 @@ def test_records_in_an_adversarial_node_order_equal_numpy(form, order):
     assert "fake-cuda" in repr(g)
     for w in wrt:
         np.testing.assert_allclose(grads[1][w], grads[0][w], rtol=1e-13, atol=1e-15, err_msg=w)
+
+
+def test_a_graph_that_writes_its_arguments_is_not_rerun_when_its_stacks_overflow(monkeypatch):
+    """A run that overflowed is repeated only where repeating it changes nothing the caller holds;
+    elsewhere it is refused (never read), and the next launch has the room."""
+    x = np.linspace(0.1, 1.0, 7)
+    monkeypatch.setattr(cuda_graph, "STACK_TURNS", 4)
+    monkeypatch.setattr(cuda_graph, "_writes_inputs", lambda prog: True)
+    with use_backend("fake-cuda"):
+        n = cell(3)
+        g = eagle.grad(settle_counted).graph(x, n)
+        n[0] = 100                                     # more turns than its stacks hold
+        with pytest.raises(RuntimeError, match="writes its arguments in place.*launch it again"):
+            g()
+        np.testing.assert_allclose(g(), jax_grad(x, 100), rtol=1e-12)
+    assert g._exe.stack_turns >= 100
