@@ -336,7 +336,7 @@ class RecordedExecutable:
         # a written argument: the forward reads a private copy of it on entry (what the derivatives
         # read, views included), and its value on exit is copied into the caller's array
         self.user = {i: arrays[i] for i, _ in written}
-        self.entry = {i: np.array(arrays[i]) for i in self.user}
+        self.entry = {i: arrays[i].copy() for i in self.user}       # on the arrays' device
         arrays = [self.entry.get(i, a) for i, a in enumerate(arrays)]
         probes = [np.zeros(v.aval.shape, v.aval.dtype) for v in halves.q.inputs[len(arrays):]]
         names = list(names or []) + [None] * len(probes)
@@ -352,10 +352,10 @@ class RecordedExecutable:
     def replay(self, times: int = 1):
         for _ in range(times):
             for i, out in self.written:
-                np.copyto(self.entry[i], self.user[i])
+                self.entry[i][...] = self.user[i]
             self.exe.replay(1)
             for i, out in self.written:
-                np.copyto(self.user[i], self.exe.array_of(out))
+                self.user[i][...] = self.exe.array_of(out)
 
     def rebind(self, i, arr):
         if i in self.user:
@@ -371,7 +371,7 @@ class RecordedExecutable:
 
     def last_sites(self):
         """{label Var: the site (Halves.sites) its value came from in the last run}."""
-        return {b: int(np.asarray(a.value if isinstance(a, Literal) else self.exe.array_of(self.var[a]))[0])
+        return {b: int((np.asarray(a.value) if isinstance(a, Literal) else self.exe.array_of(self.var[a]))[0])
                 for b, a in self.h.last_of.items()}
 
     def input_arrays(self):
