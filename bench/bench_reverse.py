@@ -5,6 +5,7 @@ time/memory trade of checkpointed reverse mode through a long loop.
     python bench/bench_reverse.py 1e5                # another n
     python bench/bench_reverse.py --only ratio       # one part: ratio or checkpoints
     python bench/bench_reverse.py --turns 2000       # a shorter loop for the checkpointing table
+    python bench/bench_reverse.py 1e6 --cuda         # on CuPy arrays: CUDA graphs (a GPU; memory: device bytes)
 
 Per function (sin(x)·x and exp(-x²), one kernel each): the ratio of the median over repeats of
 the recorded forward `gr.launch()` plus `eagle_fx.diff.reverse(gr.record, ...)` to that of the
@@ -31,6 +32,7 @@ from timing import median_ratio, median_time
 from workloads import k1, k2
 
 TARGET = 2.5
+XP = np                               # the array module: cupy with --cuda
 
 
 @eagle.Graph.builder
@@ -80,6 +82,10 @@ def long_loop(x, n):
 
 
 def first_run_peak(g):
+    if XP is not np:                  # the graph's device buffers (stacks and kept states included)
+        g()
+        exe = getattr(g._exe, "exe", g._exe)
+        return sum(a.nbytes for a in exe._memory)
     tracemalloc.start()
     try:
         g()
@@ -89,8 +95,8 @@ def first_run_peak(g):
 
 
 def checkpoints_table(turns=20_000, n=1000, repeat=3):
-    x = np.linspace(0.1, 3.0, n)
-    trip = np.array([turns], np.uint32)
+    x = XP.linspace(0.1, 3.0, n)
+    trip = XP.array([turns], np.uint32)
     rows = []
     for K in (None, 8, 32, 128):
         peak = first_run_peak(eagle.grad(long_loop, checkpoints=K).graph(x, trip))   # a fresh graph
@@ -108,8 +114,8 @@ def checkpoints_table(turns=20_000, n=1000, repeat=3):
 
 def ratio_table(n, number=5, repeat=11):
     import jax.numpy as jnp
-    x = np.linspace(-2.0, 2.0, n)
-    ones = np.ones(n)
+    x = XP.linspace(-2.0, 2.0, n)
+    ones = XP.ones(n)
     for label, builder, jf in (("sin(x)*x", wave, lambda v: jnp.sin(v) * v),
                                ("exp(-x^2)", bell, lambda v: jnp.exp(-v * v))):
         g = builder(x)
@@ -118,7 +124,7 @@ def ratio_table(n, number=5, repeat=11):
             gr.launch()
             eagle.diff.reverse(gr.record, {"result": ones}, wrt=("x",))
         ratio = median_ratio(recorded, g.launch, number, repeat)
-        jr = jax_ratio(jf, x, number, repeat)
+        jr = jax_ratio(jf, np.asarray(x) if XP is np else XP.asnumpy(x), number, repeat)
         jtxt = f"jax.jit(value_and_grad) / jax.jit(f) {jr:5.2f}" if jr is not None else "jax not installed"
         print(f"{label:<10} n={n:<7.0e} (recorded forward + reverse) / forward {ratio:5.2f} "
               f"({'ok' if ratio <= TARGET else 'MISSES'} <= {TARGET:g}) | {jtxt}")
@@ -129,7 +135,11 @@ if __name__ == "__main__":
     ap.add_argument("n", nargs="?", default="1e6", help="samples for the ratio table")
     ap.add_argument("--only", choices=("ratio", "checkpoints"))
     ap.add_argument("--turns", type=int, default=20_000, help="loop turns for the checkpointing table")
+    ap.add_argument("--cuda", action="store_true", help="CuPy arrays: the graphs are CUDA graphs")
     a = ap.parse_args()
+    if a.cuda:
+        import cupy
+        XP = cupy
     if a.only != "checkpoints":
         ratio_table(int(float(a.n)))
     if a.only != "ratio":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hawk_fx.cuda_runtime import is_device_array
 from hawk_fx.diff import match_tree
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
@@ -103,8 +104,13 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
         kind, (v_in, _) = names[w]
         place = h.probe_place(v_in, record.last_sites()) if kind == "buffer" else h.inputs.index(v_in)
         j = h.grad_of.get(place)
-        out[w] = _zeros(v_in.aval.shape, v_in.aval.dtype) if j is None else np.array(exe.array_of(h.backward.outputs[j]))
+        out[w] = _zeros(v_in.aval.shape, v_in.aval.dtype) if j is None else _fresh(exe.array_of(h.backward.outputs[j]))
     return out
+
+
+def _fresh(a):
+    """A copy the caller owns, on the device the backward ran on."""
+    return a.copy() if is_device_array(a) else np.array(a)
 
 
 def _zeros(shape, dtype):
@@ -113,14 +119,14 @@ def _zeros(shape, dtype):
 
 
 def _seed(ct, h, v, s, api, name):
-    s = np.asarray(s)
+    s = s if is_device_array(s) else np.asarray(s)         # a CuPy seed for a record on the GPU stays there
     if s.shape != v.aval.shape or s.dtype != v.aval.dtype:
         raise ValueError(f"{api}: the seed for {name!r} has shape {s.shape} and dtype {s.dtype}; {name!r} is "
                          f"{v.aval.shape} {v.aval.dtype}: pass an array of that shape and dtype")
     k = h.index.get(v)
     if k is None or k not in h.ct_of:
         return                                   # no float output there: nothing flows from it
-    ct[k] = np.ascontiguousarray(s) if k not in ct else ct[k] + s
+    ct[k] = (s.copy() if is_device_array(s) else np.ascontiguousarray(s)) if k not in ct else ct[k] + s
 
 
 def _top_level_buffers(api, g, names, keys):

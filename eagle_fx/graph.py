@@ -235,11 +235,6 @@ class Graph:
         backend of the graph it was made from: numpy, or jax). `views`: per result leaf, the shape
         it is seen with or a function of its array (a Jacobian's axes). `lazy`: lowered at its
         first run, so a graph a transform hands to another is never lowered."""
-        for e in input_planes:
-            if not isinstance(e.array, np.ndarray) and backend != "jax":
-                raise NotImplementedError(f"eagle_fx transforms: graphs made by vmap, grad, jvp and vjp run on the "
-                                          f"NumPy backend; argument {e.name or ''} is {type(e.array).__name__}: pass "
-                                          "NumPy arrays (cupy.asnumpy) to the transformed function")
         g = cls.__new__(cls)
         cls.__init__(g, backend=backend, mesh=mesh)
         t = g._trace
@@ -271,6 +266,9 @@ class Graph:
         if self._pending == "jax":
             self._exe = _jax_executable(self._program, arrays, {h.var for h in handles}, t.n or 1,
                                         [e.name for e in t.input_planes], self._mesh)
+        elif (backend := _select.choose(arrays, self._backend)) not in ("numpy", "jax"):     # a CUDA graph
+            self._exe = _cuda.CudaExecutable(self._program, arrays, {h.var for h in handles}, t.n or 1,
+                                             runtime=backend, names=[e.name for e in t.input_planes])
         else:
             self._exe = NumpyExecutable(self._program, arrays, {h.var for h in handles}, t.n or 1)
         self._pending = None
@@ -355,9 +353,10 @@ class Graph:
         elif backend == "jax":                               # one XLA executable (backends/jax.py)
             self._exe = _jax_executable(self._program, arrays, keep, t.n or 1, [e.name for e in t.input_planes],
                                         self._mesh)
+        elif backend != "numpy" and self._record:            # the forward half of its vjp, as a CUDA graph
+            from .recording import recorded_executable
+            self._exe = recorded_executable(self, keep, arrays, t.n or 1, backend)
         elif backend != "numpy":                             # CuPy arrays: one CUDA graph (backends/cuda.py)
-            if self._record:
-                raise NotImplementedError(_select.RECORD_REFUSAL)
             self._exe = _cuda.CudaExecutable(self._program, arrays, keep, t.n or 1, runtime=backend,
                                              names=[e.name for e in t.input_planes])
         elif self._record:                                   # the forward half of its vjp (recording.py)

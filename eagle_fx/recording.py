@@ -96,7 +96,7 @@ class Halves:
         for k, j in self.ct_of.items():
             if k < self.seedable and k in seeds:
                 arrays[len(residuals) + j] = seeds[k]
-        if backend == "jax":            # its arguments are read at each replay: rebinding is free
+        if backend != "numpy":          # JAX reads its arguments at each replay; CUDA rebinds its nodes
             for i, arr in enumerate(arrays):
                 exe.rebind(i, arr)
             return exe
@@ -121,6 +121,9 @@ def _executable(backend, prog, arrays, n, names=None):
     if backend == "jax":
         from .backends.jax import JaxExecutable
         return JaxExecutable(prog, arrays, set(), n, names)
+    if backend != "numpy":                  # a CUDA runtime: one CUDA graph
+        from .backends.cuda_graph import CudaExecutable
+        return CudaExecutable(prog, arrays, set(), n, runtime=backend, names=names)
     return NumpyExecutable(prog, arrays, set(), n)
 
 
@@ -379,11 +382,11 @@ class RecordedExecutable:
 
     def __init__(self, halves: Halves, arrays, written, n, backend="numpy", names=None):
         self.h, self.n, self.backend = halves, n, backend
-        self.backend_name = "cpu" if backend == "numpy" else backend
+        self.backend_name = "cpu" if backend == "numpy" else getattr(backend, "name", backend)
         # a written argument: the forward reads a private copy of it on entry (what the derivatives
         # read, views included), and its value on exit is copied into the caller's array
         self.user = {i: arrays[i] for i, _ in written}
-        self.entry = {i: np.array(arrays[i]) for i in self.user}
+        self.entry = {i: arrays[i].copy() for i in self.user}       # on the arrays' device
         arrays = [self.entry.get(i, a) for i, a in enumerate(arrays)]
         probes = [np.zeros(v.aval.shape, v.aval.dtype) for v in halves.q.inputs[len(arrays):]]
         names = list(names or []) + [None] * len(probes)
@@ -399,10 +402,10 @@ class RecordedExecutable:
     def replay(self, times: int = 1):
         for _ in range(times):
             for i, out in self.written:
-                np.copyto(self.entry[i], self.user[i])
+                self.entry[i][...] = self.user[i]
             self.exe.replay(1)
             for i, out in self.written:
-                np.copyto(self.user[i], self.exe.array_of(out))
+                self.user[i][...] = self.exe.array_of(out)
 
     def rebind(self, i, arr):
         if i in self.user:
@@ -418,7 +421,7 @@ class RecordedExecutable:
 
     def last_sites(self):
         """{label Var: the site (Halves.sites) its value came from in the last run}."""
-        return {b: int(np.asarray(a.value if isinstance(a, Literal) else self.exe.array_of(self.var[a]))[0])
+        return {b: int((np.asarray(a.value) if isinstance(a, Literal) else self.exe.array_of(self.var[a]))[0])
                 for b, a in self.h.last_of.items()}
 
     def input_arrays(self):

@@ -215,9 +215,20 @@ def test_host_nodes_run_on_the_fake_cuda_backend():
     np.testing.assert_array_equal(np.asarray(z), 4 * (src + 1.0))
 
 
-def test_record_true_is_refused_on_the_cuda_backend():
-    with cuda.use_backend("fake-cuda"), pytest.raises(NotImplementedError, match="record=True"):
-        tour.model(np.arange(4.0), np.zeros(4), record=True)
+def test_record_true_runs_on_the_cuda_backend():
+    x, y = np.arange(4.0), np.zeros(4)
+    want = eagle.diff.reverse(_ran(tour.model(x.copy(), y.copy(), record=True)).record, {"result": np.ones(4)},
+                              wrt=("x",))
+    with cuda.use_backend("fake-cuda"):
+        g = _ran(tour.model(x.copy(), y.copy(), record=True))
+        got = eagle.diff.reverse(g.record, {"result": np.ones(4)}, wrt=("x",))
+    assert repr(g).endswith("fake-cuda>")
+    np.testing.assert_allclose(got["x"], want["x"], rtol=1e-13)
+
+
+def _ran(g):
+    g()
+    return g
 
 
 def test_a_non_contiguous_array_is_refused():

@@ -1,7 +1,7 @@
 """A recorded graph runs wherever its forward runs: on the JAX backend (NumPy arrays with
 `eagle.Graph(record=True, backend="jax")`) its record reverses to the NumPy backend's gradients,
-and it replays with g(n), launch and bind as any graph. The CUDA backend lowers no derivative
-primitive (stacks of saved turns, cotangent sums): a record is refused there at build."""
+and it replays with g(n), launch and bind as any graph. On the CUDA backend (the fake device here)
+both halves are CUDA graphs, and its gradients are the NumPy backend's too."""
 from __future__ import annotations
 
 import warnings
@@ -139,11 +139,21 @@ def test_jax_refuses_a_record_on_jax_arrays():
         keep(jnp.asarray([0.3, -0.7, 1.1, 0.4]), record=True).build()
 
 
-def test_cuda_refuses_a_record_at_build(records_on):
-    records_on("fake-cuda")
-    x = np.array([0.3, -0.7, 1.1, 0.4])
-    with pytest.raises(NotImplementedError, match="record=True"):
-        keep(x, record=True).build()
+@pytest.mark.parametrize("form", list(CASES_ALL))
+def test_a_record_on_the_fake_cuda_device_reverses_to_the_numpy_gradients(form, records_on):
+    """Both halves of the record lower to CUDA graphs (run here on the fake device)."""
+    builder, args, wrt = CASES_ALL[form]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g_np, out_np, seed, want = _gradients(builder, args, wrt, None)
+        records_on("fake-cuda")
+        g_cu, out_cu, _, got = _gradients(builder, args, wrt, seed)
+    assert g_cu._exe.backend_name == "fake-cuda" and repr(g_cu).endswith("fake-cuda>")
+    assert type(g_cu._exe.exe).__name__ == "CudaExecutable"
+    for a, b in zip(jax.tree_util.tree_leaves(out_cu), jax.tree_util.tree_leaves(out_np)):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+    for w in wrt:
+        np.testing.assert_allclose(got[w], want[w], rtol=1e-12, atol=1e-14)
 
 
 def test_forward_mode_and_a_kept_record_on_jax_equal_numpy(records_on):

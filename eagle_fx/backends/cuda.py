@@ -27,4 +27,4 @@ from hawk_fx.cuda_runtime import (BLOCK, INSTALL_HINT, MAX_GRID, MIN_DRIVER, Gpu
 
 from .cuda_graph import CoreGraphBuilder, CoreRuntime, CudaExecutable  # noqa: F401
 from .cuda_lower import GUARDS, LOWERING, CudaPlan, PlanNode, lower  # noqa: F401
-from .select import RECORD_REFUSAL, choose, use_backend  # noqa: F401
+from .select import choose, use_backend  # noqa: F401

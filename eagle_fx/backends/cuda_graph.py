@@ -54,9 +54,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from hawk_fx.core import Var
 from hawk_fx.cuda_runtime import KernelRuntime, core_arg, ptr
 
-from .cuda_lower import alias_pairs, lower
+from .. import ir
+from .cuda_lower import STACK_TURNS, alias_pairs, lower
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,6 +229,19 @@ class _PlannedMemory:
         return getattr(self._builder, name)
 
 
+def _regrown(aval, old, new) -> bool:
+    """Whether `new` is the same stack of saved turns as `old` with another number of rows."""
+    return ir.is_stack(aval) and tuple(new.shape) != tuple(old.shape) and \
+        tuple(new.shape[1:]) == tuple(old.shape[1:]) and np.dtype(new.dtype) == np.dtype(old.dtype)
+
+
+def _writes_inputs(prog) -> bool:
+    """Whether a top-level equation writes one of the Program's inputs in place."""
+    inputs = set(prog.inputs)
+    return any(isinstance(e.inputs[i], Var) and e.inputs[i] in inputs
+               for e in prog.eqns for _, i in e.params.get("inplace", ()) or ())
+
+
 def _refers(node, arr) -> bool:
     if node.kind == "kernel":
         return any(a is arr for a in node.args)
@@ -271,6 +286,7 @@ class CudaExecutable:
         self.prog, self.n, self.keep = prog, n, set(keep)
         self.names = list(names) if names is not None else [None] * len(self.prog.inputs)
         self.inputs = runtime.device_arrays(list(input_arrays), self.names)
+        self.stack_turns = STACK_TURNS
         self._lower()
         self._pending: list = []
         self.last_bind = None
@@ -280,7 +296,7 @@ class CudaExecutable:
     def _lower(self):
         """Lower the Program over self.inputs into a new graph and instantiate it."""
         memory = _PlannedMemory(self.runtime.builder())
-        self.plan = lower(self.prog, self.inputs, self.keep, self.n, memory)
+        self.plan = lower(self.prog, self.inputs, self.keep, self.n, memory, self.stack_turns)
         self._memory = memory.made
         self.graph = self.runtime.instantiate(memory._builder)
         self._definitions = [memory]          # definitions stay alive with the graph made from them
@@ -305,8 +321,41 @@ class CudaExecutable:
         return self
 
     def replay(self, times: int = 1):
-        self.enqueue(times)
-        self.synchronize()
+        if self.plan.overflow is None:
+            self.enqueue(times)
+            self.synchronize()
+            return
+        for _ in range(int(times)):          # stacks of saved turns: each run is checked for overflow
+            self.enqueue(1)
+            self.synchronize()
+            self._check_stacks()
+
+    def _check_stacks(self):
+        """After a run: if a stack of saved turns had no room for a turn (the kernels skipped it and
+        raised the overflow cell to the turns needed), make room (double until it fits, lower again)
+        and run again; where the graph writes its own arguments in place it cannot run again, and
+        is refused instead. Values are never read from a run that overflowed."""
+        while True:
+            cell = self.plan.overflow
+            needed = int(cell[0])
+            if not needed:
+                return
+            cell[0] = 0
+            if needed <= self.plan.stack_turns:
+                raise RuntimeError(f"eagle_fx CUDA: a stack of saved loop turns was read at turn {needed - 1}, past "
+                                   f"the {self.plan.stack_turns} turns it holds: the record it came from is not "
+                                   "this run's")
+            held = turns = self.plan.stack_turns
+            while turns < needed:
+                turns *= 2
+            self.stack_turns = turns
+            self._lower()
+            if _writes_inputs(self.prog):
+                raise RuntimeError(f"eagle_fx CUDA: a loop ran {needed} turns, past the {held} its "
+                                   "stacks of saved turns held, and the graph writes its arguments in place, so "
+                                   f"that run is not repeated: the stacks now hold {turns} turns; launch it again")
+            self.enqueue(1)
+            self.synchronize()
 
     # binding
     def rebind(self, input_index: int, arr):
@@ -315,6 +364,13 @@ class CudaExecutable:
         old = plan.slots[slot]
         (new,) = self.runtime.device_arrays([arr], [self.names[input_index] or f"input {input_index}"])
         if new is old:
+            return
+        if _regrown(self.prog.inputs[input_index].aval, old, new):
+            # a stack of saved turns with more (or fewer) rows, from a run that grew it: lower again
+            self.synchronize()
+            self.inputs[input_index] = new
+            self._lower()
+            self.last_bind, self.last_bind_reason = "instantiate", "a stack of saved turns holds another number of turns"
             return
         if tuple(new.shape) != tuple(old.shape) or np.dtype(new.dtype) != np.dtype(old.dtype):
             raise ValueError(f"eagle_fx CUDA: rebind of input {input_index}: {tuple(new.shape)} {new.dtype} for "
@@ -343,7 +399,7 @@ class CudaExecutable:
 
     def _update_whole(self, why):
         memory = _PlannedMemory(self.runtime.builder(), reuse=self._memory)
-        plan = lower(self.prog, self.inputs, self.keep, self.n, memory)
+        plan = lower(self.prog, self.inputs, self.keep, self.n, memory, self.stack_turns)
         try:
             self.runtime.update_graph(self.graph, memory._builder)
         except Exception:

@@ -34,6 +34,31 @@ What a Program becomes
              The turn counter (a device cell, reset at loop entry) holds the turn index during the
              body, and the number of turns after the loop.
     cell_not/and/or  one-thread kernels eagle_cell_not/and/or.
+    derivative programs (transforms/vjp_graph.py, jvp_graph.py; record=True's two halves)
+             zeros      a memset (a stack: nothing; no turn is read before it is pushed)
+             add_any    eagle_add_<dtype>, out = a + b
+             stack_push / stack_read   eagle_stack_push / eagle_stack_read: row `turn` (read from
+                        the turn cell on the device) of a (rows, *value) buffer, copied
+             cell_inc / cell_rev       one-thread kernels on the turn cells
+             revolve    the binomial checkpointing schedule (transforms/checkpoint.py) as a state
+                        machine on the device: a WHILE whose body SWITCHes on the action
+                        eagle_revolve_step chose (advance a turn, reverse a turn, keep the working
+                        state in one of K slots, restore it), then asks for the next one; the same
+                        actions in the same order as checkpoint.run
+             vmap's primitives (batched calls, masked loops and arms, batch_broadcast, stacks per
+             instance) have no rules yet: they are refused with an error that says so.
+    stacks   a stack of saved loop turns is a buffer of `rows` turns in device memory: at least
+             STACK_TURNS, and its cap (a counted loop's trip count when the derivative was made, a
+             capped loop's cap) where that many turns take at most STACK_CAP_BYTES. A push or read past the
+             rows copies nothing and raises the plan's overflow cell to the turns it needed; the
+             executable (cuda_graph.CudaExecutable) reads that cell after each run, doubles the
+             rows until they fit, lowers again and runs again. Growing BETWEEN runs, not sizing every
+             stack by its cap, because a cap is an upper bound (a loop capped at 200 000 turns
+             that stops after 50) that would hold device memory for turns never run, and because a
+             counted loop may run more turns than when its derivative was made; a run that
+             overflowed is never read. Derivative programs write none of their arguments, so the
+             run is repeated; a graph that writes its arguments in place is refused instead
+             (the next launch has the room).
     forks    nodes follow program order, except that the branches of one `parallel` region
              (eqn.info.branch paths) are independent chains; an equation after the region joins
              them. Edges for buffer hazards (read-after-write, write-after-read, write-after-write
@@ -49,12 +74,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from hawk_fx.core import Literal, Program, Var
+from hawk_fx.core import AVal, Literal, Program, RuleTable, Var
 from hawk_fx.cuda_runtime import BLOCK, KernelModule, body_module, grid_for, overlaps, same_view
 from hawk_fx.emit import cuda as hcuda
 
 from .. import ir
 from ..analysis import direct_outputs
+from ..transforms.vmap import batch_broadcast_p
 from .memory import SlotPlanner
 
 GUARDS = KernelModule("hawk_guards", hcuda.guard_source(), tuple(hcuda.GUARD_KERNELS), "guard", label="guards")
@@ -93,6 +119,103 @@ extern "C" __global__ void eagle_switch_index(unsigned int* index, const unsigne
 // slice / update / concat (ir.STRUCTURE): element i of a C-order walk over `shape` is copied from
 // src + soff + sum(idx * sstride) to dst + doff + sum(idx * dstride); geom = shape[ndim],
 // sstride[ndim], dstride[ndim], soff, doff, all in bytes
+// stacks of saved loop turns (ir.stack_push / stack_read): turn t is row t of a (room, count)
+// buffer of itemsize-byte elements. A turn past `room` copies nothing and raises *overflow to the
+// number of turns it needed: the executable reads it after the replay (and grows the stacks).
+__device__ __forceinline__ void eagle_copy_item(unsigned char* dst, const unsigned char* src, unsigned int itemsize) {
+    if (itemsize == 8u) *(unsigned long long*)dst = *(const unsigned long long*)src;
+    else if (itemsize == 4u) *(unsigned int*)dst = *(const unsigned int*)src;
+    else for (unsigned int b = 0; b < itemsize; ++b) dst[b] = src[b]; }
+extern "C" __global__ void eagle_stack_push(unsigned char* stack, const unsigned char* value, const unsigned int* turn,
+                                            unsigned long long count, unsigned int itemsize, unsigned int room,
+                                            unsigned int* overflow) {
+    const unsigned int t = *turn;
+    if (t >= room) { if (blockIdx.x == 0 && threadIdx.x == 0) atomicMax(overflow, t + 1u); return; }
+    unsigned char* row = stack + (unsigned long long)t * count * itemsize;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (unsigned long long)gridDim.x * blockDim.x)
+        eagle_copy_item(row + i * itemsize, value + i * itemsize, itemsize); }
+extern "C" __global__ void eagle_stack_read(unsigned char* out, const unsigned char* stack, const unsigned int* turn,
+                                            unsigned long long count, unsigned int itemsize, unsigned int room,
+                                            unsigned int* overflow) {
+    const unsigned int t = *turn;
+    if (t >= room) { if (blockIdx.x == 0 && threadIdx.x == 0) atomicMax(overflow, t + 1u); return; }
+    const unsigned char* row = stack + (unsigned long long)t * count * itemsize;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (unsigned long long)gridDim.x * blockDim.x)
+        eagle_copy_item(out + i * itemsize, row + i * itemsize, itemsize); }
+// turn counters of derivative loops (ir.cell_inc, ir.cell_rev)
+extern "C" __global__ void eagle_cell_inc(unsigned int* out, const unsigned int* turn) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *out = *turn + 1u; }
+extern "C" __global__ void eagle_cell_rev(unsigned int* out, const unsigned int* turns, const unsigned int* turn) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const long long r = (long long)(*turns) - 1 - (long long)(*turn);
+    *out = r > 0 ? (unsigned int)r : 0u; }
+// revolve (ir.revolve_p): the binomial schedule of transforms/checkpoint.py's `run`, one action per
+// launch, as a state machine over `state` (u32: phase, level, cur, goal, then, unused, t0[K], t1[K]:
+// the frames of its recursion, one per kept slot). It writes the action's kind (0 advance turn,
+// 1 reverse turn, 2 store slot, 3 restore slot, 4 done) to *kind and its turn or slot to *turn or
+// *slot, and sets the loop's condition: not done. `start` != 0: the first action (store slot 0).
+__device__ unsigned int eagle_beta_capped(unsigned int c, unsigned int r, unsigned int cap) {
+    unsigned long long v = 1ull;                   // C(c + r, c) = prod (r + i) / i, exact at every i
+    for (unsigned int i = 1u; i <= c; ++i) { v = v * (unsigned long long)(r + i) / i; if (v >= cap) return cap; }
+    return (unsigned int)v; }
+__device__ unsigned int eagle_repetitions(unsigned int T, unsigned int K) {
+    unsigned int r = 0u;
+    while (eagle_beta_capped(K, r, T) < T) ++r;
+    return r; }
+__device__ unsigned int eagle_split(unsigned int n, unsigned int c) {
+    unsigned int lo = 1u, hi = n - 1u;
+    while (lo < hi) {
+        const unsigned int l = (lo + hi) / 2u;
+        if (1ll + (long long)eagle_repetitions(l + 1u, c) - (long long)eagle_repetitions(n - l, c - 1u) >= 0ll) hi = l;
+        else lo = l + 1u;
+    }
+    return lo; }
+extern "C" __global__ void eagle_revolve_step(cudaGraphConditionalHandle handle, unsigned int* state,
+                                              const unsigned int* turns, unsigned int K, unsigned int start,
+                                              unsigned int* kind, unsigned int* turn, unsigned int* slot) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    unsigned int* t0 = state + 6;
+    unsigned int* t1 = state + 6 + K;
+    unsigned int k = 4u, arg = 0u;
+    if (start) {
+        if (*turns > 0u) { state[0] = 0u; state[1] = 0u; state[2] = 0u; t0[0] = 0u; t1[0] = *turns; k = 2u; }
+    } else {
+        for (;;) {
+            const unsigned int lvl = state[1];
+            if (state[0] == 0u) {                  // back(t0, t1, lvl): the next stretch, or return
+                if (t1[lvl] > t0[lvl]) {
+                    const unsigned int n = t1[lvl] - t0[lvl], spare = K - 1u - lvl;
+                    if (n == 1u || spare == 0u) { state[3] = t1[lvl] - 1u; state[4] = 0u; }
+                    else { state[3] = t0[lvl] + eagle_split(n, spare + 1u); state[4] = 1u; }
+                    state[0] = 1u;
+                } else {
+                    if (lvl == 0u) break;          // done
+                    t1[lvl - 1u] = t0[lvl];
+                    state[1] = lvl - 1u;
+                    continue;
+                }
+            }
+            if (state[0] == 1u) {                  // bring the working state to the goal: restore first?
+                state[0] = 2u;
+                if (!(state[2] <= state[3]) || state[2] < t0[lvl]) { state[2] = t0[lvl]; k = 3u; arg = lvl; break; }
+            }
+            if (state[2] < state[3]) { k = 0u; arg = state[2]; state[2] += 1u; break; }
+            state[0] = 0u;                         // at the goal: reverse its turn, or keep it and recurse
+            if (state[4] == 0u) { t1[lvl] -= 1u; k = 1u; arg = t1[lvl]; break; }
+            t0[lvl + 1u] = state[3];
+            t1[lvl + 1u] = t1[lvl];
+            state[1] = lvl + 1u;
+            k = 2u;
+            arg = lvl + 1u;
+            break;
+        }
+    }
+    *kind = k;
+    if (k <= 1u) *turn = arg;
+    else if (k <= 3u) *slot = arg;
+    cudaGraphSetConditional(handle, k != 4u ? 1u : 0u); }
 extern "C" __global__ void eagle_strided_copy(unsigned char* dst, const unsigned char* src, const long long* geom,
                                               unsigned int ndim, unsigned long long count, unsigned int itemsize) {
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
@@ -111,9 +234,29 @@ extern "C" __global__ void eagle_strided_copy(unsigned char* dst, const unsigned
     } }
 """
 
+# cotangent sums (ir.add_any): one entry per dtype, out[i] = a[i] + b[i]
+ADD_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
+
+
+def _add_entry(dtype) -> str:
+    return f"eagle_add_{np.dtype(dtype).name}"
+
+
+_LOWERING_SOURCE += "".join(f"""extern "C" __global__ void {_add_entry(dt)}({hcuda.ctype(dt)}* out, const {hcuda.ctype(dt)}* a,
+        const {hcuda.ctype(dt)}* b, unsigned long long count) {{
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (unsigned long long)gridDim.x * blockDim.x) out[i] = a[i] + b[i]; }}
+""" for dt in ADD_DTYPES)
+
 _LOWERING_ENTRIES = ("eagle_loop_start", "eagle_loop_step", "eagle_cell_not", "eagle_cell_and", "eagle_cell_or",
-                     "eagle_switch_index", "eagle_strided_copy")
+                     "eagle_switch_index", "eagle_strided_copy", "eagle_stack_push", "eagle_stack_read",
+                     "eagle_cell_inc", "eagle_cell_rev", "eagle_revolve_step") + tuple(_add_entry(dt) for dt in ADD_DTYPES)
 LOWERING = KernelModule("eagle_lowering", _LOWERING_SOURCE, _LOWERING_ENTRIES, "lowering", label="lowering")
+
+# a stack of saved turns holds its cap's turns where that takes at most STACK_CAP_BYTES, else (and
+# for a stack of no known bound, cap 0) STACK_TURNS at first; CudaExecutable doubles it as needed
+STACK_TURNS = 64
+STACK_CAP_BYTES = 16 << 20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,8 +265,9 @@ LOWERING = KernelModule("eagle_lowering", _LOWERING_SOURCE, _LOWERING_ENTRIES, "
 class PlanNode:
     """One node of the lowered graph. kind: 'kernel' | 'memset' | 'memcpy' | 'host' | 'join' |
     'if' | 'if_else' | 'switch' | 'while'. role of a kernel: 'body' (a hawk entry), 'init' (a
-    workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic), 'select' (switch index), 'copy'
-    (eagle_strided_copy: slice, update, concat). For a conditional node `cond` is the condition it
+    workspace init entry), 'guard' (sets `cond`), 'cell' (cell logic, turn counters), 'select'
+    (switch index), 'copy' (eagle_strided_copy: slice, update, concat), 'sum' (add_any), 'stack'
+    (a push or read of saved turns). For a conditional node `cond` is the condition it
     reads, `bodies` its body trees."""
 
     __slots__ = ("kind", "role", "label", "handle", "after", "module", "entry", "grid", "block", "args", "cond",
@@ -156,6 +300,8 @@ class CudaPlan:
         self.conditions: list = []
         self.constants: list = []
         self.workspaces: list = []
+        self.overflow = None                   # the stacks' overflow cell (a u32 device cell), if any
+        self.stack_turns = STACK_TURNS
 
     def array_of(self, var):
         k = self.slot_of.get(var)
@@ -335,11 +481,12 @@ def alias_pairs(arrays, of=None) -> frozenset:
     return frozenset((i, j) for i, j in pairs if overlaps(arrays[i], arrays[j]) and not same_view(arrays[i], arrays[j]))
 
 
-def lower(program: Program, input_arrays, keep, n: int, builder) -> CudaPlan:
+def lower(program: Program, input_arrays, keep, n: int, builder, stack_turns: int = STACK_TURNS) -> CudaPlan:
     """Lower `program` into a CUDA graph through `builder` (the protocol in the module docstring).
     input_arrays: the device arrays of program.inputs (they are used in place); keep: Vars whose
-    buffers must survive (results, buffer= planes); n: the graph's sample count."""
-    return _Lowering(program, input_arrays, keep, n, builder).plan
+    buffers must survive (results, buffer= planes); n: the graph's sample count; stack_turns: the
+    turns each stack of saved loop turns holds at least (its cap, when larger)."""
+    return _Lowering(program, input_arrays, keep, n, builder, stack_turns).plan
 
 
 def _region(aval, index):
@@ -367,9 +514,10 @@ def _c_strides(shape, itemsize):
 
 
 class _Lowering(SlotPlanner):
-    def __init__(self, prog, input_arrays, keep, n, builder):
+    def __init__(self, prog, input_arrays, keep, n, builder, stack_turns=STACK_TURNS):
         self.prog, self.builder = prog, builder
         self.plan = plan = CudaPlan(prog, n, builder)
+        plan.stack_turns = self.stack_turns = max(1, int(stack_turns))
         self.slots, self.slot_of = plan.slots, plan.slot_of
         self.consts: dict = {}
         self._init_pool()
@@ -380,6 +528,10 @@ class _Lowering(SlotPlanner):
             raise ValueError(f"eagle_fx CUDA lowering: {len(input_arrays)} input arrays for a program of "
                              f"{len(prog.inputs)} inputs")
         for v, arr in zip(prog.inputs, input_arrays):
+            if ir.is_stack(v.aval) and tuple(arr.shape[1:]) == v.aval.shape[1:] and np.dtype(arr.dtype) == v.aval.dtype:
+                # a stack another graph filled (a record's residual): as many turns as it made room for
+                plan.stack_turns = self.stack_turns = max(self.stack_turns, int(arr.shape[0]))
+                continue
             if tuple(arr.shape) != v.aval.shape or np.dtype(arr.dtype) != v.aval.dtype:
                 raise ValueError(f"eagle_fx CUDA lowering: an input array is {tuple(arr.shape)} {arr.dtype}, the "
                                  f"program's input is {v.aval.shape} {v.aval.dtype}")
@@ -398,6 +550,31 @@ class _Lowering(SlotPlanner):
     # -- memory (the planner: backends/memory.py) ----------------------------------------------
     def _zeros(self, shape, dtype):
         return self.builder.zeros(tuple(shape), np.dtype(dtype))
+
+    def _alloc(self, aval, fits=None) -> int:
+        return super()._alloc(self._room(aval), fits)
+
+    def _sub_slot(self, aval) -> int:
+        return super()._sub_slot(self._room(aval))
+
+    def _room(self, aval):
+        """The buffer type of a value: a stack of saved turns gets rows for its cap or for
+        `stack_turns`, whichever is more (the turn axis of its type is only an upper bound)."""
+        if not ir.is_stack(aval):
+            return aval
+        if aval.kind == ir.BATCHED_STACK:
+            raise NotImplementedError("eagle_fx CUDA lowering: a stack of saved loop turns per instance comes from "
+                                      "vmap, which the CUDA lowering does not lower in this version; run vmap'd graphs "
+                                      "on the NumPy or JAX backend")
+        cap, row = aval.shape[0], int(np.prod(aval.shape[1:], dtype=np.int64)) * aval.dtype.itemsize
+        rows = max(self.stack_turns, cap if cap * row <= STACK_CAP_BYTES else 0)
+        return AVal((rows,) + aval.shape[1:], aval.dtype, aval.kind)
+
+    def overflow(self):
+        """The device cell the stack kernels raise to the turns they needed past a stack's room."""
+        if self.plan.overflow is None:
+            self.plan.overflow = self._zeros((1,), np.uint32)
+        return self.plan.overflow
 
     def _fits(self, path):
         """Which freed top-level slots an output of an equation on branch `path` may take: those whose
@@ -520,30 +697,14 @@ class _Lowering(SlotPlanner):
         if top:
             for k in reads | writes:
                 self.slot_paths.setdefault(k, set()).add(tuple(e.info.branch))
-        p = e.prim
         chain = _Chain(self, seq.level, seq.open(e.info.branch, reads, writes))
-        if p is ir.call_p:
-            self._gen_call(chain, e, outs)
-        elif p is ir.opaque_p:
-            self._gen_opaque(chain, e)
-        elif p in (ir.cell_not_p, ir.cell_and_p, ir.cell_or_p):
-            entry = {ir.cell_not_p: "eagle_cell_not", ir.cell_and_p: "eagle_cell_and", ir.cell_or_p: "eagle_cell_or"}[p]
-            args = [self.slots[outs[0]]] + [self.buf(a, ir.U32_CELL) for a in e.inputs]
-            chain.kernel(LOWERING, entry, 1, 1, args, "cell", p.name)
-        elif p is ir.cond_p:
-            self._gen_cond(chain, e, outs)
-        elif p is ir.switch_p:
-            self._gen_switch(chain, e, outs)
-        elif p is ir.while_p:
-            self._gen_while(chain, e, outs)
-        elif p in ir.STRUCTURE:
-            self._gen_structure(chain, e, outs)
-        else:
-            raise NotImplementedError(f"eagle_fx CUDA lowering: no rule for primitive '{p}'")
+        cuda_rules[e.prim](self, chain, e, outs)
         seq.close(chain.tail(), reads, writes)
 
     def _gen_call(self, chain, e, outs):
         spec, n = e.params["spec"], e.params["n"]
+        if e.params.get("batch"):
+            _refuse_vmap(e, "a kernel called on a batch of instances")
         mod = body_module(spec)
         ek = mod.emitted
         ins = e.inputs[:len(spec.kernel.param_names)]
@@ -617,7 +778,7 @@ class _Lowering(SlotPlanner):
         args = [dst, src, geom, np.uint32(len(shape)), np.uint64(count), np.uint32(aval.dtype.itemsize)]
         chain.kernel(LOWERING, "eagle_strided_copy", grid_for(count), BLOCK, args, "copy", label)
 
-    def _gen_opaque(self, chain, e):
+    def _gen_opaque(self, chain, e, outs):
         label = e.info.name or getattr(e.params["fn"], "__name__", "fn")
         if self.depth:
             raise NotImplementedError(f"eagle_fx CUDA lowering: the opaque node {label!r} is inside a device if/loop; "
@@ -668,7 +829,15 @@ class _Lowering(SlotPlanner):
             self.depth -= 1
         self._seal(level)
 
+    def _gen_cells(self, chain, e, outs):
+        args = [self.slots[outs[0]]] + [self.buf(a, ir.U32_CELL) for a in e.inputs]
+        if e.outputs[0].aval.shape != (1,):
+            _refuse_vmap(e, "cell logic on a cell per instance")
+        chain.kernel(LOWERING, _CELL_ENTRY[e.prim], 1, 1, args, "cell", e.prim.name)
+
     def _gen_cond(self, chain, e, outs):
+        if e.params.get("masked"):
+            _refuse_vmap(e, "an if/else with a condition per instance")
         false_p, true_p = e.params["branches"]
         c = self.condition(chain.level)
         chain.kernel(GUARDS, "set_cond_from_cell", 1, 1, [c, self.buf(e.inputs[0], ir.U32_CELL)], "guard", "if", c)
@@ -678,6 +847,8 @@ class _Lowering(SlotPlanner):
         self._body(else_l, false_p, e.inputs[1:], outs)
 
     def _gen_switch(self, chain, e, outs):
+        if e.params.get("masked"):
+            _refuse_vmap(e, "a match with a case per instance")
         cases = tuple(e.params["cases"])
         *arms, default = e.params["branches"]
         k = len(cases)
@@ -693,6 +864,8 @@ class _Lowering(SlotPlanner):
             self._body(lv, arm, e.inputs[1:], outs)
 
     def _gen_while(self, chain, e, outs):
+        if e.params.get("masked"):
+            _refuse_vmap(e, "a device loop with a turn count per instance")
         body, cond = e.params["body"], e.params["cond"]
         cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
         ops = list(e.inputs)
@@ -748,3 +921,132 @@ class _Lowering(SlotPlanner):
 
         self._body(body_l, body, refs, outs, extra=finish_body)
 
+
+    # -- the derivative programs' primitives (ir.py: zeros .. cell_rev) --------------------------
+    def _gen_zeros(self, chain, e, outs):
+        if ir.is_stack(e.outputs[0].aval):        # no turn is saved yet: nothing is read before a push
+            chain.push(self.join(chain.level, chain.deps(), label="empty stack"))
+        else:
+            chain.memset(self.slots[outs[0]], 0, label="zeros")
+
+    def _gen_add_any(self, chain, e, outs):
+        out_aval = e.outputs[0].aval
+        if any(a.aval.shape != out_aval.shape for a in e.inputs if isinstance(a, Var)):
+            _refuse_vmap(e, "a sum of a batched and a shared cotangent")
+        if out_aval.dtype not in ADD_DTYPES:
+            raise NotImplementedError(f"eagle_fx CUDA lowering: add_any of {out_aval.dtype} planes")
+        count = int(np.prod(out_aval.shape))
+        a, b = (self.buf(x, out_aval) for x in e.inputs)
+        chain.kernel(LOWERING, _add_entry(out_aval.dtype), grid_for(count), BLOCK,
+                     [self.slots[outs[0]], a, b, np.uint64(count)], "sum", "add_any")
+
+    def _turn(self, e, atom):
+        if atom.aval.shape != (1,) or e.params.get("batched") or e.params.get("turn_batched"):
+            _refuse_vmap(e, "a stack of saved turns per instance")
+        return self.buf(atom, ir.U32_CELL)
+
+    def _gen_stack_push(self, chain, e, outs):
+        _, turn, value = e.inputs
+        stack = self.slots[outs[0]]
+        vaval = e.inputs[2].aval if isinstance(value, Var) else AVal(stack.shape[1:], stack.dtype)
+        count = int(np.prod(stack.shape[1:], dtype=np.int64))
+        args = [stack, self.buf(value, vaval), self._turn(e, turn), np.uint64(count),
+                np.uint32(stack.dtype.itemsize), np.uint32(stack.shape[0]), self.overflow()]
+        chain.kernel(LOWERING, "eagle_stack_push", grid_for(count), BLOCK, args, "stack", "push")
+
+    def _gen_stack_read(self, chain, e, outs):
+        stack, turn = self.buf(e.inputs[0]), self._turn(e, e.inputs[1])
+        count = int(np.prod(stack.shape[1:], dtype=np.int64))
+        args = [self.slots[outs[0]], stack, turn, np.uint64(count), np.uint32(stack.dtype.itemsize),
+                np.uint32(stack.shape[0]), self.overflow()]
+        chain.kernel(LOWERING, "eagle_stack_read", grid_for(count), BLOCK, args, "stack", "read")
+
+    def _gen_cell_count(self, chain, e, outs):
+        if any(a.aval.shape != (1,) for a in e.inputs) or e.outputs[0].aval != ir.U32_CELL:
+            _refuse_vmap(e, "turn counters per instance")
+        entry = "eagle_cell_inc" if e.prim is ir.cell_inc_p else "eagle_cell_rev"
+        args = [self.slots[outs[0]]] + [self.buf(a, ir.U32_CELL) for a in e.inputs]
+        chain.kernel(LOWERING, entry, 1, 1, args, "cell", e.prim.name)
+
+    def _gen_revolve(self, chain, e, outs):
+        """A checkpointed reverse: a WHILE whose body runs one action of the binomial schedule
+        (eagle_revolve_step, a state machine on the device: SWITCH over advance / reverse / store /
+        restore), then asks for the next. The K kept states are (K, *shape) buffers, a turn each."""
+        if e.params.get("masked"):
+            _refuse_vmap(e, "a checkpointed reverse with a turn count per instance")
+        fwd, bwd, K, nc = e.params["forward"], e.params["backward"], int(e.params["checkpoints"]), e.params["n_consts"]
+        if K < 1:
+            raise ValueError(f"checkpoints={K}: keep at least one state (the loop's start)")
+        nk = len(fwd.outputs)
+        turns, consts = e.inputs[0], list(e.inputs[1:1 + nc])
+        init, start = e.inputs[1 + nc:1 + nc + nk], e.inputs[1 + nc + nk:]
+        if turns.aval.shape != (1,):
+            _refuse_vmap(e, "a checkpointed reverse with a turn count per instance")
+        level = chain.level
+        work = [self._sub_slot(a.aval) for a in init]
+        kept = [self._zeros((K,) + tuple(a.aval.shape), a.aval.dtype) for a in init]
+        state = self._zeros((6 + 2 * K,), np.uint32)
+        kind, ctr, slot = (self._sub_slot(ir.U32_CELL) for _ in range(3))
+        tails = self._copies_seq(level, chain.deps(), start, outs)     # the seeds and zero sums
+        chain.last = self._copies_seq(level, tails, init, work)
+        loop = self.condition(level)
+        step = [loop, state, self.buf(turns, ir.U32_CELL), np.uint32(K)]
+        tail = [self.slots[kind], self.slots[ctr], self.slots[slot]]
+        chain.kernel(LOWERING, "eagle_revolve_step", 1, 1, step + [np.uint32(1)] + tail, "guard", "revolve", loop)
+        node, (body_l,) = self.conditional(level, chain.deps(), "while", loop, label="revolve")
+        chain.push(node)
+        self.depth += 1
+        try:
+            inner = _Chain(self, body_l, ())
+            pick = self.condition(body_l)
+            inner.kernel(GUARDS, "set_cond_from_value", 1, 1, [pick, self.slots[kind]], "guard", "revolve action", pick)
+            sw, (advance, reverse, store, restore) = self.conditional(body_l, inner.deps(), "switch", pick, count=4,
+                                                                     label="revolve action")
+            inner.push(sw)
+            turn_ref = self._ref(ctr, ir.U32_CELL)
+            states = [self._ref(w, a.aval) for w, a in zip(work, init)]
+            self._body(advance, fwd, [turn_ref] + consts + states, work)
+            cts = [self._ref(o, v.aval) for o, v in zip(outs, e.outputs)]
+            self._body(reverse, bwd, [turn_ref] + consts + states + cts, outs)
+            for lv, entry in ((store, "eagle_stack_push"), (restore, "eagle_stack_read")):
+                c = _Chain(self, lv, ())
+                for w, buf in zip(work, kept):
+                    arr = self.slots[w]
+                    count = int(np.prod(arr.shape, dtype=np.int64))
+                    pair = [buf, arr] if entry == "eagle_stack_push" else [arr, buf]
+                    c.kernel(LOWERING, entry, grid_for(count), BLOCK, pair + [self.slots[slot], np.uint64(count),
+                             np.uint32(arr.dtype.itemsize), np.uint32(K), self.overflow()], "stack",
+                             "keep" if entry == "eagle_stack_push" else "restore")
+                self._seal(lv)
+            inner.kernel(LOWERING, "eagle_revolve_step", 1, 1, step + [np.uint32(0)] + tail, "guard", "revolve", loop)
+        finally:
+            self.depth -= 1
+
+
+def _refuse_vmap(e, what):
+    raise NotImplementedError(f"eagle_fx CUDA lowering: {what} ({e.prim} at {e.info.where}) comes from vmap, which "
+                              "the CUDA lowering does not lower in this version; run vmap'd graphs on the NumPy "
+                              "or JAX backend")
+
+
+_CELL_ENTRY = {ir.cell_not_p: "eagle_cell_not", ir.cell_and_p: "eagle_cell_and", ir.cell_or_p: "eagle_cell_or"}
+
+# primitive -> rule(lowering, chain, eqn, output slots): adds the equation's nodes to `chain`
+cuda_rules = RuleTable("CUDA lowering")
+cuda_rules[ir.call_p] = _Lowering._gen_call
+cuda_rules[ir.opaque_p] = _Lowering._gen_opaque
+cuda_rules[ir.cond_p] = _Lowering._gen_cond
+cuda_rules[ir.switch_p] = _Lowering._gen_switch
+cuda_rules[ir.while_p] = _Lowering._gen_while
+for _p in _CELL_ENTRY:
+    cuda_rules[_p] = _Lowering._gen_cells
+for _p in ir.STRUCTURE:
+    cuda_rules[_p] = _Lowering._gen_structure
+cuda_rules[ir.zeros_p] = _Lowering._gen_zeros
+cuda_rules[ir.add_any_p] = _Lowering._gen_add_any
+cuda_rules[ir.stack_push_p] = _Lowering._gen_stack_push
+cuda_rules[ir.stack_read_p] = _Lowering._gen_stack_read
+cuda_rules[ir.cell_inc_p] = _Lowering._gen_cell_count
+cuda_rules[ir.cell_rev_p] = _Lowering._gen_cell_count
+cuda_rules[ir.revolve_p] = _Lowering._gen_revolve
+cuda_rules[batch_broadcast_p] = lambda low, chain, e, outs: _refuse_vmap(e, "a shared value spread over a batch")

@@ -73,8 +73,3 @@ def choose(arrays, requested=None):
         raise ValueError("eagle_fx: the fake-cuda backend runs on NumPy arrays; the graph reads a device array")
     return requested
 
-
-RECORD_REFUSAL = ("eagle.Graph: record=True graphs (for eagle_fx.diff) run on the NumPy and JAX backends in this "
-                  "version: the CUDA lowering has no rules yet for the reverse pass's primitives (the stacks of "
-                  "saved loop turns, cotangent sums); build the recorded graph on NumPy arrays (cupy.asnumpy), "
-                  "with backend='jax' for XLA, or drop record=True to run on the GPU")

@@ -24,7 +24,8 @@ respects the recorded edges only (`order`: "creation", "lifo" (the latest-create
 first: an adversarial order that exposes missing edges), or an int seed for a random order).
 Kernels of a hawk body run the kernel's NumPy code on the buffers (the body runs whole at its last
 entry; earlier entries are checked for order), guard kernels set the fake condition, the lowering's
-small kernels (cell logic, switch index) run their NumPy equivalents, IF/IF-ELSE/
+small kernels (cell logic, switch index, stack pushes and reads, turn counters, cotangent sums, the
+revolve schedule) run their NumPy equivalents, IF/IF-ELSE/
 SWITCH run the body the condition selects, WHILE runs its body while the condition is set
 (checked before the first turn). Conditions are reset to their default at every launch.
 
@@ -97,9 +98,19 @@ _SIGNATURES = {
     "eagle_cell_or": ("u32*", "u32*", "u32*"),
     "eagle_switch_index": ("u32*", "u32*", "i64*?", "u32"),
     "eagle_strided_copy": ("u8*", "u8*", "i64*", "u32", "u64", "u32"),
+    "eagle_stack_push": ("u8*", "u8*", "u32*", "u64", "u32", "u32", "u32*"),
+    "eagle_stack_read": ("u8*", "u8*", "u32*", "u64", "u32", "u32", "u32*"),
+    "eagle_cell_inc": ("u32*", "u32*"),
+    "eagle_revolve_step": ("h", "u32*", "u32*", "u32", "u32", "u32*", "u32*", "u32*"),
+    "eagle_cell_rev": ("u32*", "u32*", "u32*"),
+    "eagle_add_float32": ("f32*", "f32*", "f32*", "u64"),
+    "eagle_add_float64": ("f64*", "f64*", "f64*", "u64"),
+    "eagle_add_int32": ("i32*", "i32*", "i32*", "u64"),
+    "eagle_add_int64": ("i64*", "i64*", "i64*", "u64"),
 }
 
-_DT = {"u32": np.dtype(np.uint32), "i64": np.dtype(np.int64), "u64": np.dtype(np.uint64), "u8": None}
+_DT = {"u32": np.dtype(np.uint32), "i64": np.dtype(np.int64), "u64": np.dtype(np.uint64), "u8": None,
+       "f32": np.dtype(np.float32), "f64": np.dtype(np.float64), "i32": np.dtype(np.int32)}
 
 
 def _nbytes_view(a: np.ndarray) -> np.ndarray:
@@ -437,8 +448,49 @@ class FakeBuilder:
         elif entry == "eagle_strided_copy":
             _no_race(node, [a[1]], [a[0]])
             self._strided_copy(a)
+        elif entry in ("eagle_stack_push", "eagle_stack_read"):
+            self._stack_copy(node, a)
+        elif entry == "eagle_revolve_step":
+            h, state, turns, K, start, kind, turn, slot = a
+            k, arg = _revolve_step(state, int(turns[0]), int(K), int(start))
+            kind[0] = k
+            if k <= 1:
+                turn[0] = arg
+            elif k <= 3:
+                slot[0] = arg
+            h.value = int(k != 4)
+        elif entry == "eagle_cell_inc":
+            a[0][0] = a[1][0] + np.uint32(1)
+        elif entry == "eagle_cell_rev":
+            a[0][0] = max(int(a[1][0]) - 1 - int(a[2][0]), 0)
+        elif entry.startswith("eagle_add_"):
+            out, x, y, count = a
+            if not out.size == x.size == y.size == int(count):
+                raise FakeCudaError(f"fake CUDA: {entry} of {int(count)} elements over arrays of {out.size}, {x.size}, "
+                                    f"{y.size}")
+            np.add(x.reshape(-1), y.reshape(-1), out=out.reshape(-1))
         else:
             raise FakeCudaError(f"fake CUDA: no interpretation for kernel {entry!r}")
+
+    @staticmethod
+    def _stack_copy(node, a):
+        """Row `turn` of a stack from/to a value; a turn past the room raises the overflow cell."""
+        push = node.entry == "eagle_stack_push"
+        dst, src, turn, count, itemsize, room, overflow = a
+        stack, value = (dst, src) if push else (src, dst)
+        t, row = int(turn[0]), int(count) * int(itemsize)
+        if int(room) * row > stack.nbytes or row != value.nbytes:
+            raise FakeCudaError(f"fake CUDA: {node.entry} of rows of {row} bytes, room {int(room)}, over a stack of "
+                                f"{stack.nbytes} bytes and a value of {value.nbytes}")
+        if t >= int(room):
+            overflow[0] = max(int(overflow[0]), t + 1)
+            return
+        _no_race(node, [src], [dst])
+        rows = _nbytes_view(stack)[t * row:(t + 1) * row]
+        if push:
+            rows[:] = _nbytes_view(value)
+        else:
+            _nbytes_view(value)[:] = rows
 
     @staticmethod
     def _strided_copy(a):
@@ -733,6 +785,75 @@ class FakeRuntime:
                 last = (fb.kernel(module, entry, grid, block, args, after=last),)
         fb.validate().launch(1, self.order)
         self.eager.append(fb)
+
+
+def _beta_capped(c, r, cap):
+    v = 1
+    for i in range(1, c + 1):
+        v = v * (r + i) // i
+        if v >= cap:
+            return cap
+    return v
+
+
+def _repetitions(T, K):
+    r = 0
+    while _beta_capped(K, r, T) < T:
+        r += 1
+    return r
+
+
+def _split(n, c):
+    lo, hi = 1, n - 1
+    while lo < hi:
+        m = (lo + hi) // 2
+        if 1 + _repetitions(m + 1, c) - _repetitions(n - m, c - 1) >= 0:
+            hi = m
+        else:
+            lo = m + 1
+    return lo
+
+
+def _revolve_step(state, T, K, start):
+    """eagle_revolve_step (cuda_lower.py), line for line: (action kind, its turn or slot)."""
+    t0, t1 = state[6:6 + K], state[6 + K:6 + 2 * K]
+    if start:
+        if T > 0:
+            state[0] = state[1] = state[2] = 0
+            t0[0], t1[0] = 0, T
+            return 2, 0
+        return 4, 0
+    while True:
+        lvl = int(state[1])
+        if state[0] == 0:
+            if t1[lvl] > t0[lvl]:
+                n, spare = int(t1[lvl] - t0[lvl]), K - 1 - lvl
+                if n == 1 or spare == 0:
+                    state[3], state[4] = t1[lvl] - 1, 0
+                else:
+                    state[3], state[4] = t0[lvl] + _split(n, spare + 1), 1
+                state[0] = 1
+            else:
+                if lvl == 0:
+                    return 4, 0
+                t1[lvl - 1] = t0[lvl]
+                state[1] = lvl - 1
+                continue
+        if state[0] == 1:
+            state[0] = 2
+            if not state[2] <= state[3] or state[2] < t0[lvl]:
+                state[2] = t0[lvl]
+                return 3, lvl
+        if state[2] < state[3]:
+            state[2] += 1
+            return 0, int(state[2]) - 1
+        state[0] = 0
+        if state[4] == 0:
+            t1[lvl] -= 1
+            return 1, int(t1[lvl])
+        t0[lvl + 1], t1[lvl + 1] = state[3], t1[lvl]
+        state[1] = lvl + 1
+        return 2, lvl + 1
 
 
 def _no_race(node, reads, writes):
