@@ -32,22 +32,25 @@ import numpy as np
 
 from hawk_fx.core import Var
 from hawk_fx.emit.jax import is_jax_array
-from hawk_fx.perthread import ThreadDict, ThreadStack
+from hawk_fx.perthread import ThreadStack
 from hawk_fx.tree import tree_flatten
 
 from . import cache
+from .cache import TRACED, loop_capacity
+from .building import DEFER_LOWERING, Builder
 from .closed import Closed, closed_of
+from .eager import disable_staging
+from .graph import Graph
 from .guards import ValueReadError, guarding, other_values, release, where
+from .staging import Plane
 from .transforms.program import TransformError, dce
 
 _STAGING = ThreadStack()     # non-empty: a transform is staging a plain function; transforms return Graphs
-TRACED = ThreadStack()       # non-empty: eagle_fx.to_jax is staging on stand-ins for traced arrays (no values)
-_BATCH_FULL = ThreadDict()   # id(instance array) -> its batched array, while vmap stages an instance
 MADE = weakref.WeakSet()     # the input planes transforms add (seeds, tangents, batched arguments)
 DERIVED = weakref.WeakSet()  # input planes of arrays a plain function made while staging (x * 2.0)
 
 
-class Transformed:
+class Transformed(cache.Cached):
     """A function a transform made. `graph(*args)`: a new Graph it runs for these arguments.
     Called, it replays a cached graph for the arguments' layout (see eagle_fx.cache).
 
@@ -68,7 +71,7 @@ class Transformed:
         return self._stage(*args)
 
     def graph(self, *args):
-        return self.closed(*args).lower()
+        return Graph.from_closed(self.closed(*args))
 
     def __call__(self, *args, **kwargs):
         if kwargs:
@@ -77,13 +80,13 @@ class Transformed:
             _refuse_jax_arrays(self.__name__, args)
         if _STAGING:
             args = release(args)
-            return self.closed(*args).lower(lazy=True)      # for the outer transform: lowered only if run
+            return Graph.from_closed(self.closed(*args), lazy=True)      # for the outer transform: lowered only if run
         if not self._values:
             return self.graph(*args)
         restore = None
         if self._prepare is not None:
             args, restore = self._prepare(args)
-        with cache.staged(self._sig, args, self._stage) as e:
+        with cache.staged(self._sig, args, self._stage, Graph.from_closed) as e:
             out = run(e.graph)
         return restore(out) if restore is not None else out
 
@@ -132,7 +135,7 @@ def freeze(x):
 def run(g):
     """Replay `g` and return copies of its result (as its result views show it: a Jacobian in JAX's shape)."""
     g.launch()
-    return g._result_copy()
+    return g.result_copy()
 
 
 def stage(f, args, api):
@@ -140,8 +143,6 @@ def stage(f, args, api):
     lowered), a transformed function makes it, a plain function must return a Graph (it calls a
     builder or a transform inside: a lambda around jvp). Transforms stage even inside
     disable_staging(), as JAX's grad and vmap run under disable_jit."""
-    from .eager import disable_staging
-    from .graph import DEFER_LOWERING
     DEFER_LOWERING.append(True)
     try:
         with disable_staging(False):
@@ -151,7 +152,6 @@ def stage(f, args, api):
 
 
 def _stage(f, args, api):
-    from .graph import Builder, Graph
     if isinstance(f, Transformed):
         return f.closed(*args)
     if not callable(f):
@@ -162,7 +162,6 @@ def _stage(f, args, api):
     else:
         other = _restage(f, args, api)       # first, so what the function leaves behind is from its real staging
         g = _call_plain(f, args, api)
-    from .staging import Plane
     if not isinstance(g, Graph) and isinstance(g, (np.ndarray, np.generic, float, int, Plane)):
         what = "ndarray" if isinstance(g, np.ndarray) else "a graph's result" if isinstance(g, Plane) else \
             type(g).__name__
@@ -315,7 +314,7 @@ def make_graph(f):
     make_graph(lambda x, v: eagle_fx.jvp(eagle_fx.grad(f), (x,), (v,)))(x, v) is a
     Hessian-vector product graph; bind new arrays to it, launch it, read its result."""
     def graph(*args):
-        return stage(f, args, "eagle_fx.make_graph").lower()
+        return Graph.from_closed(stage(f, args, "eagle_fx.make_graph"))
     return graph
 
 
@@ -410,23 +409,6 @@ class Staged:
 
     def capacity(self, trip, e):
         return loop_capacity(self.api, trip, e, self.prog.inputs, [p.array for p in self.planes])
-
-
-def loop_capacity(api, trip, e, inputs, arrays):
-    """The most turns a counted loop of trip count `trip` (one of a Program's `inputs`, bound to
-    `arrays`) runs, for a backend with static shapes to size its stack: its value now, the largest
-    over the instances under vmap. (A trip count computed in the graph has none: its stack grows.)"""
-    if TRACED:
-        raise TransformError(f"{api}: reverse mode through the counted loop at {e.info.where} saves each of "
-                             "its turns, and its trip count is an argument traced by JAX (eagle_fx.to_jax: its "
-                             "value is unknown while staging): cap the loop (`for _ in range(N): if not cell: "
-                             "break`) so its turns are bounded")
-    arr = arrays[inputs.index(trip)]
-    full = _BATCH_FULL.get(id(arr))
-    src = full if full is not None else arr
-    cap = int(np.max(src))
-    cache.note_capacity(src, cap)
-    return cap
 
 
 def graph_of(s: Staged, prog, outputs, extra_planes):

@@ -14,7 +14,8 @@ from hawk_fx.core import Eqn, Var
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from . import cache, ir
-from .api import _BATCH_FULL, DERIVED, MADE, Transformed, is_array, name_of, sig, stage
+from .building import Builder
+from .api import DERIVED, MADE, Transformed, is_array, name_of, sig, stage
 from .staging import Extern
 from .transforms.program import written_inputs
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
@@ -31,7 +32,6 @@ def _axes(in_axes, n, api):
 
 
 def _returns_graph(f):
-    from .graph import Builder
     return isinstance(f, Builder) or (isinstance(f, Transformed) and not f._values)
 
 
@@ -146,12 +146,12 @@ def _stage_instance(f, split, b, api):
             leaves[j] = a[b] if len(a) else np.zeros(a.shape[1:], a.dtype)    # 0 instances: a stand-in gives the shapes
             full[id(leaves[j])] = a
         inst.append(tree_unflatten(tree, leaves) if tree.kind != "leaf" else leaves[0] if leaves else arg)
-    _BATCH_FULL.update(full)
+    cache._BATCH_FULL.update(full)
     try:
         return stage(f, inst, api), full
     finally:
         for key in full:
-            _BATCH_FULL.pop(key, None)
+            cache._BATCH_FULL.pop(key, None)
 
 
 def _batched_planes(f, split, g, full, B, api, name):
