@@ -54,7 +54,7 @@ class _BuildContext:
     def claim(self, graph):
         """`graph` is the one the builder made: its arguments' planes become the graph's."""
         self.graph = graph
-        t = graph._trace
+        t = graph.trace
         t.arg_names = self.arg_names
         for p in self.planes.values():
             p.graph = graph
@@ -134,13 +134,13 @@ class Fork:
 
 
 class _StagingInto:
-    """`with graph._staging():` kernel calls stage into `graph` (refused once it is built)."""
+    """`with _StagingInto(graph):` kernel calls stage into `graph` (refused once it is built)."""
 
     def __init__(self, graph):
         self.graph = graph
 
     def __enter__(self):
-        t = self.graph._trace
+        t = self.graph.trace
         self.pushed = not (GRAPH_STAGING and GRAPH_STAGING[-1] is t)
         if self.pushed:
             if self.graph.is_closed:
@@ -289,6 +289,26 @@ class GraphStaging:
         names["result"] = ("result", (None, None))
         return names
 
+    def _pin_results(self, tree, given):
+        """A block called from plain code (on a hand-made graph) hands its planes out as NumPy arrays,
+        filled after every launch; staging the array later in the same graph reads the plane itself.
+        An argument it returns untouched is the caller's array itself (given: id(plane) -> array)."""
+        t = self._trace
+        leaves, treedef = tree_flatten(tree, is_leaf=lambda x: isinstance(x, Plane))
+        leaves = [given.get(id(x), x) for x in leaves]
+        asked = self._backend
+        if (asked is not None and not _select.resolve_entry(asked)[0].host_results) \
+                or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
+            return tree_unflatten(treedef, leaves)    # a CUDA graph: its planes stay handles that read the device arrays
+        out = []
+        for x in leaves:
+            if isinstance(x, Plane) and x.graph is self:
+                arr = np.zeros(x.aval.shape, x.aval.dtype)
+                t.pinned[id(arr)] = (arr, x)
+                x = arr
+            out.append(x)
+        return tree_unflatten(treedef, out)
+
 
 class Builder:
     """`@eagle.Graph.builder`: a builder (makes its graph) or a block (appends to a given one)."""
@@ -392,36 +412,15 @@ class Builder:
             return p
         staging._source_stack.append(self.source)
         try:
-            with graph._staging():
+            with _StagingInto(graph):
                 if outermost:   # called from plain code (a hand-made graph): its arrays enter as planes
                     args, kwargs = _wrap_arrays((args, kwargs), {}, enter)
                 ret = self.converted(*args, **kwargs)
         finally:
             staging._source_stack.pop()
-        return _pin_results(graph, ret, given) if outermost else ret
+        return graph._pin_results(ret, given) if outermost else ret
 
 
 def _is_graph_type(hint) -> bool:
     """A parameter annotated eagle_fx.Graph (a class that stages into a graph)."""
     return isinstance(hint, type) and issubclass(hint, GraphStaging)
-
-
-def _pin_results(graph, tree, given):
-    """A block called from plain code (on a hand-made graph) hands its planes out as NumPy arrays,
-    filled after every launch; staging the array later in the same graph reads the plane itself.
-    An argument it returns untouched is the caller's array itself (given: id(plane) -> array)."""
-    t = graph.trace
-    leaves, treedef = tree_flatten(tree, is_leaf=lambda x: isinstance(x, Plane))
-    leaves = [given.get(id(x), x) for x in leaves]
-    asked = graph._backend
-    if (asked is not None and not _select.resolve_entry(asked)[0].host_results) \
-            or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
-        return tree_unflatten(treedef, leaves)    # a CUDA graph: its planes stay handles that read the device arrays
-    out = []
-    for x in leaves:
-        if isinstance(x, Plane) and x.graph is graph:
-            arr = np.zeros(x.aval.shape, x.aval.dtype)
-            t.pinned[id(arr)] = (arr, x)
-            x = arr
-        out.append(x)
-    return tree_unflatten(treedef, out)
