@@ -299,7 +299,7 @@ class GraphStaging:
         asked = self._backend
         if (asked is not None and not _select.resolve_entry(asked)[0].host_results) \
                 or not all(isinstance(e.array, np.ndarray) for e in t.externs.values()):
-            return tree_unflatten(treedef, leaves)    # a CUDA graph: its planes stay handles that read the device arrays
+            return tree_unflatten(treedef, leaves)    # a CUDA graph: its planes stay handles on the device arrays
         out = []
         for x in leaves:
             if isinstance(x, Plane) and x.graph is self:

@@ -390,9 +390,9 @@ def _locked(e):
 
 
 def staged(sig, args, stage, handle):
-    """The Entry whose graph runs what `stage` (returning a closed Program) makes for these
-    arguments, locked (`with staged(...) as e:`), its graph made by `handle` (Graph.from_closed): a cached one with the arrays bound, or a new one,
-    staged on copies of the arguments that it keeps. The copies share memory as the caller's
+    """The Entry whose graph (made by `handle`: Graph.from_closed) runs what `stage` (returning a
+    closed Program) makes for these arguments, locked (`with staged(...) as e:`): a cached one with
+    the arrays bound, or a new one, staged on copies of the arguments that it keeps. The copies share memory as the caller's
     arrays do only where the Program writes one of them (then NumPy's aliasing decides the answer);
     elsewhere each argument is its own value, so a derivative of f(u, u) is that of f(a, b)."""
     key, leaves, tree = layout_key(args)

@@ -19,13 +19,14 @@ import threading
 
 import numpy as np
 
+from hawk_fx.diff import match_tree
 from hawk_fx.emit.jax import is_jax_array
 from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
 
 from . import eager, staging, views
 from .backends import select
 from .analysis import count_nodes, count_stages
-from .building import Branch, Builder, Fork, GraphStaging, OpaqueNode, opaque  # noqa: F401  (eagle_fx's names)
+from .building import Builder, GraphStaging, opaque  # noqa: F401  (opaque: `from eagle_fx.graph import opaque`)
 from .closed import Closed
 from .diff import Record
 from .dot import to_dot, to_svg
@@ -160,8 +161,9 @@ class Graph(GraphStaging):
         if self._exe is not None:
             entry = self._backend_used[0]
         else:
-            entry = select.resolve([e.array for e in self._trace.input_planes], "jax" if self._mesh is not None else self._backend)[0]
-        return self._traced("jax" if entry.name == "jax" else None, transformed=True)
+            asked = "jax" if self._mesh is not None else self._backend
+            entry = select.resolve([e.array for e in self._trace.input_planes], asked)[0]
+        return self._traced(entry.name if entry.supports_transforms else None, transformed=True)
 
     def lower(self, backend=None) -> Lowered:
         """This graph's Program lowered again for `backend` (None: the one it runs on), on its
@@ -194,6 +196,7 @@ class Graph(GraphStaging):
 
     @property
     def is_built(self) -> bool:
+        """Lowered: its planes read as arrays, and nothing more stages into it."""
         return self._exe is not None
 
     @property
@@ -421,7 +424,6 @@ class Graph(GraphStaging):
 
     def _tree_swaps(self, name, value):
         """(plane index or None, new array) for each array leaf of tree argument `name`, checked."""
-        from hawk_fx.diff import match_tree
         tree, where = self._tree_args[name]
         leaves = match_tree(value, tree)
         if leaves is None:

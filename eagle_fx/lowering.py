@@ -30,8 +30,8 @@ def lower(closed, backend=None):
     if closed.recording is None:
         return entry, runtime, registry.make(entry, closed.program, arrays, closed.kept(), n, closed.names,
                                              closed.mesh, runtime)
-    if entry.supports_record and not entry.supports_growing_stacks and backend is None and closed.backend is None and closed.mesh is None \
-            and all(isinstance(a, np.ndarray) for a in arrays):
+    if entry.supports_record and not entry.supports_growing_stacks and backend is None and closed.backend is None \
+            and closed.mesh is None and all(isinstance(a, np.ndarray) for a in arrays):
         entry = registry.get("numpy")   # use_backend('jax') keeps records on NumPy (growing stacks, checkpoints=)
     registry.refuse(entry, "supports_record")
     return entry, runtime, recorded_executable(closed, entry, arrays, n)

@@ -166,7 +166,8 @@ def test_lowering_is_the_only_place_executables_are_made():
     root = pathlib.Path(eagle.__file__).parent
     pat = re.compile(r"\b(NumpyExecutable|JaxExecutable|CudaExecutable|RecordedExecutable)\(")
     sites = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
-                   for line in p.read_text().splitlines() if pat.search(line) and not line.lstrip().startswith(("#", "class ")))
+                   for line in p.read_text().splitlines()
+                   if pat.search(line) and not line.lstrip().startswith(("#", "class ")))
     assert sites == ["backends/registry.py"] * 3 + ["recording.py"], sites
     callers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                      for line in p.read_text().splitlines() if "recorded_executable(" in line and "def " not in line)

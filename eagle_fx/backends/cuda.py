@@ -14,6 +14,8 @@ Its parts, one concern each:
     eagle_fx.testing.fake_cuda
                              the recording fake of the builder and runtime (the "fake-cuda"
                              backend), how all of the above is tested without a GPU
+    registry.py              the registered backends ('cuda', and 'fake-cuda' from eagle_fx.testing)
+                             and what each supports (record=True is refused here: RECORD_REFUSAL)
     select.py                which backend a graph runs on (`choose`, `use_backend`)
 
 This module gathers their public names. `require_gpu()` is raised when a graph over CuPy arrays is
@@ -27,4 +29,5 @@ from hawk_fx.cuda_runtime import (BLOCK, INSTALL_HINT, MAX_GRID, MIN_DRIVER, Gpu
 
 from .cuda_graph import CoreGraphBuilder, CoreRuntime, CudaExecutable  # noqa: F401
 from .cuda_lower import GUARDS, LOWERING, CudaPlan, PlanNode, lower  # noqa: F401
-from .select import RECORD_REFUSAL, choose, use_backend  # noqa: F401
+from .registry import RECORD_REFUSAL  # noqa: F401
+from .select import choose, use_backend  # noqa: F401

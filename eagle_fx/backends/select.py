@@ -12,7 +12,6 @@ from hawk_fx.cuda_runtime import is_device_array
 from hawk_fx.emit.jax import is_jax_array
 
 from . import registry
-from .registry import RECORD_REFUSAL  # noqa: F401  (the message's old home)
 
 _forced = threading.local()
 
