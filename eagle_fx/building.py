@@ -291,6 +291,19 @@ class GraphStaging:
         names["result"] = ("result", (None, None))
         return names
 
+    def _fill_pinned(self):
+        """Copy each block result handed out as an array (see Builder._call_block) from its plane."""
+        if not self._trace.pinned:
+            return
+        for arr, plane in self._trace.pinned.values():
+            np.copyto(arr, np.asarray(self.array_of(plane)))
+
+    def _read_inputs(self):
+        """The NumPy arrays of the builder's inputs that the graph reads and never writes."""
+        t, prog = self._trace, self._program
+        return [e.array for e, v in zip(t.input_planes, prog.inputs)
+                if isinstance(e.array, np.ndarray) and t.root.current.get(e, v) is v]
+
     def _pin_results(self, tree, given):
         """A block called from plain code (on a hand-made graph) hands its planes out as NumPy arrays,
         filled after every launch; staging the array later in the same graph reads the plane itself.

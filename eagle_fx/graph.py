@@ -321,13 +321,6 @@ class Graph(GraphStaging):
                 f"{type(n).__name__}. To run it on new arrays, bind them (g.bind({names}); g()) or call {b}(...) "
                 "again (a transformed function, e.g. eagle_fx.grad(f)(x), caches its graph per layout)")
 
-    def _fill_pinned(self):
-        """Copy each block result handed out as an array (see Builder._call_block) from its plane."""
-        if not self._trace.pinned:
-            return
-        for arr, plane in self._trace.pinned.values():
-            np.copyto(arr, np.asarray(self.array_of(plane)))
-
     def enqueue(self, n: int = 1) -> "Graph":
         """Replay n times on a worker thread and return at once; `synchronize()` waits. Until then
         the arrays the graph only reads are read-only (a write would tear the replay's results)."""
@@ -356,12 +349,6 @@ class Graph(GraphStaging):
         self._worker = threading.Thread(target=work, daemon=True)
         self._worker.start()
         return self
-
-    def _read_inputs(self):
-        """The NumPy arrays of the builder's inputs that the graph reads and never writes."""
-        t, prog = self._trace, self._program
-        return [e.array for e, v in zip(t.input_planes, prog.inputs)
-                if isinstance(e.array, np.ndarray) and t.root.current.get(e, v) is v]
 
     def synchronize(self) -> "Graph":
         """Wait for enqueued replays."""
