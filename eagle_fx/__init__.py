@@ -16,7 +16,8 @@ from .api import make_graph, make_program
 from .batching import vmap
 from .derivatives import grad, jvp, value_and_grad, vjp
 from .jacobians import hessian, jacfwd, jacrev
-from .graph import Branch, Fork, Graph, opaque
+from .building import Branch, Fork, opaque
+from .graph import Graph
 from .staging import UncappedLoopWarning
 from .to_jax import to_jax
 

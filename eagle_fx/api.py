@@ -35,13 +35,18 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten
 
 from . import cache
+from .cache import loop_capacity
+from .building import Builder
 from .closed import Closed, closed_of
+from .eager import disable_staging
+from .graph import Graph
 from .guards import ValueReadError, guarding, other_values, release, where
+from .staging import Plane
 from .transforms.program import TransformError, dce
 
 
 
-class Transformed:
+class Transformed(cache.Cached):
     """A function a transform made. `graph(*args)`: a new Graph it runs for these arguments.
     Called, it replays a cached graph for the arguments' layout (see eagle_fx.cache).
 
@@ -62,7 +67,7 @@ class Transformed:
         return self._stage(*args)
 
     def graph(self, *args):
-        return self.closed(*args).lower()
+        return Graph.from_closed(self.closed(*args))
 
     def __call__(self, *args, **kwargs):
         if kwargs:
@@ -71,13 +76,13 @@ class Transformed:
             _refuse_jax_arrays(self.__name__, args)
         if CONTEXT.transforming:
             args = release(args)
-            return self.closed(*args).lower(lazy=True)      # for the outer transform: lowered only if run
+            return Graph.from_closed(self.closed(*args), lazy=True)      # for the outer transform: lowered only if run
         if not self._values:
             return self.graph(*args)
         restore = None
         if self._prepare is not None:
             args, restore = self._prepare(args)
-        with cache.staged(self._sig, args, self._stage) as e:
+        with cache.staged(self._sig, args, self._stage, Graph.from_closed) as e:
             out = run(e.graph)
         return restore(out) if restore is not None else out
 
@@ -126,7 +131,7 @@ def freeze(x):
 def run(g):
     """Replay `g` and return copies of its result (as its result views show it: a Jacobian in JAX's shape)."""
     g.launch()
-    return g._result_copy()
+    return g.result_copy()
 
 
 def stage(f, args, api):
@@ -134,13 +139,11 @@ def stage(f, args, api):
     lowered), a transformed function makes it, a plain function must return a Graph (it calls a
     builder or a transform inside: a lambda around jvp). Transforms stage even inside
     disable_staging(), as JAX's grad and vmap run under disable_jit."""
-    from .eager import disable_staging
     with CONTEXT.enter(deferring=True), disable_staging(False):
         return _stage(f, args, api)
 
 
 def _stage(f, args, api):
-    from .graph import Builder, Graph
     if isinstance(f, Transformed):
         return f.closed(*args)
     if not callable(f):
@@ -151,7 +154,6 @@ def _stage(f, args, api):
     else:
         other = _restage(f, args, api)       # first, so what the function leaves behind is from its real staging
         g = _call_plain(f, args, api)
-    from .staging import Plane
     if not isinstance(g, Graph) and isinstance(g, (np.ndarray, np.generic, float, int, Plane)):
         what = "ndarray" if isinstance(g, np.ndarray) else "a graph's result" if isinstance(g, Plane) else \
             type(g).__name__
@@ -301,7 +303,7 @@ def make_graph(f):
     make_graph(lambda x, v: eagle_fx.jvp(eagle_fx.grad(f), (x,), (v,)))(x, v) is a
     Hessian-vector product graph; bind new arrays to it, launch it, read its result."""
     def graph(*args):
-        return stage(f, args, "eagle_fx.make_graph").lower()
+        return Graph.from_closed(stage(f, args, "eagle_fx.make_graph"))
     return graph
 
 
@@ -396,23 +398,6 @@ class Staged:
 
     def capacity(self, trip, e):
         return loop_capacity(self.api, trip, e, self.prog.inputs, [p.array for p in self.planes])
-
-
-def loop_capacity(api, trip, e, inputs, arrays):
-    """The most turns a counted loop of trip count `trip` (one of a Program's `inputs`, bound to
-    `arrays`) runs, for a backend with static shapes to size its stack: its value now, the largest
-    over the instances under vmap. (A trip count computed in the graph has none: its stack grows.)"""
-    if CONTEXT.abstract:
-        raise TransformError(f"{api}: reverse mode through the counted loop at {e.info.where} saves each of "
-                             "its turns, and its trip count is an argument traced by JAX (eagle_fx.to_jax: its "
-                             "value is unknown while staging): cap the loop (`for _ in range(N): if not cell: "
-                             "break`) so its turns are bounded")
-    arr = arrays[inputs.index(trip)]
-    full = CONTEXT.batch_full.get(id(arr))
-    src = full if full is not None else arr
-    cap = int(np.max(src))
-    cache.note_capacity(src, cap)
-    return cap
 
 
 def graph_of(s: Staged, prog, outputs, extra_planes):

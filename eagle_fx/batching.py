@@ -15,6 +15,7 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from . import cache, ir
+from .building import Builder
 from .api import Transformed, is_array, name_of, sig, stage
 from .staging import Extern
 from .transforms.program import written_inputs
@@ -32,7 +33,6 @@ def _axes(in_axes, n, api):
 
 
 def _returns_graph(f):
-    from .graph import Builder
     return isinstance(f, Builder) or (isinstance(f, Transformed) and not f._values)
 
 

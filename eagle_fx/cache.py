@@ -36,6 +36,8 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from .backends.select import forced
+from .building import Builder
+from .transforms.program import TransformError, written_inputs
 
 MAXSIZE = 64               # entries (layouts) per transformed function
 MAX_FUNCTIONS = 256        # transformed functions with a cache
@@ -70,6 +72,13 @@ def uncacheable():
         CONTEXT.recording[-1].cacheable = False
 
 
+class Cached:
+    """A function whose calls this cache keys by its `_sig` (a transformed function: api.Transformed);
+    what staging it reads by name is what its `_sig` names."""
+
+    _sig = None
+
+
 class Entry:
     """A staged closed Program, its graph (lowered here, once), the arrays it owns, and a lock:
     binding and running it is one step, so two threads calling with one layout take turns.
@@ -77,9 +86,9 @@ class Entry:
 
     __slots__ = ("closed", "graph", "owned", "caps", "names", "lock", "writes", "back")
 
-    def __init__(self, closed, owned, caps, names=()):
+    def __init__(self, closed, owned, caps, handle, names=()):
         self.closed, self.owned, self.caps, self.names = closed, owned, caps, names
-        self.graph = closed.lower()
+        self.graph = handle(closed)
         self.lock = threading.RLock()
         self.writes = _written_owned(closed, owned)  # owned arrays the graph writes in place
         self.back = ()                                # (caller's array, owned array) to copy after the run
@@ -158,7 +167,6 @@ def _written_owned(closed, owned):
     """Indices of the owned arrays (copies of the caller's) that the Program writes in place."""
     if owned is None:
         return ()
-    from .transforms.program import written_inputs
     arrays = [closed.planes[i].array for i in written_inputs(closed.program)]
     return tuple(k for k, o in enumerate(owned) if o is not None and any(np.may_share_memory(o, a) for a in arrays))
 
@@ -275,8 +283,6 @@ def names_read(root):
     """What the user's functions under `root` (a cache's name: the transform and the function)
     read by name, as ((namespace or closure cell, name, the object it holds now), ...), followed
     into the builders, blocks, functions and transformed functions found there."""
-    from .api import Transformed
-    from .graph import Builder
     reads, seen = [], set()
 
     def note(where, name, obj):
@@ -291,7 +297,7 @@ def names_read(root):
         if id(v) in seen:
             return
         seen.add(id(v))
-        if isinstance(v, Transformed):
+        if isinstance(v, Cached):
             visit(v._sig)
             return
         fn = v.fn if isinstance(v, Builder) else v
@@ -372,15 +378,15 @@ def _locked(e):
     return e
 
 
-def staged(sig, args, stage):
-    """The Entry whose graph runs what `stage` (returning a closed Program) makes for these
-    arguments, locked (`with staged(...) as e:`): a cached one with the arrays bound, or a new one,
-    staged on copies of the arguments that it keeps. The copies share memory as the caller's
+def staged(sig, args, stage, handle):
+    """The Entry whose graph (made by `handle`: Graph.from_closed) runs what `stage` (returning a
+    closed Program) makes for these arguments, locked (`with staged(...) as e:`): a cached one with
+    the arrays bound, or a new one, staged on copies of the arguments that it keeps. The copies share memory as the caller's
     arrays do only where the Program writes one of them (then NumPy's aliasing decides the answer);
     elsewhere each argument is its own value, so a derivative of f(u, u) is that of f(a, b)."""
     key, leaves, tree = layout_key(args)
     if key is None:
-        return _locked(Entry(stage(*args), None, ()))
+        return _locked(Entry(stage(*args), None, (), handle))
     try:
         c = cache_for(sig)
     except TypeError:                     # an unhashable option (a list in in_axes): no cache
@@ -393,7 +399,7 @@ def staged(sig, args, stage):
     shared = key[3]
     if shared and _writes_shared(g, owned, shared):      # never a derivative: its graph writes no argument
         owned, g, rec = _stage_on_copies(stage, leaves, tree, shared)
-    e = _locked(Entry(g, owned, rec.caps, names))
+    e = _locked(Entry(g, owned, rec.caps, handle, names))
     try:
         e.bind(leaves)
     except BaseException:
@@ -431,3 +437,20 @@ def clear_caches():
 
 def clear(sig):
     _CACHES.pop(sig, None)
+
+
+def loop_capacity(api, trip, e, inputs, arrays):
+    """The most turns a counted loop of trip count `trip` (one of a Program's `inputs`, bound to
+    `arrays`) runs, for a backend with static shapes to size its stack: its value now, the largest
+    over the instances under vmap. (A trip count computed in the graph has none: its stack grows.)"""
+    if CONTEXT.abstract:
+        raise TransformError(f"{api}: reverse mode through the counted loop at {e.info.where} saves each of "
+                             "its turns, and its trip count is an argument traced by JAX (eagle_fx.to_jax: its "
+                             "value is unknown while staging): cap the loop (`for _ in range(N): if not cell: "
+                             "break`) so its turns are bounded")
+    arr = arrays[inputs.index(trip)]
+    full = CONTEXT.batch_full.get(id(arr))
+    src = full if full is not None else arr
+    cap = int(np.max(src))
+    note_capacity(src, cap)
+    return cap

@@ -1,15 +1,25 @@
-"""A closed Program: what transforms hand each other.
+"""A closed Program: the first stage (Traced, as in JAX), what transforms hand each other.
 
 A Program, the arrays bound to its inputs (Extern planes), the tree of its result and how its
 result leaves are seen (a Jacobian's axes). Transforms read and make these without lowering
-anything; the outermost call lowers the one it runs, once (`lower`).
+anything; the outermost call lowers the one it runs, once. The stages:
+
+    Closed (traced)  --lowering.lower(closed, backend)-->  executable   (graph.Lowered holds both)
+    Lowered.compile()  -->  Graph, the handle that replays it (Graph.from_closed)
 """
 from __future__ import annotations
+
+from collections import namedtuple
+
+# what a record=True graph's staging knows that its Program does not (recording.py reads it):
+# written: (input place, its Var on exit) of each argument it writes; labelled: the Vars of its
+# labelled float buffers; shown: every value a name holds at the end; checkpoints: of each loop
+Recording = namedtuple("Recording", "written labelled shown checkpoints")
 
 
 class Closed:
     __slots__ = ("program", "planes", "tree", "n_results", "n", "backend", "mesh", "views", "record", "made", "extra",
-                 "tree_args")
+                 "tree_args", "keep", "recording", "transformed")
 
     def __init__(self, program, planes, tree, n_results, n, backend=None, mesh=None, views=None, record=False):
         self.program, self.planes, self.tree = program, list(planes), tree
@@ -19,6 +29,10 @@ class Closed:
         self.made = []                 # planes of arrays a plain function computed from its arguments while staging
         self.extra = None              # what a transform keeps for its caller (vjp's pullback)
         self.tree_args = {}            # builder argument name -> (tree, leaf planes) of a tree argument, for bind
+        self.keep = None               # Vars whose arrays outlive a replay (None: the result's)
+        self.recording = None          # a record=True graph's Recording: lowered to its vjp's forward half
+        self.transformed = True        # runs where transforms run: NumPy, or 'jax' (False: a builder's own
+        #                                graph, whose backend=None is chosen by its arrays and use_backend)
 
     def derive(self, program, planes, tree, n_results, views=None):
         """A closed Program a transform made from this one: the same sample count, backend and
@@ -31,17 +45,24 @@ class Closed:
     def has_result(self):
         return self.tree is not None
 
+    @property
+    def arrays(self):
+        """The arrays bound to the Program's inputs now."""
+        return [e.array for e in self.planes]
+
+    @property
+    def names(self):
+        return [e.name for e in self.planes]
+
     def result_vars(self):
         """(the Program's Vars of the result leaves, the result tree)."""
         return list(self.program.outputs[:self.n_results]), self.tree
 
-    def lower(self, lazy=False):
-        """The Graph running it (lowered now, or at its first run when `lazy`)."""
-        from .graph import Graph
-        return Graph._from_program(self.program, self.planes, self.tree, self.n_results, self.n, self.backend,
-                                   self.mesh, views=self.views, lazy=lazy, closed=self)
+    def kept(self):
+        """The Vars whose arrays must outlive a replay."""
+        return set(self.program.outputs[:self.n_results]) if self.keep is None else self.keep
 
 
 def closed_of(g):
     """The closed Program of a Graph (or a Closed itself)."""
-    return g if isinstance(g, Closed) else g._closed()
+    return g if isinstance(g, Closed) else g.closed

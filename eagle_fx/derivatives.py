@@ -17,6 +17,7 @@ from hawk_fx.diff import match_tree
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from . import cache, ir
+from .graph import Graph
 from .guards import release
 from .api import (Staged, Transformed, _refuse_jax_arrays, arg_names, argnums_checked,
                   argnums_of, float_array, graph_of, is_array, name_of, refuse_no_float, run, sig)
@@ -75,8 +76,9 @@ def jvp(f, primals, tangents):
     names = arg_names(f, len(primals))
     primals, tangents = _check_tangents(primals, tangents, names, api)
     if CONTEXT.transforming:                     # for the outer transform: lowered only if run
-        return _jvp_graph(f, primals, tangents, names, api).lower(lazy=True)
-    with cache.staged(sig("jvp", f), (primals, tangents), lambda p, t: _jvp_graph(f, p, t, names, api)) as e:
+        return Graph.from_closed(_jvp_graph(f, primals, tangents, names, api), lazy=True)
+    with cache.staged(sig("jvp", f), (primals, tangents), lambda p, t: _jvp_graph(f, p, t, names, api),
+                      Graph.from_closed) as e:
         return run(e.graph)
 
 
@@ -214,7 +216,7 @@ def vjp(f, *args, has_aux=False, checkpoints=None):
         c.extra = (s, seeds, n_out, out_tree)
         return c
     args, promoted = promote(args, range(len(args)))     # Python floats are differentiable, as in JAX
-    with cache.staged(sig("vjp", f, has_aux, *_opt(checkpoints)), args, make) as e:
+    with cache.staged(sig("vjp", f, has_aux, *_opt(checkpoints)), args, make, Graph.from_closed) as e:
         g = e.graph
         s, seeds, n_out, out_tree = e.closed.extra
         y, aux, _ = run(g)

@@ -33,19 +33,19 @@ class Record:
 
     def last_sites(self):
         """Which write of each buffer label ran last: what the label means in this run's gradients."""
-        return self._last if self._last is not None else self.graph._exe.last_sites()
+        return self._last if self._last is not None else self.graph.executable.last_sites()
 
     def residuals(self):
-        return self._residuals if self._residuals is not None else self.graph._exe.residual_arrays()
+        return self._residuals if self._residuals is not None else self.graph.executable.residual_arrays()
 
     def inputs(self):
-        return self._inputs if self._inputs is not None else self.graph._exe.input_arrays()
+        return self._inputs if self._inputs is not None else self.graph.executable.input_arrays()
 
     @property
     def nbytes(self) -> int:
         """Bytes this run saved for the reverse: its residuals, less the caller's arrays the graph
         reads and does not write (read where they lie; a copy() holds copies of them too)."""
-        saved = self._residuals if self._residuals is not None else self.graph._exe.saved_arrays()
+        saved = self._residuals if self._residuals is not None else self.graph.executable.saved_arrays()
         return sum(r.nbytes for r in saved)
 
     def __repr__(self):
@@ -54,7 +54,7 @@ class Record:
 
 def _check_fresh(record, api):
     g = record.graph
-    if record.generation is not None and record.generation != g._generation:
+    if record.generation is not None and record.generation != g.generation:
         raise RuntimeError(f"{api}: this record was overwritten by a later launch of the graph; reverse right after "
                            "the launch it describes, or keep it with `rec = g.record.copy()`")
 
@@ -65,24 +65,24 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
     if not isinstance(record, Record):
         raise TypeError(f"{api}: takes g.record of a graph built with record=True, got {type(record).__name__}")
     g = record.graph
-    names = g._gradient_names()
+    names = g.gradient_names()
     args = [n for n, (kind, _) in names.items() if kind in ("arg", "written")]
     if wrt is None:
         raise ValueError(f"{api}: a builder graph has no default gradients: pass wrt=(...) naming the arguments "
                          f"it could take: {', '.join(args)}")
     wrt = (wrt,) if isinstance(wrt, str) else tuple(wrt)
     _check_fresh(record, api)
-    unread = g._unread_args                      # arguments no node reads: their gradient is zero (as in JAX)
+    unread = g.unread_args                      # arguments no node reads: their gradient is zero (as in JAX)
     for w in wrt:
         if w not in unread and (w not in names or names[w][0] == "result"):
             raise KeyError(_unknown(api, w, [*(n for n in names if n != "result"), *unread]))
     _top_level_buffers(api, g, names, list(wrt) + [k for k in seeds if k != "result"])
-    h = g._exe.h
+    h = g.executable.h
     _refuse_loop_gaps(api, h, names, wrt)
     ct: dict = {}                                # place among the recorded outputs -> seed
     for key, seed in seeds.items():
         if key == "result":
-            want_leaves, want_tree = g._result_vars()
+            want_leaves, want_tree = g.result_vars()
             leaves = match_tree(seed, want_tree)        # dicts by key, in any order
             if leaves is None:
                 tree = tree_flatten(seed, is_leaf=lambda x: isinstance(x, np.ndarray))[1]
@@ -94,7 +94,8 @@ def reverse(record: Record, seeds: dict, wrt=None) -> dict:
             raise KeyError(_unknown(api, key))
         kind, (v_in, v_out) = names[key]
         _seed(ct, h, v_out, seed, api, key)
-    exe = h.backward_exe(record.residuals(), ct, g._exe.n, g._exe.backend)
+    exe = h.backward_exe(record.residuals(), ct, g.executable.n, g.executable.backend_entry,
+                         g.executable.runtime)
     exe.replay(1)
     out = {}
     for w in wrt:
@@ -130,7 +131,8 @@ def _seed(ct, h, v, s, api, name):
 
 
 def _top_level_buffers(api, g, names, keys):
-    top = set(g._program.inputs) | {v for e in g._program.eqns for v in e.outputs}
+    prog = g.program
+    top = set(prog.inputs) | {v for e in prog.eqns for v in e.outputs}
     for k in keys:
         if k in names and names[k][0] == "buffer" and names[k][1][0] not in top:
             raise ValueError(f"{api}: {k!r} is a buffer= made inside a device if/loop body, a value of one arm or "
@@ -165,30 +167,30 @@ def forward(record: Record, tangents: dict, of=None) -> dict:
     if not isinstance(record, Record):
         raise TypeError(f"{api}: takes g.record of a graph built with record=True, got {type(record).__name__}")
     g = record.graph
-    names = g._gradient_names()
+    names = g.gradient_names()
     if of is None:
-        of = ("result",) if g._has_result else tuple(n for n, (k, _) in names.items() if k == "written")
+        of = ("result",) if g.has_result else tuple(n for n, (k, _) in names.items() if k == "written")
     of = (of,) if isinstance(of, str) else tuple(of)
     _check_fresh(record, api)
-    h = g._exe.h
+    h = g.executable.h
     _refuse_loop_gaps(api, h, names, tangents)
     tan: dict = {}                               # place among the recorded inputs -> tangent
     for key, t in tangents.items():
-        if key not in g._unread_args and (key not in names or key == "result"):
+        if key not in g.unread_args and (key not in names or key == "result"):
             raise KeyError(_unknown(api, key))
-        want = g._unread_args[key] if key in g._unread_args else names[key][1][0].aval
+        want = g.unread_args[key] if key in g.unread_args else names[key][1][0].aval
         t = np.asarray(t)
         if t.shape != want.shape or t.dtype != want.dtype:
             raise ValueError(f"{api}: the tangent for {key!r} has shape {t.shape} and dtype {t.dtype}; {key!r} is "
                              f"{want.shape} {want.dtype}: pass an array of that shape and dtype")
-        if key in g._unread_args:
+        if key in g.unread_args:
             continue                             # no node reads it: its tangent moves nothing
         kind, (v_in, _) = names[key]
         tan[h.probe_place(v_in, record.last_sites()) if kind == "buffer" else h.inputs.index(v_in)] = t
     for o in of:
         if o not in names:
             raise KeyError(_unknown(api, o))
-    exe = h.jvp_exe(g._exe.n)
+    exe = h.jvp_exe(g.executable.n)
     prog = h._jvp_prog
     primals = record.inputs()
     nq = len(h.q.inputs)
@@ -209,7 +211,7 @@ def forward(record: Record, tangents: dict, of=None) -> dict:
     out = {}
     for o in of:
         if o == "result":
-            leaves, tree = g._result_vars()
+            leaves, tree = g.result_vars()
             out[o] = tree_unflatten(tree, [_tangent(t_out, h, v) for v in leaves])
         else:
             out[o] = _tangent(t_out, h, names[o][1][1])

@@ -15,8 +15,9 @@ the residual boundary (transforms/split.py):
     read where they lie;
   * the backward half (residuals, cotangents -> input cotangents) is lowered once, on the first
     `eagle_fx.diff.reverse`, and replayed with the record's residuals and the seeds bound;
-  * both halves run on the graph's backend: NumPy, or JAX (NumPy arrays with backend="jax"; its
-    stacks have static sizes, so a checkpointed record is refused at build there);
+  * both halves run on the graph's backend, a registry entry that supports records: NumPy, or
+    JAX (NumPy arrays with backend="jax"; its stacks have static sizes, so a checkpointed record
+    is refused at build there);
   * `eagle_fx.diff.forward` runs jvp_graph of the same Program on the recorded run's inputs.
 """
 from __future__ import annotations
@@ -26,7 +27,10 @@ import numpy as np
 from hawk_fx.core import NO_INFO, Eqn, Literal, Program, RuleTable, Var
 
 from . import ir
+from .backends import registry
+from .backends.jax_lower import LoweringError
 from .backends.numpy import NumpyExecutable
+from .cache import loop_capacity
 from .transforms.jvp_graph import jvp_graph
 from .transforms.program import is_float
 from .transforms.split import split, without_zero_inputs
@@ -84,19 +88,20 @@ class Halves:
         RecordedExecutable.last_sites of that run); None for a label with no probe (not a float)."""
         return len(self.inputs) + last[label] if label in last else None
 
-    def backward_exe(self, residuals, seeds, n, backend="numpy"):
+    def backward_exe(self, residuals, seeds, n, backend, runtime=None):
         """The backward executable reading `residuals` and the seeds ({q output place: array}) where
         they lie: no copy. A cotangent not seeded reads a private zeros array (the backward is
-        functional: it writes none of its inputs). It runs on the forward's backend."""
+        functional: it writes none of its inputs). It runs on the forward's backend (its entry)."""
         if self._bw is None:
             self._zero_cts = [np.zeros(v.aval.shape, v.aval.dtype) for v in self.backward.inputs[len(residuals):]]
-            self._bw = _executable(backend, self.backward, list(residuals) + self._zero_cts, n)
+            self._bw = registry.make(backend, self.backward, list(residuals) + self._zero_cts, set(), n,
+                                     runtime=runtime)
         exe = self._bw
         arrays = list(residuals) + list(self._zero_cts)
         for k, j in self.ct_of.items():
             if k < self.seedable and k in seeds:
                 arrays[len(residuals) + j] = seeds[k]
-        if backend != "numpy":          # JAX reads its arguments at each replay; CUDA rebinds its nodes
+        if not isinstance(exe, NumpyExecutable):     # its arguments are read at each replay: rebinding is free
             for i, arr in enumerate(arrays):
                 exe.rebind(i, arr)
             return exe
@@ -113,18 +118,8 @@ class Halves:
         if self._jvp is None:
             self._jvp_prog, _ = jvp_graph(self.q, self.wrt, force=[True] * len(self.q.outputs))
             arrays = [np.zeros(v.aval.shape, v.aval.dtype) for v in self._jvp_prog.inputs]
-            self._jvp = NumpyExecutable(self._jvp_prog, arrays, set(), n)
+            self._jvp = registry.make(registry.get("numpy"), self._jvp_prog, arrays, set(), n)
         return self._jvp
-
-
-def _executable(backend, prog, arrays, n, names=None):
-    if backend == "jax":
-        from .backends.jax import JaxExecutable
-        return JaxExecutable(prog, arrays, set(), n, names)
-    if backend != "numpy":                  # a CUDA runtime: one CUDA graph
-        from .backends.cuda_graph import CudaExecutable
-        return CudaExecutable(prog, arrays, set(), n, runtime=backend, names=names)
-    return NumpyExecutable(prog, arrays, set(), n)
 
 
 def _probe(prog, labels):
@@ -380,9 +375,9 @@ class RecordedExecutable:
     """Runs the forward half for a record=True graph, as the graph's executable: array_of answers
     for the graph's own Vars, and the arguments it writes are written back after each run."""
 
-    def __init__(self, halves: Halves, arrays, written, n, backend="numpy", names=None):
-        self.h, self.n, self.backend = halves, n, backend
-        self.backend_name = "cpu" if backend == "numpy" else getattr(backend, "name", backend)
+    def __init__(self, halves: Halves, arrays, written, n, entry, names=None, runtime=None):
+        self.h, self.n, self.backend_entry, self.backend = halves, n, entry, entry.name
+        self.runtime = runtime          # a CUDA graph's runtime (None elsewhere): the backward runs on it too
         # a written argument: the forward reads a private copy of it on entry (what the derivatives
         # read, views included), and its value on exit is copied into the caller's array
         self.user = {i: arrays[i] for i, _ in written}
@@ -390,7 +385,8 @@ class RecordedExecutable:
         arrays = [self.entry.get(i, a) for i, a in enumerate(arrays)]
         probes = [np.zeros(v.aval.shape, v.aval.dtype) for v in halves.q.inputs[len(arrays):]]
         names = list(names or []) + [None] * len(probes)
-        self.exe = _executable(backend, halves.forward, list(arrays) + probes, n, names)
+        self.exe = registry.make(entry, halves.forward, list(arrays) + probes, set(), n, names, runtime=runtime)
+        self.backend_name = self.exe.backend_name
         f = halves.forward
         self.var = {v: f.outputs[k] for v, k in halves.index.items()}
         self.var.update(zip(halves.inputs, f.inputs))
@@ -438,38 +434,34 @@ class RecordedExecutable:
         return [self.exe.array_of(r) for r in self.h.residuals if r not in given]
 
 
-def recorded_executable(g, keep, arrays, n, backend="numpy") -> RecordedExecutable:
-    """The executable of record=True graph `g` (its Program staged, `keep` the Vars it shows) on
-    `backend`: "numpy", whose stacks of saved turns grow with the turns run, or "jax", whose
-    stacks have static sizes: a counted loop's trip count now (a replay checks it), a capped
-    loop's cap; a loop with neither, or checkpoints=, is refused at build (jax_lower.py)."""
-    t, prog = g._trace, g._program
-    names = [e.name for e in t.input_planes]
-    written = [(i, final) for i, (v, e) in enumerate(zip(prog.inputs, t.input_planes))
-               if (final := t.root.current.get(e, v)) is not v]
-    labelled = [t.buffer_value(h) for h in t.buffers if h.label and h.var is not None]
+def recorded_executable(closed, entry, arrays, n, runtime=None) -> RecordedExecutable:
+    """The executable of a record=True graph's closed Program (`closed.recording`: what its
+    staging wrote and labelled) on `entry`: one with growing stacks (NumPy), whose stacks of saved
+    turns grow with the turns run, or one with static ones (JAX), sized now: a counted loop's trip
+    count (a replay checks it), a capped loop's cap; a loop with neither, or checkpoints=, is
+    refused at build (jax_lower.py)."""
+    prog, rec = closed.program, closed.recording
+    names = [e.name for e in closed.planes]
     capacity = lambda trip, e: None                                   # noqa: E731
-    if backend == "jax":
+    if not entry.supports_growing_stacks:
         if any(not isinstance(a, np.ndarray) for a in arrays):
-            raise NotImplementedError(f"{API}: record=True graphs on backend 'jax' take NumPy arrays (the record "
-                                      "is kept on the host), not jax.Arrays; pass NumPy arrays with "
-                                      "eagle.Graph(record=True, backend='jax'), or differentiate with "
+            raise NotImplementedError(f"{API}: record=True graphs on backend {entry.name!r} take NumPy arrays (the "
+                                      "record is kept on the host), not jax.Arrays; pass NumPy arrays with "
+                                      f"eagle.Graph(record=True, backend={entry.name!r}), or differentiate with "
                                       "eagle_fx.to_jax and jax.grad")
-        from .api import loop_capacity
         capacity = lambda trip, e: loop_capacity(API, trip, e, list(prog.inputs), arrays)    # noqa: E731
-    halves = Halves(prog, [f for _, f in written] + labelled, list(keep) + list(t.root.current.values()), labelled,
-                    capacity, g._checkpoints)
-    if backend == "jax":
-        _refuse_revolve(halves.backward)     # now, not at the first reverse, where the backward is compiled
-    return RecordedExecutable(halves, arrays, written, n, backend, names)
+    halves = Halves(prog, [f for _, f in rec.written] + rec.labelled, list(closed.keep) + list(rec.shown),
+                    rec.labelled, capacity, rec.checkpoints)
+    if not entry.supports_growing_stacks:
+        _refuse_revolve(halves.backward, entry)     # now, not at the first reverse, where the backward is compiled
+    return RecordedExecutable(halves, arrays, rec.written, n, entry, names, runtime)
 
 
-def _refuse_revolve(prog):
-    from .backends.jax_lower import LoweringError
+def _refuse_revolve(prog, entry):
     for e in prog.eqns:
         if e.prim is ir.revolve_p:
             raise LoweringError(f"{API}: the reverse pass through the device loop at {e.info.where} is checkpointed "
-                                "(checkpoints=), which runs on the NumPy backend; on backend='jax', record without "
-                                "checkpoints (its stacks hold the loop's cap or trip count)")
+                                f"(checkpoints=), which runs on the NumPy backend; on backend={entry.name!r}, record "
+                                "without checkpoints (its stacks hold the loop's cap or trip count)")
     for q in prog.subprograms():
-        _refuse_revolve(q)
+        _refuse_revolve(q, entry)

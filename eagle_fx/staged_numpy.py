@@ -401,7 +401,7 @@ class NdarrayProtocol:
         return stage_function(func, args, kwargs, self._where())
 
     def __array__(self, dtype=None, copy=None):
-        if self.graph is None or self.graph._exe is None:
+        if self.graph is None or not self.graph.is_built:
             raise TypeError(f"eagle.Graph.builder {self._where()}: a staged plane ({self.aval}) is converted to a "
                             "NumPy array while the graph is being built; it has no value yet, and a value read now "
                             "would be baked into every replay: compute with kernels, or with NumPy ufuncs and "
@@ -412,7 +412,7 @@ class NdarrayProtocol:
         return a if dtype is None else a.astype(dtype)
 
     def _no_value(self, what):
-        if self.graph is not None and self.graph._exe is not None:
+        if self.graph is not None and self.graph.is_built:
             return self._array()
         raise TypeError(f"eagle.Graph.builder {self._where()}: {what} of a staged plane ({self.aval}); it has no value "
                         "while the graph is being built, and one read now would be baked into every replay: "

@@ -76,25 +76,25 @@ class Plane(staged_numpy.NdarrayProtocol):
         if self.graph is None:
             raise TypeError(f"eagle.Graph.builder {_here()}: a builder argument is used before its graph exists; "
                             "create it first: g = eagle.Graph()")
-        if self.graph._builder is not None and _finished(self.graph) and self.graph not in CONTEXT.host_nodes:
+        if self.graph.made_by is not None and _finished(self.graph) and self.graph not in CONTEXT.host_nodes:
             _refuse_foreign(self, use)
 
     def _array(self):
         self._check_use()
-        arr = self.graph._array_of_plane(self)
+        arr = self.graph.array_of(self)
         if arr is None:
             raise RuntimeError(f"eagle: plane {self.label or ''!r} has no value yet: build the graph "
                                "(`g.build()`, or call the builder) and launch it first")
         return arr
 
     def __repr__(self):
-        arr = self.graph._array_of_plane(self) if self.graph is not None else None
+        arr = self.graph.array_of(self) if self.graph is not None else None
         if arr is None:
             return f"<eagle plane {self.label or ''} {self.aval} (not built yet)>"
         return repr(arr)
 
     def __str__(self):
-        arr = self.graph._array_of_plane(self) if self.graph is not None else None
+        arr = self.graph.array_of(self) if self.graph is not None else None
         return str(arr) if arr is not None else repr(self)
 
     @property
@@ -125,14 +125,14 @@ class Plane(staged_numpy.NdarrayProtocol):
         if self.graph is None:
             raise TypeError(f"eagle.Graph.builder {_here()}: {what} on a builder argument before the graph "
                             "exists; create it first: g = eagle.Graph()")
-        if self.graph._exe is not None:
+        if self.graph.is_built:
             self._check_use(f"eagle: {what}")       # a builder's plane after its builder finished: a leak
             return None
-        return self.graph._trace
+        return self.graph.trace
 
     def _derived(self, key, shape):
         """A view of this plane (views.ViewKey / ReshapeKey): a handle, nothing staged until it is read."""
-        t = self.graph._trace
+        t = self.graph.trace
         if shape and shape[-1] != self.aval.shape[-1]:
             t.view_ns.update((shape[-1], self.aval.shape[-1]))
         h = Plane(self.graph, ir.plane_aval(shape, self.aval.dtype), key=key)     # its name is its own
@@ -602,13 +602,13 @@ def _aliased(values, i, among) -> bool:
 
 
 def _finished(graph) -> bool:
-    return graph._exe is not None or graph._trace not in CONTEXT.graph_stagers
+    return graph.is_built or graph.trace not in CONTEXT.graph_stagers
 
 
 def _refuse_foreign(plane: Plane, use):
     """A plane of another graph: leaked from a builder that has finished, or an outer graph's."""
     g = plane.graph
-    by = f"eagle.Graph.builder {g._builder.__name__}" if getattr(g, "_builder", None) else "another graph"
+    by = f"eagle.Graph.builder {g.made_by.__name__}" if getattr(g, "made_by", None) else "another graph"
     at = f" at {plane.info.where}" if plane.info is not None and plane.info.where else ""
     name = f" {plane.label!r}" if plane.label else ""
     if _finished(g):
@@ -978,7 +978,7 @@ class Runtime(RuntimeBase):
         device, state, _ = self._decide_device(cond_fn, body_fn, state, None, line)
         if device:
             trace = active_trace()
-            if trace.graph._record:
+            if trace.graph.recorded:
                 raise ValueError(f"{self.where(line)}: an uncapped device loop cannot be recorded (record=True): "
                                  "cap it: for _ in range(N): if not cell: break")
             warnings.warn_explicit(UncappedLoopWarning(

@@ -19,7 +19,6 @@ The backward runs the forward again (nothing is kept between the two but the arg
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from hawk_fx.caches import LRU
@@ -27,8 +26,12 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.emit.jax import is_jax_array, require_jax
 from hawk_fx.tree import tree_unflatten
 
+from .api import Staged, stage
 from .backends.jax_lower import lower
+from .backends.select import use_backend
 from .cache import MAXSIZE, names_read, static_key, unchanged
+from .derivatives import vjp_program
+from .transforms.program import dce
 
 API = "eagle_fx.to_jax"
 _OPAQUE = ("is a host function; inside a pure JAX function there are no host arrays for it to read "
@@ -43,8 +46,6 @@ class _Signature:
     """One staging of the builder: the lowered forward and (lazily) backward."""
 
     def __init__(self, f, args, names):
-        from .api import Staged, stage
-        from .backends.select import use_backend
         self.f, self.names = f, names
         self.positions = [k for k, a in enumerate(args) if _is_arraylike(a)]
         self.placeholders = [_placeholder(a) if _is_arraylike(a) else a for a in args]
@@ -103,9 +104,6 @@ class _Signature:
     def backward(self):
         """(fn, planes): fn(*inputs, *cotangents of the float results) -> a cotangent per float argument."""
         if self._backward is None:
-            from .derivatives import vjp_program
-            from .backends.select import use_backend
-            from .transforms.program import dce
             with use_backend("jax"), _abstract():
                 s = self._stage_for_vjp()
                 prog = vjp_program(s, [(k, 0) for k in self.float_args], API)
@@ -145,7 +143,7 @@ def _offsets(view, base):
 
 
 def _take(x, offsets, shape):
-    import jax.numpy as jnp
+    import jax.numpy as jnp  # lazy: jax is an optional dependency
     if (offsets.ravel() == np.arange(offsets.size)).all():
         return jnp.reshape(x, shape)
     return jnp.reshape(x, (-1,))[offsets]

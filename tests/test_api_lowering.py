@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import eagle_fx as ef
-import eagle_fx.graph as graph_module
+import eagle_fx.backends.registry as graph_module
 from tour_kernels import cell, loss
 
 jax = pytest.importorskip("jax")

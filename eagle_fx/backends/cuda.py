@@ -14,6 +14,8 @@ Its parts, one concern each:
     eagle_fx.testing.fake_cuda
                              the recording fake of the builder and runtime (the "fake-cuda"
                              backend), how all of the above is tested without a GPU
+    registry.py              the registered backends ('cuda', and 'fake-cuda' from eagle_fx.testing)
+                             and what each supports (a capability an entry lacks is refused there)
     select.py                which backend a graph runs on (`choose`, `use_backend`)
 
 This module gathers their public names. `require_gpu()` is raised when a graph over CuPy arrays is

@@ -173,6 +173,7 @@ class JaxExecutable:
         # back). jax.Arrays are never donated: the caller may hold them.
         self.donated = () if self.on_jax else tuple(sorted({i for _, i in self.written}))
         self._jit = jax.jit(lambda *xs: fn(*xs), in_shardings=shardings, donate_argnums=self.donated)
+        self._lowered_fn = None
         self._compiled = None
         self._lean = False
         self.values = None          # the outputs of the last replay (jax mode), in out_vars order
@@ -189,15 +190,25 @@ class JaxExecutable:
         if compile_now if compile_now is not None else not CONTEXT.lazy_compile:
             self.compile()
 
-    def compile(self):
-        """Trace and compile for the bound arrays' shapes (and shardings): once per build."""
-        import jax
-        if self._compiled is None:
+    def _lowered(self):
+        """The jitted function traced and lowered for the bound arrays' shapes (and shardings), once."""
+        import jax  # lazy: jax is an optional dependency
+        if self._lowered_fn is None:
             structs = []
             for k, a in enumerate(self.arrays):
                 sh = getattr(a, "sharding", None) if self.on_jax else (self.shardings[k] if self.shardings else None)
                 structs.append(jax.ShapeDtypeStruct(np.shape(a), np.dtype(a.dtype), sharding=sh))
-            self._compiled = self._jit.lower(*structs).compile()
+            self._lowered_fn = self._jit.lower(*structs)
+        return self._lowered_fn
+
+    def as_text(self) -> str:
+        """The StableHLO text of the lowered function (what XLA compiles)."""
+        return self._lowered().as_text()
+
+    def compile(self):
+        """Trace and compile for the bound arrays' shapes (and shardings): once per build."""
+        if self._compiled is None:
+            self._compiled = self._lowered().compile()
             lw = self.lowering            # traced now: its host nodes and trip checks are known
             self._lean = self.on_jax and not (lw.trip_checks or lw.has_host)
         return self._compiled

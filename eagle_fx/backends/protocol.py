@@ -3,7 +3,7 @@
 A backend LOWERS a Program, with the arrays it runs on, to an executable, once, when a graph is
 built; the executable REPLAYS it with no re-tracing and no re-lowering:
 
-    lower   Executable(program, input_arrays, keep, n, **backend_options)
+    lower   registry.make(entry, program, input_arrays, keep, n, names, mesh, runtime)
               program        the staged Program (hawk_fx.core.Program)
               input_arrays   the arrays of program.inputs, in order: the caller's (used in place:
                              Mutable arguments and buffer= arrays are written back into them)
@@ -22,7 +22,9 @@ Optional: `enqueue(times)` / `synchronize()` where replays run asynchronously (C
 
 The three backends implement it: numpy.py (NumpyExecutable), jax.py (JaxExecutable) and
 cuda_graph.py (CudaExecutable); recording.py's RecordedExecutable (a record=True graph) too.
-select.py chooses the backend of a graph from its arrays or from `backend=`.
+Each backend is an entry of registry.py, where its executables are made (`registry.make`);
+select.py resolves a graph's arrays and `backend=` to an entry, and eagle_fx/lowering.py's
+`lower` is the one way a graph's closed Program becomes its executable.
 """
 from __future__ import annotations
 
