@@ -270,7 +270,6 @@ class GraphStaging:
         leaves, tree = tree_flatten(self._result_tree, is_leaf=lambda x: isinstance(x, Plane) or staging.is_array(x))
         return list(self._program.outputs[:len(leaves)]), tree
 
-    _result_vars = result_vars      # the name dot.py reads
 
     def gradient_names(self):
         """What eagle_fx.diff differentiates by name: name -> (kind, (Var on entry / of the buffer, Var on exit))."""

@@ -208,7 +208,7 @@ def _leaf_paths(tree, path="result"):
 def to_dot(graph) -> str:
     """The Graphviz DOT text of a graph (builds it first when needed)."""
     prog: Program = graph.program
-    t = graph._trace
+    t = graph.trace
     d = _Drawing()
     d.lines += ["digraph eagle_graph {", '  rankdir=TB; node [fontname="Helvetica"]; edge [fontname="Helvetica"];']
     env = {}
@@ -227,7 +227,7 @@ def to_dot(graph) -> str:
         if h.var is not None and h.var in env:
             b = d.node(f"buffer {h.label}" if h.label else "buffer", "  ", shape="cylinder", color="gray40")
             d.edge(env[h.var], b, style="dotted", arrowhead="none")
-    results, tree = graph._result_vars() if graph._has_result else ([], None)
+    results, tree = graph.result_vars() if graph.has_result else ([], None)
     paths = _leaf_paths(tree) if tree is not None else []
     for k, v in enumerate(prog.outputs):
         if v not in env:
