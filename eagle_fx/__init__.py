@@ -10,15 +10,15 @@
     g()                 # replay
 """
 from . import diff
-from .cache import clear_caches
-from .eager import disable_staging
+from .frontend.cache import clear_caches
+from .frontend.eager import disable_staging
 from .api import make_graph, make_program
 from .batching import vmap
 from .derivatives import grad, jvp, value_and_grad, vjp
 from .jacobians import hessian, jacfwd, jacrev
-from .building import Branch, Fork, opaque
+from .frontend.building import Branch, Fork, opaque
 from .graph import Graph
-from .staging import UncappedLoopWarning
+from .frontend.staging import UncappedLoopWarning
 from .to_jax import to_jax
 
 __version__ = "0.1.0"

@@ -14,10 +14,10 @@ This module holds what every transform shares: the transformed-function object, 
 function into a Graph, and a staged graph seen as a function of its arguments' leaves. The
 transforms live in derivatives.py (jvp, vjp, grad, value_and_grad), jacobians.py and batching.py.
 
-Transforms hand each other closed Programs (eagle_fx/closed.py: a Program, its bound arrays and
+Transforms hand each other closed Programs (eagle_fx/ir/closed.py: a Program, its bound arrays and
 result tree), and only the outermost call lowers one, once: builders staged inside a transform
 close their graphs without lowering them. A transformed function, called, replays a cached graph
-for the arguments' layout and returns copies of its result (eagle_fx/cache.py); `.graph(*args)`
+for the arguments' layout and returns copies of its result (eagle_fx/frontend/cache.py); `.graph(*args)`
 gives a new Graph (bind, launch and result work on it). vmap of a builder is a builder: it returns
 the Graph. Inside a function handed to a transform (vmap(lambda x, t: eagle_fx.jvp(f, (x,), (t,)))),
 transformed functions and jvp return Graphs lowered only if run, for the outer transform to take.
@@ -34,21 +34,21 @@ from hawk_fx.emit.jax import is_jax_array
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten
 
-from . import cache
-from .cache import loop_capacity
-from .building import Builder
-from .closed import Closed, closed_of
-from .eager import disable_staging
+from .frontend import cache
+from .backends.recording import loop_capacity
+from .frontend.building import Builder
+from .ir.closed import Closed, closed_of
+from .frontend.eager import disable_staging
 from .graph import Graph
-from .guards import ValueReadError, guarding, other_values, release, where
-from .staging import Plane
+from .frontend.guards import ValueReadError, guarding, other_values, release, where
+from .frontend.staging import Plane
 from .transforms.program import TransformError, dce
 
 
 
 class Transformed(cache.Cached):
     """A function a transform made. `graph(*args)`: a new Graph it runs for these arguments.
-    Called, it replays a cached graph for the arguments' layout (see eagle_fx.cache).
+    Called, it replays a cached graph for the arguments' layout (see eagle_fx.frontend.cache).
 
     prepare(args) -> (args, restore): turns the arguments into what the graph takes (a Python
     float to differentiate becomes a one-cell array) and restore(values) gives the result back

@@ -14,10 +14,11 @@ from hawk_fx.core import Eqn, Var
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
-from . import cache, ir
-from .building import Builder
+from .frontend import cache
+from . import ir
+from .frontend.building import Builder
 from .api import Transformed, is_array, name_of, sig, stage
-from .staging import Extern
+from .frontend.staging import Extern
 from .transforms.program import written_inputs
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
 

@@ -16,12 +16,13 @@ from hawk_fx.core import Eqn, Var
 from hawk_fx.diff import match_tree
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
-from . import cache, ir
+from .frontend import cache
+from . import ir
 from .graph import Graph
-from .guards import release
+from .frontend.guards import release
 from .api import (Staged, Transformed, _refuse_jax_arrays, arg_names, argnums_checked,
                   argnums_of, float_array, graph_of, is_array, name_of, refuse_no_float, run, sig)
-from .staging import Extern
+from .frontend.staging import Extern
 from .transforms.jvp_graph import jvp_graph
 from .transforms.program import TransformError, ct_aval, is_float
 from .transforms.vjp_graph import vjp_graph

@@ -24,15 +24,15 @@ from hawk_fx.emit.jax import is_jax_array
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
 
-from . import eager, staging, views
+from .frontend import eager, staging, views
 from .backends import select
-from .analysis import count_nodes, count_stages
-from .building import Builder, GraphStaging, opaque  # noqa: F401  (opaque: `from eagle_fx.graph import opaque`)
-from .closed import Closed
+from .ir.analysis import count_nodes, count_stages
+from .frontend.building import Builder, GraphStaging, opaque  # noqa: F401  (opaque: `from eagle_fx.graph import opaque`)
+from .ir.closed import Closed
 from .diff import Record
-from .dot import to_dot, to_svg
-from .lowering import lower
-from .staging import Plane
+from .ir.dot import to_dot, to_svg
+from .backends.lowering import lower
+from .frontend.staging import Plane
 
 
 def _rebuild(t, leaves, k):

@@ -5,7 +5,7 @@
 
 The builder is staged once per signature (the shapes and dtypes of the array arguments, the values
 of the others, which are static, by type and bits: 0.0 and -0.0 differ), on placeholder NumPy
-arrays: staging decides by types, never by values; as in the transforms' cache (eagle_fx/cache.py),
+arrays: staging decides by types, never by values; as in the transforms' cache (eagle_fx/frontend/cache.py),
 a signature is staged again once a kernel or global its staging read by name is rebound. Its
 Program is lowered to jax.numpy and lax control flow (backends/jax_lower.py) and the function
 returns the declared result tree (`g.result`), nothing else: a Mutable write to an argument is not
@@ -29,7 +29,7 @@ from hawk_fx.tree import tree_unflatten
 from .api import Staged, stage
 from .backends.jax_lower import lower
 from .backends.select import use_backend
-from .cache import MAXSIZE, names_read, static_key, unchanged
+from .frontend.cache import MAXSIZE, names_read, static_key, unchanged
 from .derivatives import vjp_program
 from .transforms.program import dce
 

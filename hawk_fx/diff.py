@@ -17,10 +17,11 @@ import numpy as np
 
 from . import math as hm
 from . import prims
-from .core import SAMPLE, UNIFORM, AVal, Literal, Program, ProgramTrace, RuleTable, Var
+from .core import SAMPLE, UNIFORM, AVal, Eqn, Literal, Program, ProgramTrace, RuleTable, Var, abstract_eval
 from .emit.numpy import NumpyKernel
-from .trace import KTracer
-from .tree import tree_flatten
+from .kernel import BodySpec
+from .trace import KTracer, as_aval
+from .tree import node_children, tree_flatten
 
 P = prims.P
 LN2, LN10 = float(np.log(2.0)), float(np.log(10.0))
@@ -311,7 +312,6 @@ def _einsum_chain(spec, ops):
 
 
 def _aval(x) -> AVal:
-    from .trace import as_aval
     return as_aval(x)
 
 
@@ -511,7 +511,6 @@ class KernelVJP:
 def match_tree(value, tree):
     """The leaves of `value` in the order of TreeDef `tree` (a dict matches by its keys, in any
     order), or None when the structures differ."""
-    from .tree import node_children
     leaves = []
 
     def go(v, t):
@@ -634,7 +633,6 @@ def kernel_jvp(spec) -> KernelJVP:
 def _conform(prog: Program, avals) -> Program:
     """`prog` with each output given exactly `avals[j]`: a literal zero or a uniform tangent becomes
     a broadcast, a weak or other dtype a cast. A call's output buffers have these shapes."""
-    from .core import Eqn, abstract_eval
     eqns, outs = list(prog.eqns), []
     for a, want in zip(prog.outputs, avals):
         for prim, params, bad in ((prims.broadcast_p, {"shape": want.shape, "kind": want.kind},
@@ -651,7 +649,6 @@ def _conform(prog: Program, avals) -> Program:
 def jvp_spec(spec, flags):
     """The call body (params..., tangents of the flagged params...) -> (outputs..., a tangent per
     output), for the kernel Specialization (or BodySpec) `spec`."""
-    from .kernel import BodySpec
     cache = spec.__dict__.setdefault("_jvp_specs", {})
     key = tuple(bool(f) for f in flags)
     if key not in cache:
@@ -664,7 +661,6 @@ def jvp_spec(spec, flags):
 def vjp_spec(spec):
     """The call body (params..., a cotangent per output...) -> a cotangent per differentiable
     param (those `kernel_vjp(spec).wrt` flags), for `spec`."""
-    from .kernel import BodySpec
     body = spec.__dict__.get("_vjp_spec")
     if body is None:
         vjp_ = kernel_vjp(spec)

@@ -19,6 +19,7 @@ from .core import SAMPLE, UNIFORM, AVal, Program, Tracer, literal_aval
 from .emit.jax import eager_call, is_jax_array
 from .emit.numpy import NumpyKernel, overlapping_inputs
 from .context import CONTEXT
+from .cuda_runtime import call_kernel
 from .roles import Role
 from .source import parse_function
 from .trace import UNDEF, TraceError, convert_kernel, trace_body
@@ -435,7 +436,6 @@ class Kernel:
         if any(is_jax_array(v) for v in values):     # jax.Arrays (or tracers): jax.numpy, jitted
             return tree_unflatten(spec.tree, eager_call(spec, values, n))
         if any(_is_cuda_array(v) for v in values):   # CuPy arrays: the emitted CUDA kernel, on the GPU
-            from .cuda_runtime import call_kernel
             return tree_unflatten(spec.tree, call_kernel(spec, values, n))
         self._fast = spec.fast
         spec.check_count(n)

@@ -10,7 +10,7 @@ import opt_einsum
 
 from .core import Tracer
 from .prims import P
-from .trace import current_kernel_trace
+from .context import CONTEXT
 
 __all__ = ["abs", "sign", "floor", "ceil", "round", "trunc", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "expm1",
            "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh",
@@ -153,7 +153,7 @@ def vec(*xs):
     """A Vector from its components: vec(a, b, c)."""
     if len(xs) == 1 and isinstance(xs[0], (list, tuple)):
         xs = tuple(xs[0])
-    trace = current_kernel_trace()
+    trace = CONTEXT.innermost("kernel_traces")
     if trace is not None and not any(isinstance(x, Tracer) for x in xs):
         return trace.process(P["stack"], xs, {})[0]     # numbers only: a weak Vector of the body
     return P["stack"].bind(*xs)

@@ -1,6 +1,6 @@
 """Reading a user function's source, recompiling a rewritten AST of it, and naming user lines.
 
-Shared by the kernel pass (hawk_fx.trace) and the builder pass (eagle_fx.autograph). Rewritten code
+Shared by the kernel pass (hawk_fx.trace) and the builder pass (eagle_fx.frontend.autograph). Rewritten code
 keeps the user's file name and line numbers, so tracebacks and our messages point at their code.
 """
 from __future__ import annotations

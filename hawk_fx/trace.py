@@ -17,8 +17,9 @@ import sys
 import numpy as np
 
 from . import prims
-from .core import NO_INFO, SAMPLE, UNIFORM, AVal, EqnInfo, ProgramTrace, Tracer
+from .core import NO_INFO, SAMPLE, UNIFORM, AVal, EqnInfo, ProgramTrace, Tracer, literal_aval
 from .context import CONTEXT
+from .math import matmul
 from .source import SourceInfo, assigned_names, parse_function, recompile, user_line
 
 P = prims.P
@@ -130,7 +131,7 @@ class KTracer(Tracer):
         name = _OPERATOR_UFUNCS.get(ufunc)
         if name is not None and method == "__call__" and not kw and len(inputs) == 2:
             # an array on the left of an operator (`W * v`, `R @ v`): NumPy hands the operator to us
-            return _matmul(*inputs) if name == "matmul" else P[name].bind(*inputs)
+            return matmul(*inputs) if name == "matmul" else P[name].bind(*inputs)
         self._fail(f"np.{ufunc.__name__} was called on a traced value",
                    f"use hawk.math ({'hm.' + ufunc.__name__}) inside a kernel")
 
@@ -220,8 +221,8 @@ KTracer.__neg__ = lambda self: P["neg"].bind(self)
 KTracer.__pos__ = lambda self: self
 KTracer.__abs__ = lambda self: P["abs"].bind(self)
 KTracer.__invert__ = lambda self: _invert(self)
-KTracer.__matmul__ = lambda self, other: _matmul(self, other)
-KTracer.__rmatmul__ = lambda self, other: _matmul(other, self)
+KTracer.__matmul__ = lambda self, other: matmul(self, other)
+KTracer.__rmatmul__ = lambda self, other: matmul(other, self)
 KernelTrace.tracer_type = KTracer
 
 
@@ -230,11 +231,6 @@ _OPERATOR_UFUNCS = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.tr
                     np.floor_divide: "floordiv", np.remainder: "mod", np.power: "pow", np.matmul: "matmul",
                     np.less: "lt", np.less_equal: "le", np.greater: "gt", np.greater_equal: "ge",
                     np.equal: "eq", np.not_equal: "ne", np.bitwise_and: "and", np.bitwise_or: "or"}
-
-
-def _matmul(a, b):
-    from .math import matmul
-    return matmul(a, b)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,7 +425,6 @@ def kind_of(x) -> str:
 def as_aval(x) -> AVal:
     if isinstance(x, Tracer):
         return x.aval
-    from .core import literal_aval
     return literal_aval(x)
 
 

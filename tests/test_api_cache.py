@@ -90,7 +90,7 @@ def test_a_longer_counted_loop_stages_again_a_shorter_one_replays():
 
 
 def test_lru_bound_and_clearing(monkeypatch):
-    from eagle_fx import cache
+    from eagle_fx.frontend import cache
     monkeypatch.setattr(cache, "MAXSIZE", 3)
 
     @ef.Graph.builder

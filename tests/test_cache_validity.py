@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import eagle_fx as ef
 import hawk_fx as hawk
-from eagle_fx import cache
+from eagle_fx.frontend import cache
 from eagle_fx.backends.select import use_backend
 from hawk_fx import Mutable, Param, Scalar
 from test_one_reverse_mode import settle_counted

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import eagle_fx as eagle
-from eagle_fx import dot as eagle_dot
+from eagle_fx.ir import dot as eagle_dot
 from eagle_fx.graph import opaque
 import tour_builders as tk
 from tour_kernels import cell

@@ -33,7 +33,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 
 # the generated uncapped loops are meant: their guards clear, which the oracle checks
-pytestmark = pytest.mark.filterwarnings("ignore::eagle_fx.staging.UncappedLoopWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::eagle_fx.frontend.staging.UncappedLoopWarning")
 
 N = 3                                   # samples per plane
 RTOL = 1e-6

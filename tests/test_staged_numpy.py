@@ -11,7 +11,7 @@ import pytest
 import eagle_fx as eagle
 import hawk_fx as hawk
 from hawk_fx import Mutable, Scalar, Vector
-from eagle_fx.staged_numpy import COMPOSED, UFUNCS
+from eagle_fx.frontend.staged_numpy import COMPOSED, UFUNCS
 from hawk_fx.core import LeakedTracerError
 
 from conftest import line_of

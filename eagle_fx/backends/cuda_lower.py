@@ -79,7 +79,7 @@ from hawk_fx.cuda_runtime import BLOCK, KernelModule, body_module, grid_for, ove
 from hawk_fx.emit import cuda as hcuda
 
 from .. import ir
-from ..analysis import direct_outputs
+from ..ir.analysis import direct_outputs
 from ..transforms.vmap import batch_broadcast_p
 from .memory import SlotPlanner
 

@@ -25,7 +25,6 @@ from hawk_fx.core import Literal, Program, RuleTable, Var
 from hawk_fx.emit.jax import run_call
 
 from .. import ir
-from ..transforms.vmap import batch_broadcast_p
 
 graph_rules = RuleTable("JAX graph lowering")    # prim -> fn(lw, e, ins) -> list of output values
 
@@ -167,7 +166,7 @@ def _cell(fn):
 graph_rules[ir.cell_not_p] = _cell(lambda jnp, a: ~a)
 graph_rules[ir.cell_and_p] = _cell(lambda jnp, a, b: a & b)
 graph_rules[ir.cell_or_p] = _cell(lambda jnp, a, b: a | b)
-graph_rules[batch_broadcast_p] = lambda lw, e, ins: [fit(ins[0], e.outputs[0].aval)]
+graph_rules[ir.batch_broadcast_p] = lambda lw, e, ins: [fit(ins[0], e.outputs[0].aval)]
 
 
 # -- control flow ----------------------------------------------------------------------------------

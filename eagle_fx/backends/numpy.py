@@ -20,9 +20,8 @@ from hawk_fx.core import Literal, Program, RuleTable, Var
 from hawk_fx.emit.numpy import NumpyKernel, overlapping_inputs
 
 from .. import ir
-from ..analysis import direct_outputs
+from ..ir.analysis import direct_outputs
 from ..transforms import checkpoint
-from ..transforms.vmap import batch_broadcast_p
 from .fusion import fuse
 from .memory import SlotPlanner
 from .numpy_stack import Stack
@@ -482,7 +481,7 @@ numpy_rules[ir.cell_or_p] = _cell(
     lambda exe, e, outs: f"b{outs[0]}[0] = ({exe.b(e.inputs[0])}[0] != 0) | ({exe.b(e.inputs[1])}[0] != 0)")
 
 
-@numpy_rules.register(batch_broadcast_p)
+@numpy_rules.register(ir.batch_broadcast_p)
 def _gen_broadcast(exe, g, d, e, outs):
     g.emit(d, _copy(f"b{outs[0]}", exe.b(e.inputs[0]), e.outputs[0].aval))
 

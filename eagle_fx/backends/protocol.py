@@ -23,7 +23,7 @@ Optional: `enqueue(times)` / `synchronize()` where replays run asynchronously (C
 The three backends implement it: numpy.py (NumpyExecutable), jax.py (JaxExecutable) and
 cuda_graph.py (CudaExecutable); recording.py's RecordedExecutable (a record=True graph) too.
 Each backend is an entry of registry.py, where its executables are made (`registry.make`);
-select.py resolves a graph's arrays and `backend=` to an entry, and eagle_fx/lowering.py's
+select.py resolves a graph's arrays and `backend=` to an entry, and eagle_fx/backends/lowering.py's
 `lower` is the one way a graph's closed Program becomes its executable.
 """
 from __future__ import annotations

@@ -47,6 +47,8 @@ import numpy as np
 
 from hawk_fx.core import SAMPLE
 
+from ..transforms import checkpoint
+
 __all__ = ["FakeBuilder", "FakeCondition", "FakeNode", "FakeCudaError", "FakeExec", "FakeRuntime"]
 
 
@@ -787,33 +789,6 @@ class FakeRuntime:
         self.eager.append(fb)
 
 
-def _beta_capped(c, r, cap):
-    v = 1
-    for i in range(1, c + 1):
-        v = v * (r + i) // i
-        if v >= cap:
-            return cap
-    return v
-
-
-def _repetitions(T, K):
-    r = 0
-    while _beta_capped(K, r, T) < T:
-        r += 1
-    return r
-
-
-def _split(n, c):
-    lo, hi = 1, n - 1
-    while lo < hi:
-        m = (lo + hi) // 2
-        if 1 + _repetitions(m + 1, c) - _repetitions(n - m, c - 1) >= 0:
-            hi = m
-        else:
-            lo = m + 1
-    return lo
-
-
 def _revolve_step(state, T, K, start):
     """eagle_revolve_step (cuda_lower.py), line for line: (action kind, its turn or slot)."""
     t0, t1 = state[6:6 + K], state[6 + K:6 + 2 * K]
@@ -831,7 +806,7 @@ def _revolve_step(state, T, K, start):
                 if n == 1 or spare == 0:
                     state[3], state[4] = t1[lvl] - 1, 0
                 else:
-                    state[3], state[4] = t0[lvl] + _split(n, spare + 1), 1
+                    state[3], state[4] = t0[lvl] + checkpoint.split(n, spare + 1), 1
                 state[0] = 1
             else:
                 if lvl == 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from hawk_fx.core import SAMPLE, Literal, Program, Var
 from hawk_fx.diff import vjp_spec
+from hawk_fx.kernel import BodySpec
 
 COSTLY = frozenset({
     "sqrt", "rsqrt", "cbrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan",
@@ -59,7 +60,6 @@ def _key(e, operand):
 
 
 def _split(spec):
-    from hawk_fx.kernel import BodySpec
     if getattr(spec, "commits", None):
         return None
     p, v = spec.prog, vjp_spec(spec).prog

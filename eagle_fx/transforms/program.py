@@ -7,6 +7,8 @@ in-place write would destroy; `copy_eqn` rewrites a staged equation that way, wi
 """
 from __future__ import annotations
 
+import numpy as np
+
 from hawk_fx.core import NO_INFO, Eqn, Literal, Program, RuleTable, Var, abstract_eval
 
 from .. import ir
@@ -22,7 +24,6 @@ def is_float(aval) -> bool:
 
 def ct_aval(aval):
     """The type of a tangent or cotangent of a value of type `aval`."""
-    import numpy as np
     return aval if is_float(aval) else ir.plane_aval(aval.shape, np.float64)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from hawk_fx.core import Eqn, Program, RuleTable, Var
 
 from .. import ir
-from .program import dce
+from .program import Eqns, dce
 
 
 def split(prog: Program, n_primals: int, n_outputs: int):
@@ -95,7 +95,6 @@ def _ordered(eqns, outputs):
 def without_zero_inputs(prog: Program, zero) -> Program:
     """`prog` with the inputs `zero` known to be zeros (cotangents no seed reaches): sums with
     them are dropped; any other reader gets a zeros value. The inputs stay, unread."""
-    from .program import Eqns
     zero = set(zero)
     alias: dict = {}
     eqns = Eqns()

@@ -16,29 +16,18 @@ Rules, one per primitive:
 """
 from __future__ import annotations
 
-from hawk_fx.core import Eqn, Literal, Primitive, Program, RuleTable, Var, abstract_eval
+from hawk_fx.core import Eqn, Literal, Program, RuleTable, Var
 
 from .. import ir
 from . import structure
 
-batch_broadcast_p = Primitive("batch_broadcast")
+batch_broadcast_p = ir.batch_broadcast_p
 # prim -> fn(batcher, e, atoms, flags of the atoms, env, flags, eqns): the _Batcher methods marked so
 batch_rules = RuleTable("batching")
 
 
-@abstract_eval.register(batch_broadcast_p)
-def _broadcast_abstract(x, *, size):
-    return [_batched_aval(x, size)]
-
-
 class VmapError(ValueError):
     pass
-
-
-def _batched_aval(aval, B):
-    if ir.is_stack(aval):
-        return aval.replace(shape=(B,) + aval.shape, kind=ir.BATCHED_STACK)
-    return ir.plane_aval((B,) + aval.shape, aval.dtype)
 
 
 class _Batcher:
@@ -51,7 +40,7 @@ class _Batcher:
         flags: dict = {}
         inputs = []
         for v, f in zip(prog.inputs, in_flags):
-            nv = Var(_batched_aval(v.aval, self.B) if f else v.aval, v.hint)
+            nv = Var(ir.batched_aval(v.aval, self.B) if f else v.aval, v.hint)
             env[v], flags[v] = nv, f
             inputs.append(nv)
         eqns: list[Eqn] = []
@@ -72,7 +61,7 @@ class _Batcher:
         return env[a], flags[a]
 
     def broadcast(self, atom, eqns):
-        v = Var(_batched_aval(atom.aval, self.B))
+        v = Var(ir.batched_aval(atom.aval, self.B))
         eqns.append(Eqn(batch_broadcast_p, [atom], [v], {"size": self.B}))
         return v
 
@@ -85,7 +74,7 @@ class _Batcher:
     def copy(self, e, atoms, out_flags, env, flags, eqns, params=None):
         outs = []
         for v, f in zip(e.outputs, out_flags):
-            nv = Var(_batched_aval(v.aval, self.B) if f else v.aval, v.hint)
+            nv = Var(ir.batched_aval(v.aval, self.B) if f else v.aval, v.hint)
             env[v], flags[v] = nv, f
             outs.append(nv)
         eqns.append(Eqn(e.prim, atoms, outs, params if params is not None else e.params, e.info))

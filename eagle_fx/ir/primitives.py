@@ -229,7 +229,7 @@ pp_params_rules[stack_read_p] = lambda params: {}
 
 # ---------------------------------------------------------------------------------------------
 # array structure: what NumPy indexing, reshape and stack/concatenate on staged planes become
-# (eagle_fx/views.py stages them). All four are linear. Backends copy: a slot the planner reuses
+# (eagle_fx/frontend/views.py stages them). All four are linear. Backends copy: a slot the planner reuses
 # would change under a view; the NumPy backend reads a slice of an argument that nothing writes
 # in place as a view of the caller's array.
 #
@@ -307,3 +307,22 @@ pp_params_rules[slice_p] = lambda params: {"index": _pp_index(params["index"])}
 pp_params_rules[update_p] = lambda params: {"index": _pp_index(params["index"]),
                                             **({"inplace": params["inplace"]} if params.get("inplace") else {})}
 pp_params_rules[reshape_p] = pp_params_rules[concat_p] = dict      # every param shown, as they are
+
+
+# ---------------------------------------------------------------------------------------------
+# vmap's one primitive (transforms/vmap.py): a value shared by every instance, spread over the
+# batch axis where a batched value needs it (size: the batch B).
+
+batch_broadcast_p = Primitive("batch_broadcast")
+
+
+def batched_aval(aval, B):
+    """The type of B instances of a value of type `aval` (a leading batch axis)."""
+    if is_stack(aval):
+        return aval.replace(shape=(B,) + aval.shape, kind=BATCHED_STACK)
+    return plane_aval((B,) + aval.shape, aval.dtype)
+
+
+@abstract_eval.register(batch_broadcast_p)
+def _broadcast_abstract(x, *, size):
+    return [batched_aval(x, size)]

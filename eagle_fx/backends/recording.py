@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from hawk_fx.context import CONTEXT
 from hawk_fx.core import NO_INFO, Eqn, Literal, Program, RuleTable, Var
 
-from . import ir
-from .backends import registry
-from .backends.jax_lower import LoweringError
-from .backends.numpy import NumpyExecutable
-from .cache import loop_capacity
-from .transforms.jvp_graph import jvp_graph
-from .transforms.program import is_float
-from .transforms.split import split, without_zero_inputs
-from .transforms.vjp_graph import vjp_graph
+from .. import ir
+from ..transforms.jvp_graph import jvp_graph
+from ..transforms.program import TransformError, is_float
+from ..transforms.split import split, without_zero_inputs
+from ..transforms.vjp_graph import vjp_graph
+from . import registry
+from .jax_lower import LoweringError
+from .numpy import NumpyExecutable
 
 API = "eagle.Graph(record=True)"
 
@@ -465,3 +465,20 @@ def _refuse_revolve(prog, entry):
                                 "without checkpoints (its stacks hold the loop's cap or trip count)")
     for q in prog.subprograms():
         _refuse_revolve(q, entry)
+
+def loop_capacity(api, trip, e, inputs, arrays):
+    """The most turns a counted loop of trip count `trip` (one of a Program's `inputs`, bound to
+    `arrays`) runs, for a backend with static shapes to size its stack: its value now, the largest
+    over the instances under vmap. (A trip count computed in the graph has none: its stack grows.)"""
+    if CONTEXT.abstract:
+        raise TransformError(f"{api}: reverse mode through the counted loop at {e.info.where} saves each of "
+                             "its turns, and its trip count is an argument traced by JAX (eagle_fx.to_jax: its "
+                             "value is unknown while staging): cap the loop (`for _ in range(N): if not cell: "
+                             "break`) so its turns are bounded")
+    arr = arrays[inputs.index(trip)]
+    full = CONTEXT.batch_full.get(id(arr))
+    src = full if full is not None else arr
+    cap = int(np.max(src))
+    if CONTEXT.recording:               # the staging cache checks the trip count at each later call
+        CONTEXT.recording[-1].caps.append((src, cap))
+    return cap

@@ -17,7 +17,7 @@ import subprocess
 
 from hawk_fx.core import Literal, Program, RuleTable
 
-from . import ir
+from .. import ir
 
 
 def _quote(text: str) -> str:

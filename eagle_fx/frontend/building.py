@@ -20,8 +20,8 @@ from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from . import eager, staging
 from .autograph import convert_builder
-from .backends import select as _select
-from .closed import Closed, Recording
+from ..backends import select as _select
+from ..ir.closed import Closed, Recording
 from .guards import release
 from .staging import GraphTrace, Plane
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from hawk_fx.core import Eqn, Var, abstract_eval
 
-from . import ir
+from .. import ir
 
 
 class IndexRefusal(Exception):

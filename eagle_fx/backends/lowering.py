@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backends import registry, select
+from . import registry, select
 from .recording import recorded_executable
 
 

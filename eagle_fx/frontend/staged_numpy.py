@@ -16,9 +16,11 @@ import numpy as np
 import hawk_fx
 import hawk_fx.math as hm
 from hawk_fx.caches import LRU
+from hawk_fx.context import CONTEXT
 from hawk_fx.emit.jax import is_jax_array
 
-from . import ir, views
+from .. import ir
+from . import views
 
 # NumPy ufunc -> the hawk_fx.math function of the same meaning
 UFUNCS = {
@@ -149,13 +151,12 @@ def stage_ufunc_into(uf, method, inputs, kwargs, out, where):
     """`np.add(a, b, out=y)`, and so `y += b`: NumPy's meaning, the result written into the array y
     names, in place, at every replay (visible through every name and view of y; a builder argument
     is the caller's array). Returns y, as NumPy does."""
-    from .staging import active_trace
     name = f"np.{uf.__name__}"
     if len(out) != 1:
         raise _refuse(where, f"{name}(out=<{len(out)} arrays>)", "assign each result: y[...] = ...")
     target = out[0]
     result = stage_ufunc(uf, method, inputs, kwargs, where)
-    plane = target if isinstance(target, NdarrayProtocol) else active_trace().plane_of_array(target)
+    plane = target if isinstance(target, NdarrayProtocol) else CONTEXT.innermost("graph_stagers").plane_of_array(target)
     write_into(plane, result, where, f"{name}(..., out=y) (or an in-place operator such as y += ...)")
     return target
 
@@ -246,7 +247,6 @@ def stage_function(func, args, kwargs, where):
 
 def _join(func, args, kwargs, where):
     """np.stack / np.concatenate of planes: one `concat` (stack first gives each operand its new axis)."""
-    from .staging import active_trace
     Plane = NdarrayProtocol
     name = f"np.{func.__name__}"
     arrays = args[0]
@@ -257,7 +257,7 @@ def _join(func, args, kwargs, where):
     arrays = list(arrays)
     if not arrays:
         raise ValueError(f"{API} {where}: {name} of no arrays")
-    trace = active_trace()
+    trace = CONTEXT.innermost("graph_stagers")
     for a in arrays:
         if not (isinstance(a, Plane) or isinstance(a, np.ndarray)):
             raise TypeError(f"{API} {where}: {name} of a {type(a).__name__}; join planes and arrays")
@@ -291,10 +291,10 @@ def _join(func, args, kwargs, where):
 
 
 # ---------------------------------------------------------------------------------------------
-# the ndarray protocol of a staged plane (eagle_fx.staging.Plane): views, math, refusals
+# the ndarray protocol of a staged plane (eagle_fx.frontend.staging.Plane): views, math, refusals
 
 class NdarrayProtocol:
-    """What NumPy code sees of a staged plane. Indexing and reshape give views (eagle_fx/views.py),
+    """What NumPy code sees of a staged plane. Indexing and reshape give views (eagle_fx/frontend/views.py),
     ufuncs and operators stage kernel calls, the rest is refused; once its graph is built a plane
     reads as its array. The plane supplies aval, key, graph, _array(), _staging(what) (the trace,
     or None once built), _derived(key, shape) (a view handle) and _where() (the builder line)."""

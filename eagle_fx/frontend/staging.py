@@ -20,9 +20,11 @@ from hawk_fx.core import AVal, Eqn, EqnInfo, LeakedTracerError, Literal, Program
 from hawk_fx.context import CONTEXT
 from hawk_fx.source import SourceInfo, user_line
 from hawk_fx.trace import UNDEF
+from hawk_fx.tree import tree_unflatten
 
-from . import ir, staged_numpy, views
-from .analysis import check_fork_hazards
+from .. import ir
+from . import staged_numpy, views
+from .hazards import check_fork_hazards
 
 
 class UncappedLoopWarning(UserWarning):
@@ -491,7 +493,6 @@ class GraphTrace:
             scope.write(key, v)
             writes.append((key, name))
         self.add_access(info, reads, writes, kernel.name)
-        from hawk_fx.tree import tree_unflatten
         result = tree_unflatten(spec.tree, handles)
         # tree_unflatten's closures form a cycle that holds `handles` until a garbage collection; a
         # plane alive at build keeps its buffer, so empty the list: the planes live as long as the user's names

@@ -20,6 +20,8 @@ import itertools
 
 from hawk_fx.source import SourceInfo, assigned_names, parse_function, recompile
 
+from . import staging
+
 _ids = itertools.count()
 RT = "__eagle_rt__"
 
@@ -265,7 +267,6 @@ class _Pass(ast.NodeTransformer):
 def convert_builder(fn, runtime_type=None):
     """The rewritten builder or block, and where it lives (for messages). Its control flow calls a
     staging.Runtime, or `runtime_type` (the eager runtime of disable_staging)."""
-    from . import staging
     fdef, info = parse_function(fn, "eagle.Graph.builder")
     for a in fdef.args.posonlyargs + fdef.args.args + fdef.args.kwonlyargs:
         a.annotation = None

@@ -35,9 +35,9 @@ from hawk_fx.caches import LRU
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
-from .backends.select import forced
+from ..backends.select import forced
+from ..transforms.program import written_inputs
 from .building import Builder
-from .transforms.program import TransformError, written_inputs
 
 MAXSIZE = 64               # entries (layouts) per transformed function
 MAX_FUNCTIONS = 256        # transformed functions with a cache
@@ -57,12 +57,6 @@ class Staging:
     def __init__(self):
         self.caps: list = []          # (view of an owned argument, the largest value it was staged for)
         self.cacheable = True
-
-
-def note_capacity(array, value):
-    """A reverse-mode loop was sized for `value` turns read from `array` (a view of an argument)."""
-    if CONTEXT.recording:
-        CONTEXT.recording[-1].caps.append((array, value))
 
 
 def uncacheable():
@@ -437,20 +431,3 @@ def clear_caches():
 
 def clear(sig):
     _CACHES.pop(sig, None)
-
-
-def loop_capacity(api, trip, e, inputs, arrays):
-    """The most turns a counted loop of trip count `trip` (one of a Program's `inputs`, bound to
-    `arrays`) runs, for a backend with static shapes to size its stack: its value now, the largest
-    over the instances under vmap. (A trip count computed in the graph has none: its stack grows.)"""
-    if CONTEXT.abstract:
-        raise TransformError(f"{api}: reverse mode through the counted loop at {e.info.where} saves each of "
-                             "its turns, and its trip count is an argument traced by JAX (eagle_fx.to_jax: its "
-                             "value is unknown while staging): cap the loop (`for _ in range(N): if not cell: "
-                             "break`) so its turns are bounded")
-    arr = arrays[inputs.index(trip)]
-    full = CONTEXT.batch_full.get(id(arr))
-    src = full if full is not None else arr
-    cap = int(np.max(src))
-    note_capacity(src, cap)
-    return cap
