@@ -326,3 +326,6 @@ def batched_aval(aval, B):
 @abstract_eval.register(batch_broadcast_p)
 def _broadcast_abstract(x, *, size):
     return [batched_aval(x, size)]
+
+
+pp_params_rules[batch_broadcast_p] = lambda params: {"size": params["size"]}
