@@ -45,8 +45,30 @@ What a Program becomes
                         eagle_revolve_step chose (advance a turn, reverse a turn, keep the working
                         state in one of K slots, restore it), then asks for the next one; the same
                         actions in the same order as checkpoint.run
-             vmap's primitives (batched calls, masked loops and arms, batch_broadcast, stacks per
-             instance) have no rules yet: they are refused with an error that says so.
+    vmap     (transforms/vmap.py: a batched value's batch axis leads, (B, *shape)) the simplest design
+             that is correct on every form, as the NumPy backend's semantics, with few new kernels:
+             batched call   one launch of the unbatched kernel per instance, over instance b's part of
+                            each batched array (a view: contiguous, the batch axis leads) and the whole
+                            of each shared one; the launches are one chain, sharing one workspace. No
+                            new body code (hawk_fx.emit.cuda has no batch axis), at the cost of B nodes
+                            per call. A bind of an argument such a view was taken of lowers again.
+             batch_broadcast, add_any of a shared and a batched value   eagle_strided_copy with
+                            stride 0 over the batch axis (then eagle_add)
+             cells per instance   eagle_cells (not/and/or, cell_inc, cell_rev, <=), a thread a cell
+             masked if/match      every arm runs, on private copies of the operands arms write in
+                            place, into buffers of its own; then eagle_masked_copy keeps each
+                            instance's arm (a match: the default, then each case where the cell equals it)
+             masked while   a device loop that turns while ANY instance's guard (or trip count, read
+                            once on entry) holds: eagle_masked_loop, one thread over the instances,
+                            marks those that finish on this turn; their carries are kept aside
+                            (eagle_masked_copy) and put back after the loop, so the turns an instance
+                            runs past its end touch nothing it returns; a cap stops every instance.
+                            set_cond_from_cell on its `any` cell stays the body's last node.
+             masked revolve the schedule of the most turns (eagle_cells_max); an instance whose own
+                            turns end at or before turn t keeps its cotangents in the reverse of t
+             stacks per instance  stored turn-major, (rows, B, *value), so a push or read of a shared
+                            turn is one row as before; a turn per instance reads its own row
+                            (eagle_stack_gather)
     stacks   a stack of saved loop turns is a buffer of `rows` turns in device memory: at least
              STACK_TURNS, and its cap (a counted loop's trip count when the derivative was made, a
              capped loop's cap) where that many turns take at most STACK_CAP_BYTES. A push or read past the
