@@ -991,7 +991,7 @@ class _Lowering(SlotPlanner):
         mask = self.slots[p]
         first, rest = (arm_outs[0], [(0, arm_outs[1], 0)]) if cases is None else \
             (arm_outs[-1], [(2, slots, c) for c, slots in zip(cases, arm_outs[:-1])])
-        for o, t, v in zip(outs, first, e.outputs):
+        for o, t in zip(outs, first):
             chain.memcpy(self.slots[o], self.slots[t], label="arm")
         for mode, slots, key in rest:
             for o, t, v in zip(outs, slots, e.outputs):
