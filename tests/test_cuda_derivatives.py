@@ -5,11 +5,13 @@ The NumPy backend's derivative suites (record=True with eagle_fx.diff.reverse, g
 jacfwd/jacrev, value_and_grad, checkpoints=) run again here with every graph built under
 `use_backend("fake-cuda")`: their oracles (finite differences, JAX, the NumPy backend's own runs)
 then check the CUDA lowering's values. A representative subset runs by default, every test under
-`-m slow`. A test that reaches a vmap'd program is an expected failure (xfail): the CUDA lowering
-refuses vmap's batched primitives in this version, with an error that says so.
+`-m slow`. The vmap and Jacobian suites run so too (batched calls, masked arms and loops, stacks
+per instance). A test whose arguments are not C-contiguous views is an expected failure (xfail):
+the CUDA backend takes C-contiguous arrays only.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 
@@ -38,12 +40,19 @@ SUITES = {
                      "test_grad_graph_replay_follows_its_cells_and_more_turns_than_at_build"),
     "test_grad_loops_fuzz": ("test_reverse_through_a_loop_whose_kernel_backward_skips_an_input",
                              "test_a_constant_kernel_as_a_loop_carry"),
-    "test_vmap": ("test_refusals",),
+    "test_vmap": ("test_refusals", "test_capped_loop_with_per_instance_guards_runs_until_all_are_done",
+                  "test_cond_elif_else_shared_and_per_instance", "test_match_on_per_instance_cells",
+                  "test_mid_body_break_and_mutable_written_per_instance"),
+    "test_vmap_plain": ("test_vmap_of_grad_with_a_batched_argument_made_in_python_that_is_not_differentiated",
+                        "test_nested_vmap_writes_the_mutable_back_or_refuses_a_copy"),
+    "test_vmap_trip_count": ("test_the_audit_repro_the_batched_loop_reads_its_trip_count_once",),
+    "test_jacobians_trees": ("test_hessian_of_a_dict_argument_matches_jax", "test_a_transformed_graph_binds_a_dict_argument"),
 }
 # about the NumPy backend's own mechanics (host memory of its growing stacks): the CUDA backend's
 # device memory is checked by test_checkpointed_device_memory_is_k_states_not_t below
 NOT_RERUN = {"test_checkpointing": {"test_checkpointed_memory_is_k_states_not_t",
-                                    "test_twenty_thousand_turns_with_32_states_peak_under_24_mb"}}
+                                    "test_twenty_thousand_turns_with_32_states_peak_under_24_mb"},
+             "test_one_reverse_mode": {"test_under_vmap_the_saved_turns_follow_the_longest_instance"}}
 
 
 def _on_fake(fn):
@@ -54,9 +63,9 @@ def _on_fake(fn):
         with use_backend("fake-cuda"):
             try:
                 return fn(*args, **kwargs)
-            except NotImplementedError as exc:
-                if "comes from vmap" in str(exc):
-                    pytest.xfail(f"vmap'd programs are not lowered on CUDA: {exc}")
+            except ValueError as exc:
+                if "is not C-contiguous" in str(exc):
+                    pytest.xfail(f"the CUDA backend takes C-contiguous arrays only: {exc}")
                 raise
     return run
 
@@ -87,6 +96,7 @@ for _name, _default in SUITES.items():
 from test_checkpointing import long_loop  # noqa: E402
 from test_one_reverse_mode import jax_grad, numpy_turns, settle_counted, settle_uncapped  # noqa: E402
 import tour_builders  # noqa: E402
+import tour_kernels  # noqa: E402
 from tour_kernels import cell  # noqa: E402
 
 
@@ -216,3 +226,79 @@ def test_a_graph_that_writes_its_arguments_is_not_rerun_when_its_stacks_overflow
             g()
         np.testing.assert_allclose(g(), jax_grad(x, 100), rtol=1e-12)
     assert g._exe.stack_turns >= 100
+
+
+# ---------------------------------------------------------------------------------------------
+# vmap'd graphs: batched calls (a launch per instance), masked arms and loops, stacks per instance
+
+VMAP_ENTRIES = ("eagle_cells", "eagle_cells_max", "eagle_masked_copy", "eagle_masked_loop", "eagle_stack_gather")
+
+
+def _vmap_graphs():
+    """name -> a function building one vmap'd graph (every masked form and a stack per instance)."""
+    from test_vmap import branchy, capped, chooser, counted
+    B = 3
+    xs = np.random.default_rng(0).random((B, 5)) + 0.5
+    trips = np.array([[0], [3], [7]], np.uint32)
+    return {
+        "masked loop": lambda: eagle.vmap(capped)(xs.copy(), np.ones((B, 1), np.uint32), np.array([1.0, 10.0, 3.0])),
+        "masked if": lambda: eagle.vmap(branchy)(xs.copy(), np.array([[1], [0], [0]], np.uint32),
+                                                 np.array([[0], [1], [0]], np.uint32)),
+        "masked match": lambda: eagle.vmap(chooser)(xs.copy(), np.array([[0], [2], [5]], np.uint32)),
+        "trip counts": lambda: eagle.vmap(counted)(xs.copy(), trips.copy()),
+        "grad per instance": lambda: eagle.vmap(eagle.grad(settle_uncapped), in_axes=(0, 0)).graph(
+            xs.copy() * 20, np.ones((B, 1), np.uint32)),
+        "checkpointed": lambda: eagle.vmap(eagle.grad(long_loop, checkpoints=2), in_axes=(0, 0)).graph(
+            xs.copy(), trips.copy()),
+    }
+
+
+def _leaves(tree):
+    return [tree[k] for k in sorted(tree)] if isinstance(tree, dict) else [tree]
+
+
+@pytest.mark.parametrize("order", ["creation", "lifo", 7])
+def test_vmapd_graphs_in_any_node_order_equal_numpy(order):
+    """The fake runs nodes in any order the edges allow: a missing edge in a vmap rule shows."""
+    from eagle_fx.testing.fake_cuda import FakeRuntime
+    for name, make in _vmap_graphs().items():
+        outs = []
+        for backend in ("numpy", FakeRuntime(order=order)):
+            with use_backend(backend), pytest.warns() if "grad" in name else contextlib.nullcontext():
+                outs.append(_leaves(make()()))
+        for got, want in zip(outs[1], outs[0]):
+            np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15, err_msg=name)
+
+
+@eagle.Graph.builder
+def _doubled_sum(x, y):
+    g = eagle.Graph()
+    g.result = tour_kernels.add(tour_kernels.dbl(x), y)
+    return g
+
+
+def test_a_vmapd_graph_bound_to_new_arrays_reads_them():
+    """A batched call's launches read views of the batched arguments: a bind lowers again."""
+    xs, y = np.linspace(0.5, 1.5, 15).reshape(3, 5), np.linspace(-1.0, 1.0, 5)
+    with use_backend("fake-cuda"):
+        g = eagle.vmap(_doubled_sum, in_axes=(0, None))(xs.copy(), y.copy())
+        g()
+        g.bind(x=3 * xs)
+        got = g()
+    assert g._exe.last_bind == "graph"
+    np.testing.assert_allclose(got, 6 * xs + y, rtol=1e-14)
+
+
+def test_every_source_the_vmap_rules_emit_compiles(nvrtc):
+    """NVRTC compiles every module of vmap'd graphs, which use every new entry of the lowering."""
+    entries, modules = set(), {}
+    with pytest.warns():
+        for make in _vmap_graphs().values():
+            with use_backend("fake-cuda"):
+                plan = make()._exe.plan
+            modules.update(plan.modules)
+            entries |= {nd.entry for nd in plan.nodes("kernel")}
+    for entry in VMAP_ENTRIES:
+        assert entry in entries and entry in cuda_lower.LOWERING.entries, entry
+    for name, m in modules.items():
+        assert len(cuda_lower.hcuda.compile_cubin(m.source, "sm_90")) > 0, name

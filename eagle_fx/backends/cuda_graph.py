@@ -385,6 +385,13 @@ class CudaExecutable:
             self.last_bind = "instantiate"
             self.last_bind_reason = "the arguments overlap one another differently than the arrays bound before"
             return
+        if slot in plan.view_slots:
+            # a batched call's launches hold views of the old array: lower again over the new one
+            self.inputs = inputs
+            plan.slots[slot] = new
+            self._update_whole(None)
+            self.last_bind_reason = "a batched call's launches read views of the argument"
+            return
         nodes = [nd for _, nd in plan.walk() if _refers(nd, old)]
         plan.slots[slot] = new
         self.inputs[input_index] = new

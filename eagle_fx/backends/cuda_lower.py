@@ -45,8 +45,30 @@ What a Program becomes
                         eagle_revolve_step chose (advance a turn, reverse a turn, keep the working
                         state in one of K slots, restore it), then asks for the next one; the same
                         actions in the same order as checkpoint.run
-             vmap's primitives (batched calls, masked loops and arms, batch_broadcast, stacks per
-             instance) have no rules yet: they are refused with an error that says so.
+    vmap     (transforms/vmap.py: a batched value's batch axis leads, (B, *shape)) the simplest design
+             that is correct on every form, as the NumPy backend's semantics, with few new kernels:
+             batched call   one launch of the unbatched kernel per instance, over instance b's part of
+                            each batched array (a view: contiguous, the batch axis leads) and the whole
+                            of each shared one; the launches are one chain, sharing one workspace. No
+                            new body code (hawk_fx.emit.cuda has no batch axis), at the cost of B nodes
+                            per call. A bind of an argument such a view was taken of lowers again.
+             batch_broadcast, add_any of a shared and a batched value   eagle_strided_copy with
+                            stride 0 over the batch axis (then eagle_add)
+             cells per instance   eagle_cells (not/and/or, cell_inc, cell_rev, <=), a thread a cell
+             masked if/match      every arm runs, on private copies of the operands arms write in
+                            place, into buffers of its own; then eagle_masked_copy keeps each
+                            instance's arm (a match: the default, then each case where the cell equals it)
+             masked while   a device loop that turns while ANY instance's guard (or trip count, read
+                            once on entry) holds: eagle_masked_loop, one thread over the instances,
+                            marks those that finish on this turn; their carries are kept aside
+                            (eagle_masked_copy) and put back after the loop, so the turns an instance
+                            runs past its end touch nothing it returns; a cap stops every instance.
+                            set_cond_from_cell on its `any` cell stays the body's last node.
+             masked revolve the schedule of the most turns (eagle_cells_max); an instance whose own
+                            turns end at or before turn t keeps its cotangents in the reverse of t
+             stacks per instance  stored turn-major, (rows, B, *value), so a push or read of a shared
+                            turn is one row as before; a turn per instance reads its own row
+                            (eagle_stack_gather)
     stacks   a stack of saved loop turns is a buffer of `rows` turns in device memory: at least
              STACK_TURNS, and its cap (a counted loop's trip count when the derivative was made, a
              capped loop's cap) where that many turns take at most STACK_CAP_BYTES. A push or read past the
@@ -216,6 +238,71 @@ extern "C" __global__ void eagle_revolve_step(cudaGraphConditionalHandle handle,
     if (k <= 1u) *turn = arg;
     else if (k <= 3u) *slot = arg;
     cudaGraphSetConditional(handle, k != 4u ? 1u : 0u); }
+// vmap's primitives. Cells per instance: `count` cells, elementwise; sa / sb are 1 where that
+// operand holds a cell per instance, 0 where one cell is shared by all. op: 0 not, 1 and, 2 or,
+// 3 a + 1 (cell_inc), 4 max(a - 1 - b, 0) (cell_rev), 5 a <= b
+extern "C" __global__ void eagle_cells(unsigned int* out, const unsigned int* a, const unsigned int* b,
+                                       unsigned int count, unsigned int sa, unsigned int sb, unsigned int op) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+        const unsigned int x = a[i * sa], y = b == nullptr ? 0u : b[i * sb];
+        const long long r = (long long)x - 1 - (long long)y;
+        out[i] = op == 0u ? (x == 0u ? 1u : 0u) : op == 1u ? ((x != 0u && y != 0u) ? 1u : 0u)
+               : op == 2u ? ((x != 0u || y != 0u) ? 1u : 0u) : op == 3u ? x + 1u
+               : op == 4u ? (r > 0 ? (unsigned int)r : 0u) : (x <= y ? 1u : 0u);
+    } }
+extern "C" __global__ void eagle_cells_max(unsigned int* out, const unsigned int* a, unsigned int count) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    unsigned int m = 0u;
+    for (unsigned int i = 0; i < count; ++i) m = a[i] > m ? a[i] : m;
+    *out = m; }
+// dst = src for the instances `mask` selects (a masked arm's values, a finished instance's carries):
+// element i belongs to instance i / per; mode 0: mask != 0, 1: mask == 0, 2: mask == key
+extern "C" __global__ void eagle_masked_copy(unsigned char* dst, const unsigned char* src, const unsigned int* mask,
+                                             unsigned long long per, unsigned long long count, unsigned int itemsize,
+                                             unsigned int mode, long long key) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned int m = mask[i / per];
+        if (mode == 0u ? m != 0u : mode == 1u ? m == 0u : (long long)m == key)
+            eagle_copy_item(dst + i * itemsize, src + i * itemsize, itemsize);
+    } }
+// a masked loop's guard (a guard cell or a trip count per instance), one thread over B instances:
+// the turn (0 at start, else one more) goes to *counter; on a turn under the cap each live instance
+// runs while its guard (gs: 1 per instance, 0 shared; null: none) holds and its trip count (ts
+// likewise) is not reached; done[b]: instance b finished on this turn. *go: any runs (the loop's
+// guard kernel, last in its body, reads it after the finished instances' carries are kept)
+extern "C" __global__ void eagle_masked_loop(unsigned int* counter, unsigned int* go,
+                                             unsigned int* live, unsigned int* done, const unsigned int* guard,
+                                             unsigned int gs, const unsigned int* trips, unsigned int ts,
+                                             unsigned int cap, unsigned int B, unsigned int start) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const unsigned int t = start ? 0u : *counter + 1u;
+    *counter = t;
+    bool any = false;
+    for (unsigned int b = 0; b < B; ++b) {
+        if (start) live[b] = 1u;
+        if (t >= cap) { done[b] = 0u; continue; }          // capped: every instance keeps what it has
+        const bool run = live[b] != 0u && (guard == nullptr || guard[b * gs] != 0u)
+                         && (trips == nullptr || t < trips[b * ts]);
+        done[b] = (live[b] != 0u && !run) ? 1u : 0u;
+        live[b] = run ? 1u : 0u;
+        any = any || run;
+    }
+    *go = any ? 1u : 0u; }
+// a turn per instance (stack_read under vmap): instance b reads row turns[b] (rows of `rowcount`
+// items), its own part (bstride = per) or the one value shared by all (bstride = 0)
+extern "C" __global__ void eagle_stack_gather(unsigned char* out, const unsigned char* stack, const unsigned int* turns,
+                                              unsigned long long per, unsigned long long rowcount,
+                                              unsigned long long bstride, unsigned int B, unsigned int itemsize,
+                                              unsigned int room, unsigned int* overflow) {
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < per * B;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned long long b = i / per, j = i % per;
+        const unsigned int t = turns[b];
+        if (t >= room) { if (j == 0) atomicMax(overflow, t + 1u); continue; }
+        eagle_copy_item(out + i * itemsize, stack + ((unsigned long long)t * rowcount + b * bstride + j) * itemsize,
+                        itemsize);
+    } }
 extern "C" __global__ void eagle_strided_copy(unsigned char* dst, const unsigned char* src, const long long* geom,
                                               unsigned int ndim, unsigned long long count, unsigned int itemsize) {
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count;
@@ -250,7 +337,8 @@ _LOWERING_SOURCE += "".join(f"""extern "C" __global__ void {_add_entry(dt)}({hcu
 
 _LOWERING_ENTRIES = ("eagle_loop_start", "eagle_loop_step", "eagle_cell_not", "eagle_cell_and", "eagle_cell_or",
                      "eagle_switch_index", "eagle_strided_copy", "eagle_stack_push", "eagle_stack_read",
-                     "eagle_cell_inc", "eagle_cell_rev", "eagle_revolve_step") + tuple(_add_entry(dt) for dt in ADD_DTYPES)
+                     "eagle_cell_inc", "eagle_cell_rev", "eagle_revolve_step", "eagle_cells", "eagle_cells_max",
+                     "eagle_masked_copy", "eagle_masked_loop", "eagle_stack_gather") + tuple(_add_entry(dt) for dt in ADD_DTYPES)
 LOWERING = KernelModule("eagle_lowering", _LOWERING_SOURCE, _LOWERING_ENTRIES, "lowering", label="lowering")
 
 # a stack of saved turns holds its cap's turns where that takes at most STACK_CAP_BYTES, else (and
@@ -301,6 +389,7 @@ class CudaPlan:
         self.constants: list = []
         self.workspaces: list = []
         self.overflow = None                   # the stacks' overflow cell (a u32 device cell), if any
+        self.view_slots: set = set()           # slots a batched call reads or writes an instance's part of
         self.stack_turns = STACK_TURNS
 
     def array_of(self, var):
@@ -562,13 +651,12 @@ class _Lowering(SlotPlanner):
         `stack_turns`, whichever is more (the turn axis of its type is only an upper bound)."""
         if not ir.is_stack(aval):
             return aval
-        if aval.kind == ir.BATCHED_STACK:
-            raise NotImplementedError("eagle_fx CUDA lowering: a stack of saved loop turns per instance comes from "
-                                      "vmap, which the CUDA lowering does not lower in this version; run vmap'd graphs "
-                                      "on the NumPy or JAX backend")
-        cap, row = aval.shape[0], int(np.prod(aval.shape[1:], dtype=np.int64)) * aval.dtype.itemsize
+        shape = aval.shape
+        if aval.kind == ir.BATCHED_STACK:       # (B, cap, *value) under vmap: stored turn-major, (rows, B, *value)
+            shape = shape[1:2] + shape[:1] + shape[2:]
+        cap, row = shape[0], int(np.prod(shape[1:], dtype=np.int64)) * aval.dtype.itemsize
         rows = max(self.stack_turns, cap if cap * row <= STACK_CAP_BYTES else 0)
-        return AVal((rows,) + aval.shape[1:], aval.dtype, aval.kind)
+        return AVal((rows,) + shape[1:], aval.dtype, aval.kind)
 
     def overflow(self):
         """The device cell the stack kernels raise to the turns they needed past a stack's room."""
@@ -702,12 +790,33 @@ class _Lowering(SlotPlanner):
         seq.close(chain.tail(), reads, writes)
 
     def _gen_call(self, chain, e, outs):
+        """A kernel call; under vmap (`batch`), one launch of the same kernel per instance, over
+        instance b's part of each batched array (the batch axis leads: a contiguous (*shape, n)
+        block) and the whole of each shared one."""
         spec, n = e.params["spec"], e.params["n"]
-        if e.params.get("batch"):
-            _refuse_vmap(e, "a kernel called on a batch of instances")
+        batch = e.params.get("batch")
+        if not batch:
+            return self._launch(chain, spec, n, e.inputs, outs, lambda a, batched: a)
+        in_batched = e.params["in_batched"]
+        for b in range(int(np.prod(batch))):
+            self._launch(chain, spec, n, e.inputs, outs, lambda a, batched, b=b: self.view(a, b) if batched else a,
+                         in_batched)
+
+    def view(self, arr, b):
+        """Instance b's part of a batched buffer (a view: rebind lowers again where one was taken
+        of an argument)."""
+        for k, s in enumerate(self.slots):
+            if s is arr:
+                self.plan.view_slots.add(k)
+                break
+        return arr[b] if arr.ndim > 1 else arr[b:b + 1]
+
+    def _launch(self, chain, spec, n, inputs, outs, part, in_batched=None):
+        """The nodes of one kernel launch; part(array, batched): the array the kernel gets."""
+        batched = in_batched or (False,) * len(inputs)
         mod = body_module(spec)
         ek = mod.emitted
-        ins = e.inputs[:len(spec.kernel.param_names)]
+        ins = inputs[:len(spec.kernel.param_names)]
         ws = None
         if ek.workspace_bytes:
             ws = self._zeros((ek.workspace_bytes,), np.uint8)
@@ -715,7 +824,7 @@ class _Lowering(SlotPlanner):
         args, private = [], {}
         for prm in ek.params:
             if prm.role in ("in_plane", "in_cell"):
-                args.append(self.read(chain, ins[prm.index], outs, private))
+                args.append(part(self.read(chain, ins[prm.index], outs, private), batched[prm.index]))
             elif prm.role == "in_value":
                 a = ins[prm.index]
                 if not isinstance(a, Literal):
@@ -723,7 +832,7 @@ class _Lowering(SlotPlanner):
                                               "value, but the graph passes a buffer")
                 args.append(np.dtype(prm.dtype).type(a.value))
             elif prm.role in ("out_plane", "out_cell"):
-                args.append(self.slots[outs[prm.index]])
+                args.append(part(self.slots[outs[prm.index]], True))
             elif prm.role == "workspace":
                 args.append(ws)
             elif prm.role == "n":
@@ -830,14 +939,67 @@ class _Lowering(SlotPlanner):
         self._seal(level)
 
     def _gen_cells(self, chain, e, outs):
-        args = [self.slots[outs[0]]] + [self.buf(a, ir.U32_CELL) for a in e.inputs]
         if e.outputs[0].aval.shape != (1,):
-            _refuse_vmap(e, "cell logic on a cell per instance")
+            return self._cells(chain, _CELLS_OP[e.prim], outs[0], *e.inputs)
+        args = [self.slots[outs[0]]] + [self.buf(a, ir.U32_CELL) for a in e.inputs]
         chain.kernel(LOWERING, _CELL_ENTRY[e.prim], 1, 1, args, "cell", e.prim.name)
+
+    def _cells(self, chain, op, out_slot, a, b=None):
+        """eagle_cells: a cell per instance from cells per instance or shared (op: _CELLS_OP)."""
+        out = self.slots[out_slot]
+        count = int(np.prod(out.shape))
+
+        def operand(x):
+            if x is None:
+                return None, np.uint32(0)
+            return self.buf(x, ir.U32_CELL if x.aval.shape == (1,) else x.aval), np.uint32(x.aval.shape != (1,))
+        (pa, sa), (pb, sb) = operand(a), operand(b)
+        chain.kernel(LOWERING, "eagle_cells", grid_for(count), BLOCK,
+                     [out, pa, pb, np.uint32(count), sa, sb, np.uint32(op)], "cell", "cells per instance")
+
+    # -- vmap's masked forms: every arm or turn runs, each instance keeps its own ------------
+    def _masked_copy(self, chain, dst_slot, src, mask, aval, mode, key=0):
+        """eagle_masked_copy: dst = src for the instances `mask` (a u32 per instance) selects."""
+        dst = self.slots[dst_slot]
+        count = int(np.prod(aval.shape, dtype=np.int64))
+        per = max(1, count // max(1, int(aval.shape[0])))
+        chain.kernel(LOWERING, "eagle_masked_copy", grid_for(count), BLOCK,
+                     [dst, src, mask, np.uint64(per), np.uint64(count), np.uint32(aval.dtype.itemsize), np.uint32(mode),
+                      np.int64(key)], "copy", "masked")
+
+    def _gen_masked_branches(self, chain, e, outs, cases=None):
+        """Every arm, each on private copies of the operands arms write in place, into buffers of
+        its own; then each instance's: a cond's true arm where its cell is set (cases None), a
+        switch's default, then each case's arm where the cell equals it."""
+        if any(ir.is_stack(v.aval) for v in e.outputs):
+            raise NotImplementedError("eagle_fx CUDA lowering: a stack of saved loop turns leaving an if/match with "
+                                      "a condition per instance")
+        level, pred, operands = chain.level, e.inputs[0], list(e.inputs[1:])
+        p = self._sub_slot(pred.aval)            # read once: an arm may write that cell in place
+        chain.memcpy(self.slots[p], self.buf(pred), label="selector")
+        written = {i - 1 for _, i in e.params["inplace"]}
+        arm_outs = []
+        for arm in e.params["branches"]:
+            ops = list(operands)
+            for i in written:
+                t = self._sub_slot(ops[i].aval)
+                chain.memcpy(self.slots[t], self.buf(ops[i]), label="private operand")
+                ops[i] = self._ref(t, ops[i].aval)
+            t_slots = [self._sub_slot(v.aval) for v in e.outputs]
+            chain.last = self._gen_sub(level, chain.deps(), arm, ops, t_slots)
+            arm_outs.append(t_slots)
+        mask = self.slots[p]
+        first, rest = (arm_outs[0], [(0, arm_outs[1], 0)]) if cases is None else \
+            (arm_outs[-1], [(2, slots, c) for c, slots in zip(cases, arm_outs[:-1])])
+        for o, t in zip(outs, first):
+            chain.memcpy(self.slots[o], self.slots[t], label="arm")
+        for mode, slots, key in rest:
+            for o, t, v in zip(outs, slots, e.outputs):
+                self._masked_copy(chain, o, self.slots[t], mask, v.aval, mode, key)
 
     def _gen_cond(self, chain, e, outs):
         if e.params.get("masked"):
-            _refuse_vmap(e, "an if/else with a condition per instance")
+            return self._gen_masked_branches(chain, e, outs)
         false_p, true_p = e.params["branches"]
         c = self.condition(chain.level)
         chain.kernel(GUARDS, "set_cond_from_cell", 1, 1, [c, self.buf(e.inputs[0], ir.U32_CELL)], "guard", "if", c)
@@ -848,7 +1010,7 @@ class _Lowering(SlotPlanner):
 
     def _gen_switch(self, chain, e, outs):
         if e.params.get("masked"):
-            _refuse_vmap(e, "a match with a case per instance")
+            return self._gen_masked_branches(chain, e, outs, tuple(e.params["cases"]))
         cases = tuple(e.params["cases"])
         *arms, default = e.params["branches"]
         k = len(cases)
@@ -865,7 +1027,7 @@ class _Lowering(SlotPlanner):
 
     def _gen_while(self, chain, e, outs):
         if e.params.get("masked"):
-            _refuse_vmap(e, "a device loop with a turn count per instance")
+            return self._gen_masked_while(chain, e, outs)
         body, cond = e.params["body"], e.params["cond"]
         cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
         ops = list(e.inputs)
@@ -922,6 +1084,106 @@ class _Lowering(SlotPlanner):
         self._body(body_l, body, refs, outs, extra=finish_body)
 
 
+    def _gen_masked_while(self, chain, e, outs):
+        """A device loop that turns while ANY instance's guard holds (eagle_masked_loop, after the
+        body, as an unmasked loop's guard). On the turn an instance finishes its carries are kept
+        aside (its part only), and put back after the loop: the turns it runs past its end, as
+        the NumPy backend's, touch nothing it returns. A capped loop stops every instance."""
+        body, cond = e.params["body"], e.params["cond"]
+        cap, counted = e.params["cap"], e.params["counted"]
+        w = ir.WhileOperands(e)
+        trip, consts, init = w.trip, list(w.consts), list(w.carries)
+        level = chain.level
+        if not outs:            # it carries nothing and writes nothing: no turn has an effect
+            chain.push(self.join(level, chain.deps(), label="empty loop"))
+            return
+        B = int(e.outputs[0].aval.shape[0])
+        chain.last = self._copies_seq(level, chain.deps(), init, outs)
+        trips, ts = None, np.uint32(0)
+        if counted:             # read once, on entry: a body that writes its trip cell turns as often
+            tslot = self._sub_slot(trip.aval)
+            chain.memcpy(self.slots[tslot], self.buf(trip), label="trip counts")
+            trips, ts = self.slots[tslot], np.uint32(trip.aval.shape != (1,))
+        live = self._sub_slot(ir.plane_aval((B,), np.uint32))
+        done = self._sub_slot(ir.plane_aval((B,), np.uint32))
+        ctr, go = self._sub_slot(ir.U32_CELL), self._sub_slot(ir.U32_CELL)
+        kept = [(o, self._sub_slot(v.aval), v.aval) for o, v in zip(outs, e.outputs) if not ir.is_stack(v.aval)]
+        carries = [self._ref(s, a.aval) for s, a in zip(outs, init)]
+        c_slot = None
+
+        def guard(level_, start):
+            """The guard program on the carries: (its cells, tails)."""
+            nonlocal c_slot
+            if cond is None:
+                return None, start
+            c_ops = consts + carries
+            if not cond.eqns and cond.outputs[0] in cond.inputs:     # the guard is a carried cell itself
+                return c_ops[cond.inputs.index(cond.outputs[0])], start
+            if c_slot is None:
+                c_slot = self._sub_slot(cond.outputs[0].aval)
+            return self._ref(c_slot, cond.outputs[0].aval), self._gen_sub(level_, start, cond, c_ops, [c_slot])
+
+        c = self.condition(level)
+
+        def step(ch, g, start):
+            gs = np.uint32(0 if g is None else g.aval.shape != (1,))
+            args = [self.slots[ctr], self.slots[go], self.slots[live], self.slots[done], None if g is None else self.buf(g),
+                    gs, trips, ts, np.uint32(0xFFFFFFFF if cap is None else cap), np.uint32(B), np.uint32(start)]
+            ch.kernel(LOWERING, "eagle_masked_loop", 1, 1, args, "select", "while")
+            for o, k, aval in kept:            # the carries of instances that finished on this turn
+                self._masked_copy(ch, k, self.slots[o], self.slots[done], aval, 0)
+            ch.kernel(GUARDS, "set_cond_from_cell", 1, 1, [c, self.slots[go]], "guard", "while", c)
+
+        g, chain.last = guard(level, chain.last)
+        step(chain, g, 1)
+        node, (body_l,) = self.conditional(level, chain.deps(), "while", c, label="while")
+        chain.push(node)
+        refs = [self._ref(ctr, ir.U32_CELL)] + consts + carries
+
+        def finish_body(tails):
+            g_, tails = guard(body_l, tails)
+            step(_Chain(self, body_l, tails), g_, 0)
+
+        self._body(body_l, body, refs, outs, extra=finish_body)
+        for o, k, aval in kept:                # every instance but those the cap stopped
+            self._masked_copy(chain, o, self.slots[k], self.slots[live], aval, 1)
+
+    # -- vmap's other primitives ---------------------------------------------------------------
+    def _spread(self, chain, atom, aval):
+        """The device array of `atom` at the shape of `aval` (a shared value over a batch): its own
+        buffer where it has that shape, else a copy spread by eagle_strided_copy (stride 0)."""
+        if isinstance(atom, Literal) or tuple(atom.aval.shape) == tuple(aval.shape):
+            return self.buf(atom, aval)
+        out = self._sub_slot(aval)
+        self._broadcast(chain, self.slots[out], self.buf(atom), atom.aval, aval, "spread")
+        return self.slots[out]
+
+    def _broadcast(self, chain, dst, src, src_aval, dst_aval, label):
+        """eagle_strided_copy of src over the leading axes of dst it lacks (NumPy's broadcasting)."""
+        shape, item = tuple(dst.shape), dst_aval.dtype.itemsize
+        sshape = (1,) * (len(shape) - len(src.shape)) + tuple(src.shape)
+        sstr = [0 if d == 1 and t != 1 else st for d, t, st in zip(sshape, shape, _c_strides(sshape, item))]
+        self._strided(chain, dst, src, dst_aval, (shape, sstr, 0), (shape, list(_c_strides(shape, item)), 0), label)
+
+    def _gen_batch_broadcast(self, chain, e, outs):
+        """A shared value spread over a batch. A stack of saved turns (rows, *value) becomes one of
+        (rows, B, *value), the rows both hold."""
+        (x,), out, aval = e.inputs, self.slots[outs[0]], e.outputs[0].aval
+        if isinstance(x, Literal) or not ir.is_stack(aval):
+            if isinstance(x, Literal):
+                chain.memcpy(out, self.const(x.value, aval.dtype, tuple(out.shape)), label="constant")
+            else:
+                self._broadcast(chain, out, self.buf(x), x.aval, aval, "batch_broadcast")
+            return
+        src = self.buf(x)
+        rows = min(int(src.shape[0]), int(out.shape[0]))
+        shape = (rows,) + tuple(out.shape[1:])
+        item = aval.dtype.itemsize
+        sstr = list(_c_strides(tuple(src.shape), item))
+        sstr = sstr[:1] + [0] + sstr[1:]
+        self._strided(chain, out, src, aval, (shape, sstr, 0), (shape, list(_c_strides(tuple(out.shape), item))[:len(shape)], 0),
+                      "batch_broadcast")
+
     # -- the derivative programs' primitives (ir.py: zeros .. cell_rev) --------------------------
     def _gen_zeros(self, chain, e, outs):
         if ir.is_stack(e.outputs[0].aval):        # no turn is saved yet: nothing is read before a push
@@ -931,39 +1193,43 @@ class _Lowering(SlotPlanner):
 
     def _gen_add_any(self, chain, e, outs):
         out_aval = e.outputs[0].aval
-        if any(a.aval.shape != out_aval.shape for a in e.inputs if isinstance(a, Var)):
-            _refuse_vmap(e, "a sum of a batched and a shared cotangent")
         if out_aval.dtype not in ADD_DTYPES:
             raise NotImplementedError(f"eagle_fx CUDA lowering: add_any of {out_aval.dtype} planes")
         count = int(np.prod(out_aval.shape))
-        a, b = (self.buf(x, out_aval) for x in e.inputs)
+        a, b = (self._spread(chain, x, out_aval) for x in e.inputs)     # (under vmap: a shared one spread)
         chain.kernel(LOWERING, _add_entry(out_aval.dtype), grid_for(count), BLOCK,
                      [self.slots[outs[0]], a, b, np.uint64(count)], "sum", "add_any")
 
     def _turn(self, e, atom):
-        if atom.aval.shape != (1,) or e.params.get("batched") or e.params.get("turn_batched"):
-            _refuse_vmap(e, "a stack of saved turns per instance")
         return self.buf(atom, ir.U32_CELL)
 
     def _gen_stack_push(self, chain, e, outs):
         _, turn, value = e.inputs
         stack = self.slots[outs[0]]
-        vaval = e.inputs[2].aval if isinstance(value, Var) else AVal(stack.shape[1:], stack.dtype)
+        row = ir.plane_aval(tuple(stack.shape[1:]), stack.dtype)    # under vmap (B, *value): a shared value is spread
         count = int(np.prod(stack.shape[1:], dtype=np.int64))
-        args = [stack, self.buf(value, vaval), self._turn(e, turn), np.uint64(count),
+        args = [stack, self._spread(chain, value, row), self._turn(e, turn), np.uint64(count),
                 np.uint32(stack.dtype.itemsize), np.uint32(stack.shape[0]), self.overflow()]
         chain.kernel(LOWERING, "eagle_stack_push", grid_for(count), BLOCK, args, "stack", "push")
 
     def _gen_stack_read(self, chain, e, outs):
         stack, turn = self.buf(e.inputs[0]), self._turn(e, e.inputs[1])
         count = int(np.prod(stack.shape[1:], dtype=np.int64))
+        if e.params.get("turn_batched"):          # a turn per instance: each reads its own row
+            B = int(e.outputs[0].aval.shape[0])
+            per = int(np.prod(e.outputs[0].aval.shape[1:], dtype=np.int64))
+            args = [self.slots[outs[0]], stack, turn, np.uint64(per), np.uint64(count),
+                    np.uint64(per if e.params.get("batched") else 0), np.uint32(B), np.uint32(stack.dtype.itemsize),
+                    np.uint32(stack.shape[0]), self.overflow()]
+            chain.kernel(LOWERING, "eagle_stack_gather", grid_for(per * B), BLOCK, args, "stack", "gather")
+            return
         args = [self.slots[outs[0]], stack, turn, np.uint64(count), np.uint32(stack.dtype.itemsize),
                 np.uint32(stack.shape[0]), self.overflow()]
         chain.kernel(LOWERING, "eagle_stack_read", grid_for(count), BLOCK, args, "stack", "read")
 
     def _gen_cell_count(self, chain, e, outs):
-        if any(a.aval.shape != (1,) for a in e.inputs) or e.outputs[0].aval != ir.U32_CELL:
-            _refuse_vmap(e, "turn counters per instance")
+        if e.outputs[0].aval.shape != (1,):      # turn counters per instance
+            return self._cells(chain, _CELLS_OP[e.prim], outs[0], *e.inputs)
         entry = "eagle_cell_inc" if e.prim is ir.cell_inc_p else "eagle_cell_rev"
         args = [self.slots[outs[0]]] + [self.buf(a, ir.U32_CELL) for a in e.inputs]
         chain.kernel(LOWERING, entry, 1, 1, args, "cell", e.prim.name)
@@ -972,17 +1238,18 @@ class _Lowering(SlotPlanner):
         """A checkpointed reverse: a WHILE whose body runs one action of the binomial schedule
         (eagle_revolve_step, a state machine on the device: SWITCH over advance / reverse / store /
         restore), then asks for the next. The K kept states are (K, *shape) buffers, a turn each."""
-        if e.params.get("masked"):
-            _refuse_vmap(e, "a checkpointed reverse with a turn count per instance")
         fwd, bwd, K, nc = e.params["forward"], e.params["backward"], int(e.params["checkpoints"]), e.params["n_consts"]
         if K < 1:
             raise ValueError(f"checkpoints={K}: keep at least one state (the loop's start)")
         nk = len(fwd.outputs)
         turns, consts = e.inputs[0], list(e.inputs[1:1 + nc])
         init, start = e.inputs[1 + nc:1 + nc + nk], e.inputs[1 + nc + nk:]
-        if turns.aval.shape != (1,):
-            _refuse_vmap(e, "a checkpointed reverse with a turn count per instance")
         level = chain.level
+        masked = turns.aval.shape != (1,)         # vmap: a turn count per instance; the schedule runs the most
+        if masked:
+            most = self._sub_slot(ir.U32_CELL)
+            chain.kernel(LOWERING, "eagle_cells_max", 1, 1, [self.slots[most], self.buf(turns, turns.aval),
+                         np.uint32(np.prod(turns.aval.shape))], "cell", "most turns")
         work = [self._sub_slot(a.aval) for a in init]
         kept = [self._zeros((K,) + tuple(a.aval.shape), a.aval.dtype) for a in init]
         state = self._zeros((6 + 2 * K,), np.uint32)
@@ -990,7 +1257,7 @@ class _Lowering(SlotPlanner):
         tails = self._copies_seq(level, chain.deps(), start, outs)     # the seeds and zero sums
         chain.last = self._copies_seq(level, tails, init, work)
         loop = self.condition(level)
-        step = [loop, state, self.buf(turns, ir.U32_CELL), np.uint32(K)]
+        step = [loop, state, self.slots[most] if masked else self.buf(turns, ir.U32_CELL), np.uint32(K)]
         tail = [self.slots[kind], self.slots[ctr], self.slots[slot]]
         chain.kernel(LOWERING, "eagle_revolve_step", 1, 1, step + [np.uint32(1)] + tail, "guard", "revolve", loop)
         node, (body_l,) = self.conditional(level, chain.deps(), "while", loop, label="revolve")
@@ -1007,7 +1274,10 @@ class _Lowering(SlotPlanner):
             states = [self._ref(w, a.aval) for w, a in zip(work, init)]
             self._body(advance, fwd, [turn_ref] + consts + states, work)
             cts = [self._ref(o, v.aval) for o, v in zip(outs, e.outputs)]
-            self._body(reverse, bwd, [turn_ref] + consts + states + cts, outs)
+            if masked:
+                self._masked_reverse(reverse, bwd, turns, turn_ref, [turn_ref] + consts + states + cts, outs, e)
+            else:
+                self._body(reverse, bwd, [turn_ref] + consts + states + cts, outs)
             for lv, entry in ((store, "eagle_stack_push"), (restore, "eagle_stack_read")):
                 c = _Chain(self, lv, ())
                 for w, buf in zip(work, kept):
@@ -1022,14 +1292,28 @@ class _Lowering(SlotPlanner):
         finally:
             self.depth -= 1
 
-
-def _refuse_vmap(e, what):
-    raise NotImplementedError(f"eagle_fx CUDA lowering: {what} ({e.prim} at {e.info.where}) comes from vmap, which "
-                              "the CUDA lowering does not lower in this version; run vmap'd graphs on the NumPy "
-                              "or JAX backend")
+    def _masked_reverse(self, level, bwd, turns, turn_ref, operands, outs, e):
+        """A masked revolve's reverse of turn t: instances whose own turns end at or before t keep
+        the cotangents they had (copied aside first, put back after)."""
+        self.depth += 1
+        try:
+            ch = _Chain(self, level, ())
+            before = [self._sub_slot(v.aval) for v in e.outputs]
+            for o, b in zip(outs, before):
+                ch.memcpy(self.slots[b], self.slots[o], label="cotangents before")
+            done = self._sub_slot(turns.aval)
+            self._cells(ch, _CELLS_OP["le"], done, turns, turn_ref)
+            ch.last = self._gen_sub(level, ch.deps(), bwd, operands, outs)
+            for o, b, v in zip(outs, before, e.outputs):
+                self._masked_copy(ch, o, self.slots[b], self.slots[done], v.aval, 0)
+        finally:
+            self.depth -= 1
+        self._seal(level)
 
 
 _CELL_ENTRY = {ir.cell_not_p: "eagle_cell_not", ir.cell_and_p: "eagle_cell_and", ir.cell_or_p: "eagle_cell_or"}
+# eagle_cells' op codes (cells per instance)
+_CELLS_OP = {ir.cell_not_p: 0, ir.cell_and_p: 1, ir.cell_or_p: 2, ir.cell_inc_p: 3, ir.cell_rev_p: 4, "le": 5}
 
 # primitive -> rule(lowering, chain, eqn, output slots): adds the equation's nodes to `chain`
 cuda_rules = RuleTable("CUDA lowering")
@@ -1049,4 +1333,4 @@ cuda_rules[ir.stack_read_p] = _Lowering._gen_stack_read
 cuda_rules[ir.cell_inc_p] = _Lowering._gen_cell_count
 cuda_rules[ir.cell_rev_p] = _Lowering._gen_cell_count
 cuda_rules[ir.revolve_p] = _Lowering._gen_revolve
-cuda_rules[batch_broadcast_p] = lambda low, chain, e, outs: _refuse_vmap(e, "a shared value spread over a batch")
+cuda_rules[batch_broadcast_p] = _Lowering._gen_batch_broadcast

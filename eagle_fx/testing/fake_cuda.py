@@ -105,6 +105,11 @@ _SIGNATURES = {
     "eagle_cell_inc": ("u32*", "u32*"),
     "eagle_revolve_step": ("h", "u32*", "u32*", "u32", "u32", "u32*", "u32*", "u32*"),
     "eagle_cell_rev": ("u32*", "u32*", "u32*"),
+    "eagle_cells": ("u32*", "u32*", "u32*?", "u32", "u32", "u32", "u32"),
+    "eagle_cells_max": ("u32*", "u32*", "u32"),
+    "eagle_masked_copy": ("u8*", "u8*", "u32*", "u64", "u64", "u32", "u32", "i64"),
+    "eagle_masked_loop": ("u32*", "u32*", "u32*", "u32*", "u32*?", "u32", "u32*?", "u32", "u32", "u32", "u32"),
+    "eagle_stack_gather": ("u8*", "u8*", "u32*", "u64", "u64", "u64", "u32", "u32", "u32", "u32*"),
     "eagle_add_float32": ("f32*", "f32*", "f32*", "u64"),
     "eagle_add_float64": ("f64*", "f64*", "f64*", "u64"),
     "eagle_add_int32": ("i32*", "i32*", "i32*", "u64"),
@@ -465,6 +470,40 @@ class FakeBuilder:
             a[0][0] = a[1][0] + np.uint32(1)
         elif entry == "eagle_cell_rev":
             a[0][0] = max(int(a[1][0]) - 1 - int(a[2][0]), 0)
+        elif entry == "eagle_cells":
+            out, x, y, count, sa, sb, op = a
+            k = int(count)
+            x = np.broadcast_to(x.reshape(-1)[:k if sa else 1].astype(np.int64), (k,))
+            y = np.zeros(k, np.int64) if y is None else np.broadcast_to(y.reshape(-1)[:k if sb else 1].astype(np.int64), (k,))
+            r = {0: x == 0, 1: (x != 0) & (y != 0), 2: (x != 0) | (y != 0), 3: x + 1,
+                 4: np.maximum(x - 1 - y, 0), 5: x <= y}[int(op)]
+            out.reshape(-1)[:k] = r
+        elif entry == "eagle_cells_max":
+            out, x, count = a
+            out[0] = int(x.reshape(-1)[:int(count)].max(initial=0))
+        elif entry == "eagle_masked_copy":
+            _no_race(node, [a[1]], [a[0]])
+            self._masked_copy(a)
+        elif entry == "eagle_masked_loop":
+            counter, go, live, done, guard, gs, trips, ts, cap, B, start = a
+            t = 0 if start else int(counter[0]) + 1
+            counter[0] = t
+            if start:
+                live[:int(B)] = 1
+            if t >= int(cap):
+                done[:int(B)] = 0
+                go[0] = 0
+                return
+            run = live[:int(B)] != 0
+            if guard is not None:
+                run &= np.broadcast_to(guard.reshape(-1)[:int(B) if gs else 1], (int(B),)) != 0
+            if trips is not None:
+                run &= t < np.broadcast_to(trips.reshape(-1)[:int(B) if ts else 1], (int(B),))
+            done[:int(B)] = (live[:int(B)] != 0) & ~run
+            live[:int(B)] = run
+            go[0] = int(run.any())
+        elif entry == "eagle_stack_gather":
+            self._stack_gather(node, a)
         elif entry.startswith("eagle_add_"):
             out, x, y, count = a
             if not out.size == x.size == y.size == int(count):
@@ -493,6 +532,37 @@ class FakeBuilder:
             rows[:] = _nbytes_view(value)
         else:
             _nbytes_view(value)[:] = rows
+
+    @staticmethod
+    def _masked_copy(a):
+        """dst = src, item by item, for the instances the mask selects (eagle_masked_copy)."""
+        dst, src, mask, per, count, itemsize, mode, key = a
+        per, count, size = int(per), int(count), int(itemsize)
+        if count * size > min(dst.nbytes, src.nbytes) or count // per > mask.size:
+            raise FakeCudaError(f"fake CUDA: eagle_masked_copy of {count} items over arrays of {dst.nbytes}, "
+                                f"{src.nbytes} bytes and {mask.size} instances")
+        m = mask.reshape(-1)[:count // per].astype(np.int64)
+        take = {0: m != 0, 1: m == 0, 2: m == int(key)}[int(mode)]
+        d = _nbytes_view(dst)[:count * size].reshape(-1, per * size)
+        d[take] = _nbytes_view(src)[:count * size].reshape(-1, per * size)[take]
+
+    @staticmethod
+    def _stack_gather(node, a):
+        """Row turns[b] of a stack, for each instance b (eagle_stack_gather)."""
+        out, stack, turns, per, rowcount, bstride, B, itemsize, room, overflow = a
+        per, rowcount, bstride, size = int(per), int(rowcount), int(bstride), int(itemsize)
+        if int(room) * rowcount * size > stack.nbytes or out.nbytes != per * int(B) * size:
+            raise FakeCudaError(f"fake CUDA: eagle_stack_gather of {int(B)} rows of {per} items, room {int(room)}, "
+                                f"over a stack of {stack.nbytes} bytes and a value of {out.nbytes}")
+        _no_race(node, [stack], [out])
+        src, dst = _nbytes_view(stack), _nbytes_view(out)
+        for b in range(int(B)):
+            t = int(turns.reshape(-1)[b])
+            if t >= int(room):
+                overflow[0] = max(int(overflow[0]), t + 1)
+                continue
+            lo = (t * rowcount + b * bstride) * size
+            dst[b * per * size:(b + 1) * per * size] = src[lo:lo + per * size]
 
     @staticmethod
     def _strided_copy(a):
