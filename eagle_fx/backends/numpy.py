@@ -439,6 +439,19 @@ class NumpyExecutable(SlotPlanner):
         with self._lock:
             self._replay(times)
 
+    def release(self, min_bytes: int) -> None:
+        """After a cached call returns: drop the stacks of saved turns and this thread's kernel
+        scratch that hold more than min_bytes; the next replay allocates them again as it goes.
+        Buffers of one value each (n samples) stay: the graph is planned over them."""
+        with self._lock:
+            for s in self.slots:
+                if isinstance(s, Stack):
+                    s.release(min_bytes)
+            for call in self.calls:
+                if call[0] == "call":
+                    spec, batch = call[1], call[5]
+                    (_batched_kernel(spec, batch) if batch else spec.compiled).release_scratch(min_bytes)
+
     def array_of(self, var):
         k = self.slot_of.get(var)
         return None if k is None else self.slots[k]

@@ -503,6 +503,13 @@ class NumpyKernel:
         sets[m] = s
         return s
 
+    def release_scratch(self, min_bytes: int) -> None:
+        """Drop this thread's intermediates for the chunk lengths whose set holds more than min_bytes
+        (a body with a sample reduction keeps whole-n planes): they are made again when next used."""
+        sets = self._local.sets
+        for m in [m for m, s in sets.items() if sum(a.nbytes for a in s) > min_bytes]:
+            del sets[m]
+
     def __call__(self, ins, outs, n):
         self.run_fn(ins, outs, n)
 
