@@ -326,15 +326,23 @@ class NumpyKernel:
         out_pos: dict[Var, int] = {}
         for j in in_body:
             out_pos.setdefault(prog.outputs[j], j)
-        last_mem_read = len(prog.eqns) if body_from_mem else -1
+        last_mem_read = last_any_read = len(prog.eqns) if body_from_mem else -1
         for idx, e in enumerate(prog.eqns):
-            if any(isinstance(a, Var) and a in in_mem and a.aval.kind == SAMPLE for a in e.inputs):
+            reads = [a for a in e.inputs if isinstance(a, Var) and a in in_mem]
+            if any(a.aval.kind == SAMPLE for a in reads):
                 last_mem_read = max(last_mem_read, idx)
+            if reads:
+                last_any_read = max(last_any_read, idx)
         direct: dict[Var, int] = {}
         for idx, e in enumerate(prog.eqns):
             for v in e.outputs:
-                if (v in out_pos and e.prim in single_pass and idx >= last_mem_read
-                        and v.aval.kind == SAMPLE and self.out_sample[out_pos[v]]):
+                if v not in out_pos or e.prim not in single_pass:
+                    continue
+                if idx >= last_mem_read and v.aval.kind == SAMPLE and self.out_sample[out_pos[v]]:
+                    direct[v] = out_pos[v]
+                # a one-cell result of a reduction (a guard's count, converted): the body runs as one
+                # chunk, so it is written once, after the last read of anything in input memory
+                elif self.has_reduction and idx >= last_any_read and not self.out_sample[out_pos[v]]:
                     direct[v] = out_pos[v]
 
         def src(a):
@@ -356,6 +364,23 @@ class NumpyKernel:
                 last_use[root.get(a, a)] = float("inf")
         free: dict[tuple, list] = {}
         scratch_of: dict[Var, int] = {}
+        # a count of bools read only by its conversion into a direct output of 32 bits or more
+        # (a guard's flag): the count is stored there, and the conversion is no copy at all
+        readers: dict[Var, list] = {}
+        for e in prog.eqns:
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    readers.setdefault(a, []).append(e)
+        count_into: dict[Var, Var] = {}
+        for idx, e in enumerate(prog.eqns):
+            a = e.inputs[0] if e.inputs else None
+            if (e.prim is prims.P["sample_sum"] and idx >= last_any_read and not self.batch and isinstance(a, Var)
+                    and a.aval.dtype == np.bool_ and not a.aval.shape and a.aval.kind == SAMPLE):
+                r = readers.get(e.outputs[0], [])
+                w = r[0].outputs[0] if len(r) == 1 and r[0].prim is prims.convert_p else None
+                if (w is not None and w in direct and e.outputs[0] not in out_pos
+                        and np.dtype(w.aval.dtype).kind in "iu" and np.dtype(w.aval.dtype).itemsize >= 4):
+                    count_into[e.outputs[0]] = w
 
         for idx, e in enumerate(prog.eqns):
             ins = [src(a) for a in e.inputs]
@@ -381,8 +406,13 @@ class NumpyKernel:
                 continue
             if e.prim is not prims.convert_p and e.prim not in prims.REDUCTION:
                 ins = self._strong_operands(e, ins, lines, hoisted)
+            if e.prim is prims.convert_p and e.inputs[0] in count_into:
+                names[v] = f"o{direct[v]}"      # written by the count
+                continue
             if v in direct:
                 names[v] = f"o{direct[v]}"
+            elif v in count_into:
+                names[v] = f"o{direct[count_into[v]]}"
             elif v not in depends:
                 names[v] = f"U[{len(self.uniform_specs)}]"
                 self.uniform_specs.append((v.aval.shape, v.aval.dtype))
@@ -394,7 +424,12 @@ class NumpyKernel:
                     self.scratch_specs.append(key)
                 scratch_of[v] = k
                 names[v] = f"S[{k}]"
-            lines.extend(numpy_emit[e.prim](ctx, names[v], ins, e.params))
+            a = e.inputs[0]
+            if (e.prim is prims.P["sample_sum"] and not self.batch and isinstance(a, Var)
+                    and a.aval.dtype == np.bool_ and not a.aval.shape and a.aval.kind == SAMPLE):
+                lines.append(f"{names[v]}[0] = np.count_nonzero({ins[0]})")     # _sample_sum's count, inline
+            else:
+                lines.extend(numpy_emit[e.prim](ctx, names[v], ins, e.params))
             for a in {root.get(a, a) for a in e.inputs if isinstance(a, Var)}:
                 if last_use.get(a) == idx and a in scratch_of:
                     free.setdefault(self.scratch_specs[scratch_of[a]], []).append(scratch_of.pop(a))
