@@ -7,6 +7,7 @@ Scratch belongs to a thread (a few chunk lengths each), so any number of threads
 compiled body at once: eagerly, from graph replays, or as chunk workers.
 A body with a sample reduction runs as one chunk, since the reduction needs every sample.
 Large calls share their chunks out to a few threads; one chunk runs inline, for small-n speed.
+A graph replay binds a call (`bind`) to its planes and to scratch of its own: no lookup per call.
 
 Runtime layout: a per-sample value is an array (*shape, m); a uniform value is (*shape, 1), or a
 Python number when weakly typed (so float32 stays float32, as NumPy's rules say).
@@ -14,6 +15,7 @@ Python number when weakly typed (so float32 stays float32, as NumPy's rules say)
 from __future__ import annotations
 
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -174,6 +176,11 @@ def _share(x):
                                           count * PARALLEL_MIN, PARALLEL_MIN)
 
 
+try:        # np.count_nonzero without its Python wrapper (which costs the count four times over at small n)
+    from numpy._core.multiarray import count_nonzero as _count_nonzero
+except ImportError:
+    _count_nonzero = np.count_nonzero
+
 _SHORT_ROW = 64
 _POPCOUNT = getattr(np, "bitwise_count", None)      # NumPy >= 2.0
 
@@ -255,6 +262,29 @@ def _literal_src(ctx, lit: Literal, nbatch: int = 0) -> str:
     return ctx.const(v, "lit")
 
 
+def _unpacked(line: str) -> str:
+    """A body line reading scratch and uniforms as names (S_0, U_0) in place of tuple items."""
+    return re.sub(r"\b([SU])\[(\d+)\]", r"\1_\2", line)
+
+
+def _typed_literals(ctx, e, ins):
+    """A Python number beside operands of one float dtype becomes a 0-d array of that dtype: what
+    NumPy converts the weak number to (exactly: only values the dtype holds), with no conversion
+    at each call, which costs a ufunc as much again at small n."""
+    dts = {np.dtype(a.aval.dtype) for a in e.inputs if isinstance(a, Var)}
+    if len(dts) != 1 or any(isinstance(a, Var) and a.aval.weak for a in e.inputs):
+        return ins
+    dt = dts.pop()
+    if dt.kind != "f":
+        return ins
+    out = list(ins)
+    for k, a in enumerate(e.inputs):
+        v = a.value if isinstance(a, Literal) else None
+        if type(v) in (int, float) and abs(v) < 2 ** 53 and float(dt.type(v)) == v:     # finite, exact
+            out[k] = ctx.const(np.array(v, dt), "lit")
+    return out
+
+
 class _ThreadScratch(threading.local):
     """One thread's scratch for one compiled body: U, the values computed once per call (Params,
     constants), and per chunk length the intermediates, most recently used last."""
@@ -281,6 +311,7 @@ class NumpyKernel:
         exec(compile(self.source, f"<hawk kernel {id(prog):x}>", "exec"), ns)
         self.run_fn = ns["run"]              # run(ins, outs, n)
         self.run_flat = ns["run_flat"]       # run_flat(*ins, *outs, n): the same, positionally
+        self._bind = ns["bind"]
 
     def _generate(self) -> str:
         prog = self.prog
@@ -384,6 +415,8 @@ class NumpyKernel:
 
         for idx, e in enumerate(prog.eqns):
             ins = [src(a) for a in e.inputs]
+            if e.prim in prims.ELEMENTWISE and not _is_weak(e.outputs[0]):
+                ins = _typed_literals(ctx, e, ins)
             v = e.outputs[0]
             lines = hoisted if v not in depends else body
             if e.prim in view_emit:
@@ -427,7 +460,7 @@ class NumpyKernel:
             a = e.inputs[0]
             if (e.prim is prims.P["sample_sum"] and not self.batch and isinstance(a, Var)
                     and a.aval.dtype == np.bool_ and not a.aval.shape and a.aval.kind == SAMPLE):
-                lines.append(f"{names[v]}[0] = np.count_nonzero({ins[0]})")     # _sample_sum's count, inline
+                lines.append(f"{names[v]}[0] = {ctx.const(_count_nonzero, 'count')}({ins[0]})")  # _sample_sum's count
             else:
                 lines.extend(numpy_emit[e.prim](ctx, names[v], ins, e.params))
             for a in {root.get(a, a) for a in e.inputs if isinstance(a, Var)}:
@@ -497,6 +530,17 @@ class NumpyKernel:
         code += ["    " + ln for ln in after] + ["    return"]
         code += ["def run(ins, outs, n):",
                  "    run_flat(*ins, *outs, n)"]
+        # bind: a call of no arguments over given planes, n (one chunk) and scratch of the caller's
+        # own (a graph replay: it holds its planes and scratch, and runs one call at a time)
+        code += [f"def bind({', '.join(i_names + o_names + ['S', 'U', 'n'])}):"]
+        code += [f"    {', '.join(f'S_{k}' for k in range(len(self.scratch_specs)))}, = S"] if self.scratch_specs else []
+        code += [f"    {', '.join(f'U_{k}' for k in range(len(self.uniform_specs)))}, = U"] if self.uniform_specs else []
+        code += ["    def call():"]
+        if len(body) <= INLINE_LINES:
+            inner = hoisted + body + after
+        else:
+            inner = hoisted + [f"body({', '.join(i_names + o_names + hoisted_names + ['S', 'U', 'n'])})"] + after
+        code += ["        " + _unpacked(ln) for ln in inner] + ["        return", "    return call"]
         return "\n".join(code) + "\n"
 
     def _strong_operands(self, e, ins, lines, hoisted):
@@ -525,6 +569,17 @@ class NumpyKernel:
             ins[k] = name
         return ins
 
+    def new_scratch(self, m: int) -> tuple:
+        """(S, U): new intermediates for a chunk of m samples, and the values computed once per call."""
+        S = tuple(np.empty(shape + self.batch + ((m if sample else 1),), dt) for shape, dt, sample in self.scratch_specs)
+        return S, tuple(np.empty(s + self.batch + (1,), d) for s, d in self.uniform_specs)
+
+    def bind(self, ins, outs, n: int, scratch) -> callable:
+        """call(): run(ins, outs, n) with no arguments and no scratch lookup, for n within one chunk;
+        `scratch` (new_scratch(n)) is the caller's, and used by one call at a time."""
+        assert n <= self.chunk
+        return self._bind(*ins, *outs, *scratch, n)
+
     def scratch(self, m: int) -> tuple:
         """This thread's intermediates for a chunk of m samples. A thread keeps them for the
         SCRATCH_SIZES chunk lengths it used last (a chunked call uses two: the chunk and the tail)."""
@@ -533,8 +588,7 @@ class NumpyKernel:
         if s is None:
             if len(sets) >= SCRATCH_SIZES:
                 del sets[next(iter(sets))]
-            s = tuple(np.empty(shape + self.batch + ((m if sample else 1),), dt)
-                      for shape, dt, sample in self.scratch_specs)
+            s = self.new_scratch(m)[0]
         sets[m] = s
         return s
 
