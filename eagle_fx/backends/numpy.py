@@ -422,6 +422,7 @@ class NumpyExecutable(SlotPlanner):
             ns[f"b{k}"] = arr
         for k, c in enumerate(self.consts):
             ns[f"k{k}"] = c
+        thread_scratch = set()
         for k, call in enumerate(self.calls):
             if call[0] == "fn":
                 ns[f"c{k}"] = call[1]
@@ -438,6 +439,10 @@ class NumpyExecutable(SlotPlanner):
                        for k, (x, b) in enumerate(zip(ins, in_batched))]
                 out_arrays = [np.moveaxis(o, 0, -2) for o in out_arrays]
             ns[f"c{k}"] = _call(kernel, ins, out_arrays, n, self._own_scratch)
+            if self._scratch.get((kernel, n)) is None:
+                thread_scratch.add(kernel)
+        # what `release` looks at: the stacks, and the kernels that run on the thread's scratch
+        self._releasable = ([s for s in self.slots if isinstance(s, Stack)], list(thread_scratch))
         exec(self._code, ns)
         self._replay = ns["replay"]
 
@@ -467,14 +472,12 @@ class NumpyExecutable(SlotPlanner):
         scratch that hold more than min_bytes; the next replay allocates them again as it goes.
         Buffers of one value each (n samples) stay: the graph is planned over them; so does the
         scratch the graph owns (OWN_SCRATCH_BYTES at most per kernel)."""
+        stacks, kernels = self._releasable
         with self._lock:
-            for s in self.slots:
-                if isinstance(s, Stack):
-                    s.release(min_bytes)
-            for call in self.calls:
-                if call[0] == "call":
-                    spec, batch = call[1], call[5]
-                    (_batched_kernel(spec, batch) if batch else spec.compiled).release_scratch(min_bytes)
+            for s in stacks:
+                s.release(min_bytes)
+            for kernel in kernels:
+                kernel.release_scratch(min_bytes)
 
     def array_of(self, var):
         k = self.slot_of.get(var)
