@@ -268,9 +268,9 @@ def _unpacked(line: str) -> str:
 
 
 def _typed_literals(ctx, e, ins):
-    """A Python number beside operands of one float dtype becomes a 0-d array of that dtype: what
-    NumPy converts the weak number to (exactly: only values the dtype holds), with no conversion
-    at each call, which costs a ufunc as much again at small n."""
+    """A Python number beside a ufunc's operands of one float dtype becomes a 0-d array of that
+    dtype: what NumPy converts the weak number to (exactly: only values the dtype holds), with no
+    conversion at each call, which costs a ufunc as much again at small n."""
     dts = {np.dtype(a.aval.dtype) for a in e.inputs if isinstance(a, Var)}
     if len(dts) != 1 or any(isinstance(a, Var) and a.aval.weak for a in e.inputs):
         return ins
@@ -415,7 +415,8 @@ class NumpyKernel:
 
         for idx, e in enumerate(prog.eqns):
             ins = [src(a) for a in e.inputs]
-            if e.prim in prims.ELEMENTWISE and not _is_weak(e.outputs[0]):
+            if (e.prim in prims.ELEMENTWISE and isinstance(prims.ELEMENTWISE[e.prim][1], np.ufunc)
+                    and not _is_weak(e.outputs[0])):
                 ins = _typed_literals(ctx, e, ins)
             v = e.outputs[0]
             lines = hoisted if v not in depends else body
