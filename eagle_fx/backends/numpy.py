@@ -4,8 +4,10 @@ Lowering plans memory once: every Var gets a buffer slot; `inplace` outputs shar
 slot (Mutable writes land in the caller's array, loop carries stay in one buffer); a value an arm
 or loop body produces is written straight into the slot of the construct's output when no later
 reader still needs that slot; top-level temporaries reuse freed slots by liveness. The replay
-function is straight-line Python: kernel calls are prebound partials over the slot arrays, device
-conditions read cells (`if b3[0]:`), loops are `while` loops. Replays allocate no arrays.
+function is straight-line Python: kernel calls are calls of no arguments bound to the slot arrays
+(at small n over scratch the graph owns: no per-thread lookup), device conditions read cells
+(`if b3[0]:`), capped or counted loops are `for` loops over a range. Replays allocate no arrays.
+After a cached call, `release` drops stacks of saved turns and kernel scratch over a threshold.
 `bind` swaps the arrays of input slots and rebinds the partials; nothing is re-lowered.
 """
 from __future__ import annotations
@@ -46,12 +48,21 @@ def _shared(x, batch, kernel):
     return np.broadcast_to(x, x.shape[:-2] + tuple(batch) + x.shape[-1:]) if kernel.has_reduction else x
 
 
-def _call(run, ins, outs, n):
-    """A kernel call over bound arrays. An input that overlaps an output without being the same view
-    (two views of one user buffer) is copied into a private buffer before each run: the body reads
-    every input before any write, as NumPy's `y[1:] = f(y[:-1], y[1:])` does."""
+OWN_SCRATCH_BYTES = 1 << 18    # a kernel's scratch up to this size at the graph's n is the graph's own
+
+
+def _call(kernel, ins, outs, n, own_scratch):
+    """A kernel call over bound arrays. Where its scratch is small (own_scratch(kernel, n) gives it,
+    else None), a call of no arguments over the graph's own scratch: no lookup of the thread's.
+    An input that overlaps an output without being the same view (two views of one user buffer)
+    is copied into a private buffer before each run: the body reads every input before any write,
+    as NumPy's `y[1:] = f(y[:-1], y[1:])` does."""
     overlap = overlapping_inputs(ins, outs)
+    run = kernel.run_fn
     if not overlap:
+        scratch = own_scratch(kernel, n) if n <= kernel.chunk else None
+        if scratch is not None:
+            return kernel.bind(ins, outs, n, scratch)
         return functools.partial(run, tuple(ins), tuple(outs), n)
     ins = list(ins)
     copies = []
@@ -108,6 +119,7 @@ class NumpyExecutable(SlotPlanner):
         self.views: list = []           # (slot, input slot, index): slices read straight from a caller's array
         self.viewable = _viewable_slices(self.plan)
         self._lock = threading.Lock()
+        self._scratch: dict = {}        # (kernel, n) -> its (S, U), or None (_own_scratch)
         g = _Gen(self)
         self._gen_top(g)
         body = g.lines or ["pass"]
@@ -205,15 +217,14 @@ class NumpyExecutable(SlotPlanner):
         t = f"t{g.turns}"
         g.turns += 1
         ctr = self._sub_slot(ir.U32_CELL)
-        g.emit(d, f"{t} = 0")
         if counted:
             g.emit(d, f"{t}_n = int({self.b(trip)}[0])")
         g.loop_header(d, consts)
-        g.emit(d, "while True:")
-        if cap is not None:
-            g.emit(d + 1, f"if {t} >= {cap}: break")
-        if counted:
-            g.emit(d + 1, f"if {t} >= {t}_n: break")
+        if cap is None and not counted:
+            g.emit(d, f"{t} = 0")
+            g.emit(d, "while True:")
+        else:           # the turns a cap or a trip count allow, as a range: no bookkeeping per turn
+            g.emit(d, f"for {t} in range({cap if not counted else f'{t}_n' if cap is None else f'min({cap}, {t}_n)'}):")
         if cond is not None:
             c_ops = consts + [self._ref(s, a.aval) for s, a in zip(outs, init)]
             if not cond.eqns and cond.outputs[0] in cond.inputs:     # the guard is a carried cell itself
@@ -228,7 +239,8 @@ class NumpyExecutable(SlotPlanner):
         refs = [self._ref(ctr, ir.U32_CELL)] + consts + [self._ref(s, a.aval) for s, a in zip(outs, init)]
         self._gen_sub(g, d + 1, body, refs, outs)
         g.loops.pop()
-        g.emit(d + 1, f"{t} += 1")
+        if cap is None and not counted:
+            g.emit(d + 1, f"{t} += 1")
 
     def _gen_revolve(self, g, d, e, outs):
         """A checkpointed reverse (ir.revolve_p): the loop body and its reverse step become local
@@ -410,6 +422,7 @@ class NumpyExecutable(SlotPlanner):
             ns[f"b{k}"] = arr
         for k, c in enumerate(self.consts):
             ns[f"k{k}"] = c
+        thread_scratch = set()
         for k, call in enumerate(self.calls):
             if call[0] == "fn":
                 ns[f"c{k}"] = call[1]
@@ -425,9 +438,24 @@ class NumpyExecutable(SlotPlanner):
                        else (np.moveaxis(x, 0, -2) if b else _shared(x, batch, kernel))
                        for k, (x, b) in enumerate(zip(ins, in_batched))]
                 out_arrays = [np.moveaxis(o, 0, -2) for o in out_arrays]
-            ns[f"c{k}"] = _call(kernel.run_fn, ins, out_arrays, n)
+            ns[f"c{k}"] = _call(kernel, ins, out_arrays, n, self._own_scratch)
+            if self._scratch.get((kernel, n)) is None:
+                thread_scratch.add(kernel)
+        # what `release` looks at: the stacks, and the kernels that run on the thread's scratch
+        self._releasable = ([s for s in self.slots if isinstance(s, Stack)], list(thread_scratch))
         exec(self._code, ns)
         self._replay = ns["replay"]
+
+    def _own_scratch(self, kernel, n):
+        """The graph's own scratch for `kernel` at n samples, shared by its call sites (replays run one
+        at a time, under the lock): None where it is larger than OWN_SCRATCH_BYTES."""
+        scratch = self._scratch.get((kernel, n))
+        if scratch is None and (kernel, n) not in self._scratch:
+            scratch = kernel.new_scratch(n)
+            if sum(a.nbytes for part in scratch for a in part) > OWN_SCRATCH_BYTES:
+                scratch = None
+            self._scratch[kernel, n] = scratch
+        return scratch
 
     def rebind(self, input_index: int, arr: np.ndarray):
         self.slots[self.input_slots[input_index]] = arr
@@ -438,6 +466,18 @@ class NumpyExecutable(SlotPlanner):
         # replaying this one graph take turns, and any other graph or eager call runs alongside
         with self._lock:
             self._replay(times)
+
+    def release(self, min_bytes: int) -> None:
+        """After a cached call returns: drop the stacks of saved turns and this thread's kernel
+        scratch that hold more than min_bytes; the next replay allocates them again as it goes.
+        Buffers of one value each (n samples) stay: the graph is planned over them; so does the
+        scratch the graph owns (OWN_SCRATCH_BYTES at most per kernel)."""
+        stacks, kernels = self._releasable
+        with self._lock:
+            for s in stacks:
+                s.release(min_bytes)
+            for kernel in kernels:
+                kernel.release_scratch(min_bytes)
 
     def array_of(self, var):
         k = self.slot_of.get(var)

@@ -46,6 +46,13 @@ class Stack:
             self.segs = []
         self.turns = 0
 
+    def release(self, min_bytes: int) -> None:
+        """Drop the storage when it holds more than min_bytes (after a cached call returns): the
+        next run's pushes allocate it again, as a first run does."""
+        if self.nbytes > min_bytes:
+            self.segs = []
+            self.turns = 0
+
     def push(self, turn: int, value):
         k, i = divmod(turn, self.seg)
         if k >= len(self.segs) or (k == 0 and i >= len(self.segs[0])):

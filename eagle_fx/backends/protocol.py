@@ -18,7 +18,9 @@ built; the executable REPLAYS it with no re-tracing and no re-lowering:
                              array object at every replay (results are stable)
     backend_name             what repr(graph) shows: 'cpu', 'jax', 'cuda', 'fake-cuda'
 
-Optional: `enqueue(times)` / `synchronize()` where replays run asynchronously (CUDA: on a stream).
+Optional: `enqueue(times)` / `synchronize()` where replays run asynchronously (CUDA: on a stream);
+`release(min_bytes)`, called when a cached transformed call returns (frontend/cache.py,
+RELEASE_BYTES): drop working memory over min_bytes that the next replay allocates again.
 
 The three backends implement it: numpy.py (NumpyExecutable), jax.py (JaxExecutable) and
 cuda_graph.py (CudaExecutable); recording.py's RecordedExecutable (a record=True graph) too.

@@ -21,6 +21,7 @@ staged with; a call whose trip count is larger stages again.
 from __future__ import annotations
 
 import dis
+import os
 import struct
 import sysconfig
 import threading
@@ -40,6 +41,10 @@ from ..transforms.program import written_inputs
 from .building import Builder
 
 MAXSIZE = 64               # entries (layouts) per transformed function
+# A cached graph keeps its code, not its data: when a call returns, its stacks of saved loop turns
+# and kernel scratch over this many bytes each are released (executables with a `release`).
+# Read at every call; set eagle_fx.frontend.cache.RELEASE_BYTES, or EAGLE_FX_RELEASE_BYTES before import.
+RELEASE_BYTES = int(os.environ.get("EAGLE_FX_RELEASE_BYTES", 1 << 20))
 MAX_FUNCTIONS = 256        # transformed functions with a cache
 
 CacheInfo = namedtuple("CacheInfo", "hits misses currsize maxsize")
@@ -91,16 +96,18 @@ class Entry:
         return self
 
     def __exit__(self, exc_type, *exc):
-        if not self.back:
-            self.lock.release()
-            return False
         try:
             if exc_type is None:
                 for dst, src in self.back:        # a Mutable argument: the caller's array is written, as a loop would
                     np.copyto(dst, src)
         finally:
             self.back = ()
-            self.lock.release()
+            release = self.graph.is_built and getattr(self.graph.executable, "release", None)
+            try:
+                if release:
+                    release(RELEASE_BYTES)
+            finally:
+                self.lock.release()
         return False
 
     def bind(self, leaves):

@@ -7,6 +7,7 @@ Scratch belongs to a thread (a few chunk lengths each), so any number of threads
 compiled body at once: eagerly, from graph replays, or as chunk workers.
 A body with a sample reduction runs as one chunk, since the reduction needs every sample.
 Large calls share their chunks out to a few threads; one chunk runs inline, for small-n speed.
+A graph replay binds a call (`bind`) to its planes and to scratch of its own: no lookup per call.
 
 Runtime layout: a per-sample value is an array (*shape, m); a uniform value is (*shape, 1), or a
 Python number when weakly typed (so float32 stays float32, as NumPy's rules say).
@@ -14,6 +15,7 @@ Python number when weakly typed (so float32 stays float32, as NumPy's rules say)
 from __future__ import annotations
 
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -174,6 +176,11 @@ def _share(x):
                                           count * PARALLEL_MIN, PARALLEL_MIN)
 
 
+try:        # np.count_nonzero without its Python wrapper (which costs the count four times over at small n)
+    from numpy._core.multiarray import count_nonzero as _count_nonzero
+except ImportError:
+    _count_nonzero = np.count_nonzero
+
 _SHORT_ROW = 64
 _POPCOUNT = getattr(np, "bitwise_count", None)      # NumPy >= 2.0
 
@@ -255,6 +262,29 @@ def _literal_src(ctx, lit: Literal, nbatch: int = 0) -> str:
     return ctx.const(v, "lit")
 
 
+def _unpacked(line: str) -> str:
+    """A body line reading scratch and uniforms as names (S_0, U_0) in place of tuple items."""
+    return re.sub(r"\b([SU])\[(\d+)\]", r"\1_\2", line)
+
+
+def _typed_literals(ctx, e, ins):
+    """A Python number beside a ufunc's operands of one float dtype becomes a 0-d array of that
+    dtype: what NumPy converts the weak number to (exactly: only values the dtype holds), with no
+    conversion at each call, which costs a ufunc as much again at small n."""
+    dts = {np.dtype(a.aval.dtype) for a in e.inputs if isinstance(a, Var)}
+    if len(dts) != 1 or any(isinstance(a, Var) and a.aval.weak for a in e.inputs):
+        return ins
+    dt = dts.pop()
+    if dt.kind != "f":
+        return ins
+    out = list(ins)
+    for k, a in enumerate(e.inputs):
+        v = a.value if isinstance(a, Literal) else None
+        if type(v) in (int, float) and abs(v) < 2 ** 53 and float(dt.type(v)) == v:     # finite, exact
+            out[k] = ctx.const(np.array(v, dt), "lit")
+    return out
+
+
 class _ThreadScratch(threading.local):
     """One thread's scratch for one compiled body: U, the values computed once per call (Params,
     constants), and per chunk length the intermediates, most recently used last."""
@@ -281,6 +311,7 @@ class NumpyKernel:
         exec(compile(self.source, f"<hawk kernel {id(prog):x}>", "exec"), ns)
         self.run_fn = ns["run"]              # run(ins, outs, n)
         self.run_flat = ns["run_flat"]       # run_flat(*ins, *outs, n): the same, positionally
+        self._bind = ns["bind"]
 
     def _generate(self) -> str:
         prog = self.prog
@@ -326,15 +357,23 @@ class NumpyKernel:
         out_pos: dict[Var, int] = {}
         for j in in_body:
             out_pos.setdefault(prog.outputs[j], j)
-        last_mem_read = len(prog.eqns) if body_from_mem else -1
+        last_mem_read = last_any_read = len(prog.eqns) if body_from_mem else -1
         for idx, e in enumerate(prog.eqns):
-            if any(isinstance(a, Var) and a in in_mem and a.aval.kind == SAMPLE for a in e.inputs):
+            reads = [a for a in e.inputs if isinstance(a, Var) and a in in_mem]
+            if any(a.aval.kind == SAMPLE for a in reads):
                 last_mem_read = max(last_mem_read, idx)
+            if reads:
+                last_any_read = max(last_any_read, idx)
         direct: dict[Var, int] = {}
         for idx, e in enumerate(prog.eqns):
             for v in e.outputs:
-                if (v in out_pos and e.prim in single_pass and idx >= last_mem_read
-                        and v.aval.kind == SAMPLE and self.out_sample[out_pos[v]]):
+                if v not in out_pos or e.prim not in single_pass:
+                    continue
+                if idx >= last_mem_read and v.aval.kind == SAMPLE and self.out_sample[out_pos[v]]:
+                    direct[v] = out_pos[v]
+                # a one-cell result of a reduction (a guard's count, converted): the body runs as one
+                # chunk, so it is written once, after the last read of anything in input memory
+                elif self.has_reduction and idx >= last_any_read and not self.out_sample[out_pos[v]]:
                     direct[v] = out_pos[v]
 
         def src(a):
@@ -356,9 +395,29 @@ class NumpyKernel:
                 last_use[root.get(a, a)] = float("inf")
         free: dict[tuple, list] = {}
         scratch_of: dict[Var, int] = {}
+        # a count of bools read only by its conversion into a direct output of 32 bits or more
+        # (a guard's flag): the count is stored there, and the conversion is no copy at all
+        readers: dict[Var, list] = {}
+        for e in prog.eqns:
+            for a in e.inputs:
+                if isinstance(a, Var):
+                    readers.setdefault(a, []).append(e)
+        count_into: dict[Var, Var] = {}
+        for idx, e in enumerate(prog.eqns):
+            a = e.inputs[0] if e.inputs else None
+            if (e.prim is prims.P["sample_sum"] and idx >= last_any_read and not self.batch and isinstance(a, Var)
+                    and a.aval.dtype == np.bool_ and not a.aval.shape and a.aval.kind == SAMPLE):
+                r = readers.get(e.outputs[0], [])
+                w = r[0].outputs[0] if len(r) == 1 and r[0].prim is prims.convert_p else None
+                if (w is not None and w in direct and e.outputs[0] not in out_pos
+                        and np.dtype(w.aval.dtype).kind in "iu" and np.dtype(w.aval.dtype).itemsize >= 4):
+                    count_into[e.outputs[0]] = w
 
         for idx, e in enumerate(prog.eqns):
             ins = [src(a) for a in e.inputs]
+            if (e.prim in prims.ELEMENTWISE and isinstance(prims.ELEMENTWISE[e.prim][1], np.ufunc)
+                    and not _is_weak(e.outputs[0])):
+                ins = _typed_literals(ctx, e, ins)
             v = e.outputs[0]
             lines = hoisted if v not in depends else body
             if e.prim in view_emit:
@@ -381,8 +440,13 @@ class NumpyKernel:
                 continue
             if e.prim is not prims.convert_p and e.prim not in prims.REDUCTION:
                 ins = self._strong_operands(e, ins, lines, hoisted)
+            if e.prim is prims.convert_p and e.inputs[0] in count_into:
+                names[v] = f"o{direct[v]}"      # written by the count
+                continue
             if v in direct:
                 names[v] = f"o{direct[v]}"
+            elif v in count_into:
+                names[v] = f"o{direct[count_into[v]]}"
             elif v not in depends:
                 names[v] = f"U[{len(self.uniform_specs)}]"
                 self.uniform_specs.append((v.aval.shape, v.aval.dtype))
@@ -394,7 +458,12 @@ class NumpyKernel:
                     self.scratch_specs.append(key)
                 scratch_of[v] = k
                 names[v] = f"S[{k}]"
-            lines.extend(numpy_emit[e.prim](ctx, names[v], ins, e.params))
+            a = e.inputs[0]
+            if (e.prim is prims.P["sample_sum"] and not self.batch and isinstance(a, Var)
+                    and a.aval.dtype == np.bool_ and not a.aval.shape and a.aval.kind == SAMPLE):
+                lines.append(f"{names[v]}[0] = {ctx.const(_count_nonzero, 'count')}({ins[0]})")  # _sample_sum's count
+            else:
+                lines.extend(numpy_emit[e.prim](ctx, names[v], ins, e.params))
             for a in {root.get(a, a) for a in e.inputs if isinstance(a, Var)}:
                 if last_use.get(a) == idx and a in scratch_of:
                     free.setdefault(self.scratch_specs[scratch_of[a]], []).append(scratch_of.pop(a))
@@ -462,6 +531,17 @@ class NumpyKernel:
         code += ["    " + ln for ln in after] + ["    return"]
         code += ["def run(ins, outs, n):",
                  "    run_flat(*ins, *outs, n)"]
+        # bind: a call of no arguments over given planes, n (one chunk) and scratch of the caller's
+        # own (a graph replay: it holds its planes and scratch, and runs one call at a time)
+        code += [f"def bind({', '.join(i_names + o_names + ['S', 'U', 'n'])}):"]
+        code += [f"    {', '.join(f'S_{k}' for k in range(len(self.scratch_specs)))}, = S"] if self.scratch_specs else []
+        code += [f"    {', '.join(f'U_{k}' for k in range(len(self.uniform_specs)))}, = U"] if self.uniform_specs else []
+        code += ["    def call():"]
+        if len(body) <= INLINE_LINES:
+            inner = hoisted + body + after
+        else:
+            inner = hoisted + [f"body({', '.join(i_names + o_names + hoisted_names + ['S', 'U', 'n'])})"] + after
+        code += ["        " + _unpacked(ln) for ln in inner] + ["        return", "    return call"]
         return "\n".join(code) + "\n"
 
     def _strong_operands(self, e, ins, lines, hoisted):
@@ -490,6 +570,17 @@ class NumpyKernel:
             ins[k] = name
         return ins
 
+    def new_scratch(self, m: int) -> tuple:
+        """(S, U): new intermediates for a chunk of m samples, and the values computed once per call."""
+        S = tuple(np.empty(shape + self.batch + ((m if sample else 1),), dt) for shape, dt, sample in self.scratch_specs)
+        return S, tuple(np.empty(s + self.batch + (1,), d) for s, d in self.uniform_specs)
+
+    def bind(self, ins, outs, n: int, scratch) -> callable:
+        """call(): run(ins, outs, n) with no arguments and no scratch lookup, for n within one chunk;
+        `scratch` (new_scratch(n)) is the caller's, and used by one call at a time."""
+        assert n <= self.chunk
+        return self._bind(*ins, *outs, *scratch, n)
+
     def scratch(self, m: int) -> tuple:
         """This thread's intermediates for a chunk of m samples. A thread keeps them for the
         SCRATCH_SIZES chunk lengths it used last (a chunked call uses two: the chunk and the tail)."""
@@ -498,10 +589,16 @@ class NumpyKernel:
         if s is None:
             if len(sets) >= SCRATCH_SIZES:
                 del sets[next(iter(sets))]
-            s = tuple(np.empty(shape + self.batch + ((m if sample else 1),), dt)
-                      for shape, dt, sample in self.scratch_specs)
+            s = self.new_scratch(m)[0]
         sets[m] = s
         return s
+
+    def release_scratch(self, min_bytes: int) -> None:
+        """Drop this thread's intermediates for the chunk lengths whose set holds more than min_bytes
+        (a body with a sample reduction keeps whole-n planes): they are made again when next used."""
+        sets = self._local.sets
+        for m in [m for m, s in sets.items() if sum(a.nbytes for a in s) > min_bytes]:
+            del sets[m]
 
     def __call__(self, ins, outs, n):
         self.run_fn(ins, outs, n)
