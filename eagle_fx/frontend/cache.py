@@ -15,6 +15,11 @@ and numbers they use); an entry remembers what each name held and is staged agai
 rebound (a kernel redefined in a notebook), which jax.jit does not do. An object changed in place
 (a global list) is not seen: after that, `eagle_fx.clear_caches()`.
 
+A function that returns a graph (vmap of a builder: `graph_call`) is keyed by the same layout
+plus each array's strides and writeability: its graph is bound to the caller's arrays, not copies.
+The entry is the closed Program; each call gets its own graph, rebound to its arrays and lowered,
+so a Mutable argument is written in the caller's array and two graphs alive at once share nothing.
+
 A reverse-mode graph keeps residuals for as many turns of a counted loop as the trip count it was
 staged with; a call whose trip count is larger stages again.
 """
