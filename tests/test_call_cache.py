@@ -117,6 +117,12 @@ def test_bind_on_a_cached_graph():
     assert f.cache_info().hits == 1
     g.bind(x=np.full((2, 3), 4.0))
     np.testing.assert_array_equal(np.asarray(g()), 9.0)
+    first = f(np.zeros((2, 3)))
+    first.bind(x=np.asfortranarray(np.full((2, 3), 1.0)))   # other strides, on a graph the cache made
+    np.testing.assert_array_equal(np.asarray(first()), 3.0)
+    x = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(np.asarray(f(x)()), 2 * x + 1)     # the cached layout is the C-order one
+    assert f.cache_info()[:2] == (3, 1)
 
 
 def test_a_shared_argument_and_a_param_per_instance():

@@ -443,13 +443,21 @@ def clear(sig):
 # -- functions that return a graph (vmap of a builder) -------------------------------------------
 
 class GraphEntry:
-    """The closed Program staged for one layout of a graph-returning call, and where each plane's
-    array lies in the call's arguments: (leaf index, or None for an array the graph owns)."""
+    """The closed Program staged for one layout of a graph-returning call, and per plane what its
+    array is: (leaf index, shape, strides) for a view of an argument leaf, or (None, the array)
+    for one the graph made; taken when staged, as a graph's `bind` later swaps its planes' arrays."""
 
     __slots__ = ("closed", "where", "names")
 
     def __init__(self, closed, where, names):
         self.closed, self.where, self.names = closed, where, names
+
+    def rebound(self, leaves):
+        """The closed Program seen on these leaves: new planes, the same Program."""
+        closed = copy.copy(self.closed)
+        closed.planes = [Extern(a if k is None else _seen_as(leaves[k], a, strides), e.name, e.origin)
+                         for e, (k, a, strides) in zip(self.closed.planes, self.where)]
+        return closed
 
 
 def graph_key(args):
@@ -480,13 +488,13 @@ def _planes_in(closed, leaves):
                 return None
         elif e.origin == "derived":
             return None
-        where.append(k)
+        where.append((None, a, None) if k is None else (k, a.shape, a.strides))
     return where
 
 
-def _seen_as(leaf, plane):
-    """The caller's `leaf` seen with the plane's shape and strides (both start at its first byte)."""
-    return np.lib.stride_tricks.as_strided(leaf, plane.shape, plane.strides, writeable=leaf.flags.writeable)
+def _seen_as(leaf, shape, strides):
+    """The caller's `leaf` seen with a plane's shape and strides (both start at its first byte)."""
+    return np.lib.stride_tricks.as_strided(leaf, shape, strides, writeable=leaf.flags.writeable)
 
 
 def graph_call(sig, args, stage, handle):
@@ -507,15 +515,14 @@ def graph_call(sig, args, stage, handle):
         e = None
     if e is not None:
         c.hits += 1
-        closed = copy.copy(e.closed)
-        closed.planes = [Extern(p.array if k is None else _seen_as(leaves[k], p.array), p.name, p.origin)
-                         for p, k in zip(e.closed.planes, e.where)]
-        return handle(closed)
+        return handle(e.rebound(leaves))
     rec = Staging()
     with CONTEXT.enter(recording=rec):
         closed = stage(*args)
     if c is not None and rec.cacheable and not rec.caps:
         where = _planes_in(closed, leaves)
         if where is not None:
-            c.store(key, GraphEntry(closed, where, names_read(sig)))
+            kept = copy.copy(closed)          # names and origins only: the caller's arrays are not kept
+            kept.planes = [Extern(None, e.name, e.origin) for e in closed.planes]
+            c.store(key, GraphEntry(kept, where, names_read(sig)))
     return handle(closed)
