@@ -77,8 +77,8 @@ class Transformed(cache.Cached):
         if CONTEXT.transforming:
             args = release(args)
             return Graph.from_closed(self.closed(*args), lazy=True)      # for the outer transform: lowered only if run
-        if not self._values:
-            return self.graph(*args)
+        if not self._values:              # a graph (vmap of a builder): staged once per layout, bound to these arrays
+            return cache.graph_call(self._sig, args, self.closed, Graph.from_closed)
         restore = None
         if self._prepare is not None:
             args, restore = self._prepare(args)

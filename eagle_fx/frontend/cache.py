@@ -15,11 +15,17 @@ and numbers they use); an entry remembers what each name held and is staged agai
 rebound (a kernel redefined in a notebook), which jax.jit does not do. An object changed in place
 (a global list) is not seen: after that, `eagle_fx.clear_caches()`.
 
+A function that returns a graph (vmap of a builder: `graph_call`) is keyed by the same layout
+plus each array's strides and writeability: its graph is bound to the caller's arrays, not copies.
+The entry is the closed Program; each call gets its own graph, rebound to its arrays and lowered,
+so a Mutable argument is written in the caller's array and two graphs alive at once share nothing.
+
 A reverse-mode graph keeps residuals for as many turns of a counted loop as the trip count it was
 staged with; a call whose trip count is larger stages again.
 """
 from __future__ import annotations
 
+import copy
 import dis
 import os
 import struct
@@ -39,6 +45,7 @@ from hawk_fx.tree import tree_flatten, tree_unflatten
 from ..backends.select import forced
 from ..transforms.program import written_inputs
 from .building import Builder
+from .staging import Extern
 
 MAXSIZE = 64               # entries (layouts) per transformed function
 # A cached graph keeps its code, not its data: when a call returns, its stacks of saved loop turns
@@ -438,3 +445,91 @@ def clear_caches():
 
 def clear(sig):
     _CACHES.pop(sig, None)
+
+
+# -- functions that return a graph (vmap of a builder) -------------------------------------------
+
+class GraphEntry:
+    """The closed Program staged for one layout of a graph-returning call, and per plane what its
+    array is: (leaf index, shape, strides) for a view of an argument leaf, or (None, the array)
+    for one the graph made; taken when staged, as a graph's `bind` later swaps its planes' arrays."""
+
+    __slots__ = ("closed", "where", "names")
+
+    def __init__(self, closed, where, names):
+        self.closed, self.where, self.names = closed, where, names
+
+    def rebound(self, leaves):
+        """The closed Program seen on these leaves: new planes, the same Program."""
+        closed = copy.copy(self.closed)
+        closed.planes = [Extern(a if k is None else _seen_as(leaves[k], a, strides), e.name, e.origin)
+                         for e, (k, a, strides) in zip(self.closed.planes, self.where)]
+        return closed
+
+
+def graph_key(args):
+    """(key, leaves, tree) of a call that returns a graph: the layout key, and each array leaf's
+    strides and writeability, since the graph is bound to the caller's arrays themselves."""
+    key, leaves, tree = layout_key(args)
+    if key is None:
+        return None, leaves, tree
+    bound = tuple((x.strides, x.flags.writeable) if type(x) is np.ndarray else None for x in leaves)
+    return (key, bound), leaves, tree
+
+
+def _planes_in(closed, leaves):
+    """Per plane of `closed`, the argument leaf whose array it is seen as (the same first byte,
+    shape and strides: np.moveaxis or x[:, None] of it), or None for an array the graph made
+    (read only); None overall when a plane lies elsewhere in an argument or the graph writes one
+    it made, so a new call's arrays cannot be put in its place."""
+    written = set(written_inputs(closed.program))
+    at = {x.__array_interface__["data"][0]: k for k, x in enumerate(leaves) if type(x) is np.ndarray and x.size}
+    where = []
+    for i, e in enumerate(closed.planes):
+        a = e.array
+        if type(a) is not np.ndarray:
+            return None
+        k = at.get(a.__array_interface__["data"][0]) if a.size else None
+        if k is None:
+            if i in written or any(np.may_share_memory(a, x) for x in leaves if type(x) is np.ndarray):
+                return None
+        elif e.origin == "derived":
+            return None
+        where.append((None, a, None) if k is None else (k, a.shape, a.strides))
+    return where
+
+
+def _seen_as(leaf, shape, strides):
+    """The caller's `leaf` seen with a plane's shape and strides (both start at its first byte)."""
+    return np.lib.stride_tricks.as_strided(leaf, shape, strides, writeable=leaf.flags.writeable)
+
+
+def graph_call(sig, args, stage, handle):
+    """A new Graph (made by `handle`: Graph.from_closed) bound to these arguments' arrays, as a call
+    of a graph-returning function gives: the closed Program is staged once per layout (graph_key)
+    and each call rebinds it to its own arrays and lowers its own graph, so two graphs alive at
+    once never share a buffer and a Mutable argument is written in the caller's array."""
+    key, leaves, tree = graph_key(args)
+    c = None
+    if key is not None:
+        try:
+            c = cache_for(sig)
+        except TypeError:                 # an unhashable option: no cache
+            c = None
+    e = c.entries.get(key) if c is not None else None
+    if e is not None and not unchanged(e.names):
+        c.entries.pop_if(key, e)
+        e = None
+    if e is not None:
+        c.hits += 1
+        return handle(e.rebound(leaves))
+    rec = Staging()
+    with CONTEXT.enter(recording=rec):
+        closed = stage(*args)
+    if c is not None and rec.cacheable and not rec.caps:
+        where = _planes_in(closed, leaves)
+        if where is not None:
+            kept = copy.copy(closed)          # names and origins only: the caller's arrays are not kept
+            kept.planes = [Extern(None, e.name, e.origin) for e in closed.planes]
+            c.store(key, GraphEntry(kept, where, names_read(sig)))
+    return handle(closed)
