@@ -8,7 +8,7 @@ from eagle_fx import ir
 
 from eagle_fx.ir import dot
 
-from eagle_fx.backends import fusion, jax_lower, numpy as numpy_backend, recording
+from eagle_fx.backends import cuda_lower, fusion, jax_lower, numpy as numpy_backend, recording
 from eagle_fx.transforms import jvp_graph, program, split, structure, vjp_graph, vmap
 
 PRIMS = sorted((v for v in vars(ir).values() if isinstance(v, Primitive)), key=lambda p: p.name)
@@ -22,6 +22,7 @@ EVERY = {
     "batching": vmap.batch_rules,
     "NumPy lowering": numpy_backend.numpy_rules,
     "JAX lowering": jax_lower.graph_rules,
+    "CUDA lowering": cuda_lower.cuda_rules,
 }
 
 # primitives with params (printing shows them through a rule), and the ones drawing tells apart

@@ -1029,10 +1029,9 @@ class _Lowering(SlotPlanner):
         if e.params.get("masked"):
             return self._gen_masked_while(chain, e, outs)
         body, cond = e.params["body"], e.params["cond"]
-        cap, counted, nc = e.params["cap"], e.params["counted"], e.params["n_consts"]
-        ops = list(e.inputs)
-        trip = ops.pop(0) if counted else None
-        consts, init = ops[:nc], ops[nc:]
+        cap, counted = e.params["cap"], e.params["counted"]
+        w = ir.WhileOperands(e)
+        trip, consts, init = w.trip, w.consts, w.carries
         level = chain.level
         chain.last = self._copies_seq(level, chain.deps(), init, outs)
         reads_turn = any(body.inputs[0] in q.inputs for q in body.eqns) or body.inputs[0] in body.outputs
