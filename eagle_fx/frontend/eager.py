@@ -301,12 +301,6 @@ class EagerRuntime(RuntimeBase):
                 run.labels.setdefault(name, value)
         return value
 
-    def python_test(self, test, line):
-        if _is_device(test):
-            raise TypeError(f"eagle.Graph.builder {self.where(line)}: an `if` that contains `return` is decided in "
-                            "Python, but its condition is an array; move the `return` after the if")
-        return test
-
     def not_(self, x):
         out = not _truth(x, self.info.name)
         return _DeviceBool(out) if _device_test(x) else out

@@ -715,13 +715,20 @@ def _is_cell(v) -> bool:
 
 class RuntimeBase:
     """What the staged and the eager runtime share: the builder function they are bound to (for its
-    name and lines in messages), and the labelling of a tuple unpacked into names."""
+    name and lines in messages), the labelling of a tuple unpacked into names, and the refusal of an
+    array deciding an `if` that returns (decided in Python)."""
 
     def __init__(self, info: SourceInfo):
         self.info = info
 
     def where(self, line):
         return self.info.where(line)
+
+    def python_test(self, test, line):
+        if _is_device(test):
+            raise TypeError(f"eagle.Graph.builder {self.where(line)}: an `if` that contains `return` is decided in "
+                            "Python, but its condition is an array; move the `return` after the if")
+        return test
 
     def label_all(self, value, names):
         if isinstance(value, (tuple, list)) and len(value) == len(names):
@@ -771,12 +778,6 @@ class Runtime(RuntimeBase):
                             "is used as a condition; device conditions are one-cell uint32 arrays, "
                             "e.g. np.array([1], dtype=np.uint32) written by a kernel's Mutable[UInt32]")
         return None
-
-    def python_test(self, test, line):
-        if _is_device(test):
-            raise TypeError(f"eagle.Graph.builder {self.where(line)}: an `if` that contains `return` is decided in "
-                            "Python, but its condition is an array; move the `return` after the if")
-        return test
 
     def not_(self, x):
         if _is_cell(x):
