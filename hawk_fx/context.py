@@ -31,7 +31,6 @@ same reason).
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
 
 STACKS = ("kernel_traces", "graph_stagers", "builder_sources", "host_nodes", "building", "deferring",
           "transforming", "abstract", "lazy_compile", "guards", "recording", "backends", "staging_disabled",
@@ -47,23 +46,38 @@ class Context(threading.local):
         self.batch_full = {}
         self.scratch = {}
 
-    @contextmanager
     def enter(self, **frames):
         """Push one frame on each named stack for the `with` body; pop them after, innermost first."""
-        stacks = [getattr(self, kind) for kind in frames]
-        depths = [len(s) for s in stacks]
-        for s, frame in zip(stacks, frames.values()):
-            s.append(frame)
-        try:
-            yield self
-        finally:
-            for s, depth in zip(reversed(stacks), reversed(depths)):
-                del s[depth:]
+        return _Frames(self, frames)
 
     def innermost(self, kind):
         """The innermost frame of one kind, or None when this thread has none."""
         s = getattr(self, kind)
         return s[-1] if s else None
+
+
+
+class _Frames:
+    """The `with` of Context.enter: a class, not a generator, since host nodes enter it at every
+    replay. Leaving truncates each stack to its depth on entry, so frames a failing body left are
+    dropped too."""
+
+    __slots__ = ("ctx", "frames", "depths")
+
+    def __init__(self, ctx, frames):
+        self.ctx, self.frames = ctx, frames
+
+    def __enter__(self):
+        stacks = [getattr(self.ctx, kind) for kind in self.frames]
+        self.depths = [(st, len(st)) for st in stacks]
+        for st, frame in zip(stacks, self.frames.values()):
+            st.append(frame)
+        return self.ctx
+
+    def __exit__(self, *exc):
+        for st, depth in reversed(self.depths):
+            del st[depth:]
+        return False
 
 
 CONTEXT = Context()
