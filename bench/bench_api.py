@@ -15,7 +15,8 @@
    grad, grad of a plain function calling it), new values at every call, against one replay of
    its prebuilt graph plus a copy of the result, and against jax.jit of the same function in JAX
    (skipped without JAX). A call of a graph-returning function (the builder, vmap) is timed with
-   its replay and copy.
+   its replay and copy. "float lr": grad of a builder called with a new Python float each call
+   (a learning-rate schedule; traced, so it replays one graph).
 Every figure is a ratio of medians of timeit repeats taken in one process.
 """
 import sys
@@ -132,6 +133,18 @@ def rebuild_speedup():
     return median_ratio(cold, lambda: w_chain(x), 5, REPEAT)
 
 
+@hawk.kernel
+def scaled_sq(x: Scalar, a: Param) -> Scalar:
+    return hawk.sum(a * x * x)
+
+
+@eagle.Graph.builder
+def scaled_loss(x, a):
+    g = eagle.Graph()
+    g.result = scaled_sq(x, a)
+    return g
+
+
 def _prebuilt(kind, f):
     """The graph a cached jvp call replays (the one entry of its staging cache)."""
     from eagle_fx.api import sig
@@ -171,11 +184,14 @@ def entry_point_costs(n=8, B=4):
 
     gr = eagle.grad(l_chain)
     plain = eagle.grad(lambda u: l_chain(u))
+    lr = eagle.grad(scaled_loss)
+    lrs = [0.01 * (j + 1) for j in range(8)]       # a schedule: a new Python float at every call (traced)
     eagle.jvp(l_chain, (xs[0],), (t,))
     graphs = {"builder": l_chain(xs[0]), "vmap": vm.graph(xbs[0]), "jvp": _prebuilt("jvp", l_chain),
-              "grad": gr.graph(xs[0]), "plain": plain.graph(xs[0])}
+              "grad": gr.graph(xs[0]), "plain": plain.graph(xs[0]), "float lr": lr.graph(xs[0], lrs[0])}
     calls = {"builder": call_builder, "vmap": call_vmap, "jvp": call_jvp,
-             "grad": lambda: gr(pick(xs)), "plain": lambda: plain(pick(xs))}
+             "grad": lambda: gr(pick(xs)), "plain": lambda: plain(pick(xs)),
+             "float lr": lambda: lr(pick(xs), lrs[k[0]])}
     jitted = _jax_entry_points(n)
     out = {}
     for name, call in calls.items():
@@ -215,7 +231,8 @@ def _jax_entry_points(n, B=4):
     x, xb = jnp.linspace(-1.0, 1.0, n), jnp.ones((B, n))
     return {"builder": (jax.jit(chain), (x,)), "vmap": (jax.jit(jax.vmap(chain)), (xb,)),
             "jvp": (jax.jit(lambda u, t: jax.jvp(chain, (u,), (t,))), (x, jnp.ones(n))),
-            "grad": (jax.jit(jax.grad(chain)), (x,)), "plain": (jax.jit(jax.grad(lambda u: chain(u))), (x,))}
+            "grad": (jax.jit(jax.grad(chain)), (x,)), "plain": (jax.jit(jax.grad(lambda u: chain(u))), (x,)),
+            "float lr": (jax.jit(jax.grad(lambda u, a: jnp.sum(a * u * u))), (x, 0.5))}
 
 
 def main():

@@ -54,11 +54,13 @@ class Transformed(cache.Cached):
     float to differentiate becomes a one-cell array) and restore(values) gives the result back
     the shapes the caller gave."""
 
-    def __init__(self, name, stage, values=True, vmap_of=None, sig=None, prepare=None):
+    def __init__(self, name, stage, values=True, vmap_of=None, sig=None, prepare=None, static=None):
         self.__name__ = name
         self._stage, self._values, self._prepare = stage, values, prepare
         self._vmap_of = vmap_of          # (f, in_axes, out_axes) of a vmap: an outer vmap flattens both
         self._sig = sig if sig is not None else self   # the cache's name for it: (transform, options, function)
+        # {position: name} of arguments whose Python floats stay static (the builder's static_argnums), or cache.ALL
+        self._static = cache.static_of(self._sig) if static is None else static
 
     def closed(self, *args):
         """The closed Program it stages for these arguments (nothing lowered)."""
@@ -78,13 +80,19 @@ class Transformed(cache.Cached):
             args = release(args)
             return Graph.from_closed(self.closed(*args), lazy=True)      # for the outer transform: lowered only if run
         if not self._values:              # a graph (vmap of a builder): staged once per layout, bound to these arrays
-            return cache.graph_call(self._sig, args, self.closed, Graph.from_closed)
+            args, traced = self._traced(args)
+            with traced_hint(self.__name__, traced):
+                return cache.graph_call(self._sig, args, self.closed, Graph.from_closed)
         restore = None
         if self._prepare is not None:
             args, restore = self._prepare(args)
-        with cache.staged(self._sig, args, self._stage, Graph.from_closed) as e:
+        args, traced = self._traced(args)
+        with traced_hint(self.__name__, traced), cache.staged(self._sig, args, self._stage, Graph.from_closed) as e:
             out = run(e.graph)
         return restore(out) if restore is not None else out
+
+    def _traced(self, args):
+        return cache.traced_floats(args, self._static, self.__name__)
 
     def cache_info(self):
         """(hits, misses, currsize, maxsize) of its cache of staged graphs."""
@@ -97,6 +105,30 @@ class Transformed(cache.Cached):
 
     def __repr__(self):
         return f"<eagle_fx transformed function {self.__name__}>"
+
+
+class traced_hint:
+    """Adds to an error raised while staging a call whose Python floats were traced what to write
+    when the function needs such a float's value as a Python number."""
+
+    __slots__ = ("name", "traced")
+
+    def __init__(self, name, traced):
+        self.name, self.traced = name, traced
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if self.traced and isinstance(err, (TypeError, ValueError)) and " of a staged plane" in str(err) \
+                and not getattr(err, "_eagle_hinted", False):
+            err._eagle_hinted = True
+            at = ", ".join(map(str, self.traced))
+            err.add_note(f"{self.name}: the Python float argument(s) at position {at} were traced as one-cell arrays, "
+                         "as jax.jit traces Python scalars (a new value replays the staged graph). If the function "
+                         "needs one as a Python number, mark it static on the builder: "
+                         "@eagle_fx.Graph.builder(static_argnums=...) or static_argnames=...")
+        return False
 
 
 def _refuse_jax_arrays(name, args):

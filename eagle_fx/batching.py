@@ -58,8 +58,12 @@ def vmap(f, in_axes=0, out_axes=0):
         if isinstance(f, Transformed) and f._vmap_of is not None:
             return _nested(f, args, axes, out_axes, api, name)
         return _batch(f, args, axes, out_axes, api, name)
+    static = cache.static_of(f)
+    if in_axes is not None and static is not cache.ALL:   # only shared (None) arguments trace their floats
+        static = cache.ALL if isinstance(in_axes, int) else \
+            {k: None for k, ax in enumerate(in_axes) if ax is not None} | static
     return Transformed(f"vmap({name})", make, values=not _returns_graph(f), vmap_of=(f, in_axes, out_axes),
-                       sig=sig("vmap", f, in_axes, out_axes))
+                       sig=sig("vmap", f, in_axes, out_axes), static=static)
 
 
 def prefix_leaves(prefix, value, api, what):

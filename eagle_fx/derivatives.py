@@ -20,7 +20,7 @@ from .frontend import cache
 from . import ir
 from .graph import Graph
 from .frontend.guards import release
-from .api import (Staged, Transformed, _refuse_jax_arrays, arg_names, argnums_checked,
+from .api import (Staged, Transformed, _refuse_jax_arrays, traced_hint, arg_names, argnums_checked,
                   argnums_of, float_array, graph_of, is_array, name_of, refuse_no_float, run, sig)
 from .frontend.staging import Extern
 from .transforms.jvp_graph import jvp_graph
@@ -78,8 +78,9 @@ def jvp(f, primals, tangents):
     primals, tangents = _check_tangents(primals, tangents, names, api)
     if CONTEXT.transforming:                     # for the outer transform: lowered only if run
         return Graph.from_closed(_jvp_graph(f, primals, tangents, names, api), lazy=True)
-    with cache.staged(sig("jvp", f), (primals, tangents), lambda p, t: _jvp_graph(f, p, t, names, api),
-                      Graph.from_closed) as e:
+    primals, traced = cache.traced_floats(primals, cache.static_of(f), api)
+    with traced_hint(api, traced), cache.staged(sig("jvp", f), (primals, tangents),
+                                                lambda p, t: _jvp_graph(f, p, t, names, api), Graph.from_closed) as e:
         return run(e.graph)
 
 

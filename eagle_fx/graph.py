@@ -117,10 +117,17 @@ class Graph(GraphStaging):
         self._closed_src = None      # the closed Program a transform made this graph from (from_closed)
 
     @staticmethod
-    def builder(fn):
+    def builder(fn=None, *, static_argnums=(), static_argnames=()):
         """Decorate a builder (a function that makes, fills and returns a Graph) or a block (one
-        with a parameter annotated `eagle_fx.Graph`, which appends to the graph it is given)."""
-        return Builder(fn)
+        with a parameter annotated `eagle_fx.Graph`, which appends to the graph it is given).
+
+        A transform of it (grad, vmap, ...) traces Python floats as one-cell arrays, as jax.jit
+        does: a new value replays the staged graph. `static_argnums` / `static_argnames` name the
+        parameters whose Python values the builder needs as numbers (a step count it unrolls, a
+        float it branches on in Python): those stay static, part of the cache key."""
+        if fn is None:
+            return lambda f: Builder(f, static_argnums, static_argnames)
+        return Builder(fn, static_argnums, static_argnames)
 
     # -- the stages ----------------------------------------------------------------------------
     @classmethod

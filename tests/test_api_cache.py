@@ -76,9 +76,12 @@ def test_new_shape_dtype_or_static_value_stages_again():
         g.result = total(sc(x, a))
         return g
     h = ef.grad(scaled)
-    for a in (2.0, 3.0, 2.0):                         # a Python number is static: part of the key
+    for a in (2.0, 3.0, 2.0):                         # a Python float is traced, as jax.jit does: one staging
         np.testing.assert_allclose(h(x, a), 4 * a * a * x ** 3, rtol=1e-12)
-    assert h.cache_info()[:3] == (1, 2, 2)
+    assert h.cache_info()[:3] == (2, 1, 1)
+    for a in (2, 3, 2):                               # a Python int is static: part of the key
+        np.testing.assert_allclose(h(x, a), 4 * a * a * x ** 3, rtol=1e-12)
+    assert h.cache_info()[:3] == (3, 3, 3)
 
 
 def test_a_longer_counted_loop_stages_again_a_shorter_one_replays():
@@ -93,7 +96,7 @@ def test_lru_bound_and_clearing(monkeypatch):
     from eagle_fx.frontend import cache
     monkeypatch.setattr(cache, "MAXSIZE", 3)
 
-    @ef.Graph.builder
+    @ef.Graph.builder(static_argnames="a")          # a static float: each value is its own entry
     def shifted(x, a):
         g = ef.Graph()
         g.result = total(wobble(x))
@@ -208,7 +211,7 @@ def test_arrays_made_while_staging_are_not_replayed_stale():
         g.result = total(sc2(x, a * 2.0))              # NumPy arithmetic on an argument, at staging
         return g
 
-    @ef.Graph.builder
+    @ef.Graph.builder(static_argnames="a")          # a static float: each value is its own entry
     def shifted(x, a):
         g = ef.Graph()
         g.result = total(sc2(wobble(x), a[:1]))        # a view of an argument: rebound with it

@@ -277,7 +277,7 @@ def code_of(a):
     return kind * math.copysign(1.0, a) + 4.0
 
 
-@ef.Graph.builder
+@ef.Graph.builder(static_argnames="a")             # a float read in Python must be static (floats are traced)
 def by_static(x, a):
     g = ef.Graph()
     g.result = total(scaled(x, code_of(a)))          # decided once, in Python, when staged

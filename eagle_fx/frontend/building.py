@@ -320,14 +320,36 @@ class GraphStaging:
         return tree_unflatten(treedef, out)
 
 
+def _static_positions(fn, signature, argnums, argnames):
+    """{position: name} of the parameters `static_argnums` and `static_argnames` name, checked."""
+    api = f"eagle_fx.Graph.builder({fn.__name__})"
+    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    argnames = (argnames,) if isinstance(argnames, str) else tuple(argnames)
+    params = [p.name for p in signature.parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    out = {}
+    for k in argnums:
+        if type(k) is not int or not -len(params) <= k < len(params):
+            raise ValueError(f"{api}: static_argnums has {k!r}; {fn.__name__} takes {len(params)} positional "
+                             f"parameter(s) ({', '.join(params)}): give their positions")
+        out[k % len(params)] = params[k]
+    for name in argnames:
+        if name not in params:
+            raise ValueError(f"{api}: static_argnames has {name!r}, which is not a positional parameter of "
+                             f"{fn.__name__} ({', '.join(params)})")
+        out[params.index(name)] = name
+    return out
+
+
 class Builder:
     """`@eagle.Graph.builder`: a builder (makes its graph) or a block (appends to a given one)."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, static_argnums=(), static_argnames=()):
         self.fn = fn
         self.__name__, self.__qualname__, self.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
         self.__wrapped__ = fn
         self.signature = inspect.signature(fn)
+        self.static_argnums = _static_positions(fn, self.signature, static_argnums, static_argnames)
         try:
             hints = typing.get_type_hints(fn)
         except Exception:

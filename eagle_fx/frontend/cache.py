@@ -5,8 +5,13 @@ depends only on the *layout* of the call, so it is done once per layout and repl
 key is that of jax.jit: the transformed function (the transform, its options and the user's
 function, so `grad(f)` made twice shares one cache), the argument tree structure, each array's
 shape and dtype (which decide its kind: plane, cell, Param), which arrays overlap in memory and
-how, the Python values (static, keyed by type and bits: 0.0, -0.0, 1, True and NaN are distinct),
-and the backend `use_backend` asks for.
+how, the Python values that stay static (keyed by type and bits: 0, 1, True and -1 are distinct),
+and the backend `use_backend` asks for. Python floats (and NumPy floating scalars) are traced, as
+jax.jit traces them (`traced_floats`): each becomes a one-cell array before the key is taken, so a
+learning-rate schedule replays one graph; a builder's `static_argnums` / `static_argnames` keep
+the floats it needs as numbers static, and a plain function's floats stay static (its Python code
+reads them while it stages). Python ints and bools stay static: here they size arrays,
+count unrolled loops and pick Python branches (a traced count is a one-cell integer array).
 
 A hit copies the new arrays into the arrays the graph owns (so later changes to the caller's
 arrays are never seen, and the graph never writes them), replays, and returns copies of the
@@ -190,6 +195,71 @@ def layout_key(args):
         if parts is None:
             return None, leaves, tree
     return (forced(), tree, parts, overlaps(leaves)), leaves, tree
+
+
+def static_of(sig):
+    """{position: parameter name} of the arguments the user's builder under a cache name keeps
+    static (its static_argnums / static_argnames); ALL for a plain function, whose Python code
+    reads its numbers while it stages (as under jax.grad without jax.jit)."""
+    while (type(sig) is tuple and len(sig) > 1) or (isinstance(sig, Cached) and sig._sig is not sig):
+        sig = sig[1] if type(sig) is tuple else sig._sig
+    return sig.static_argnums if isinstance(sig, Builder) else ALL
+
+
+ALL = "all"      # no Python float traced
+
+
+def traced_floats(args, static={}, api="eagle_fx"):
+    """`args` with each Python float leaf (and NumPy floating scalar) outside the `static` positions
+    made a one-cell array, as jax.jit traces Python scalars: a new value then replays the staged
+    graph instead of staging again. A Python float is weakly typed, as in JAX: its cell takes the
+    floating dtype of the call's arrays (float32 beside float32 arrays), float64 when there are none.
+    Returns (args, the positions it traced)."""
+    out, traced, weak = None, [], None
+    if static is ALL:
+        return args, ()
+    for k, a in enumerate(args):
+        t = type(a)
+        if t is np.ndarray or t is int or t is bool or a is None:
+            continue
+        if k in static:
+            if static[k] is not None and not _hashable(a):
+                raise TypeError(f"{api}: argument {static[k]!r} is static (static_argnums / static_argnames) and holds "
+                                f"an unhashable {t.__name__}: a static value is part of the cache key; pass a tuple "
+                                "or another hashable value")
+            continue
+        if t is float or isinstance(a, np.floating):
+            leaves, tree = [a], None
+        elif isinstance(a, (str, bytes, complex)) or t is np.bool_ or isinstance(a, np.integer):
+            continue
+        else:
+            leaves, tree = tree_flatten(a, is_leaf=_is_ndarray)
+            if not any(type(x) is float or isinstance(x, np.floating) for x in leaves):
+                continue
+        if weak is None:
+            weak = _weak_float(args)
+        leaves = [np.array([x], weak if type(x) is float else x.dtype)
+                  if type(x) is float or isinstance(x, np.floating) else x for x in leaves]
+        if out is None:
+            out = list(args)
+        out[k] = leaves[0] if tree is None else tree_unflatten(tree, leaves)
+        traced.append(k)
+    return (args, ()) if out is None else (tuple(out), tuple(traced))
+
+
+def _hashable(a):
+    try:
+        hash(a)
+    except TypeError:
+        return False
+    return True
+
+
+def _weak_float(args):
+    """The dtype a weakly typed Python float takes beside these arguments' floating arrays."""
+    kinds = [x.dtype for x in tree_flatten(args, is_leaf=_is_ndarray)[0]
+             if type(x) is np.ndarray and x.dtype.kind == "f"]
+    return np.result_type(*kinds) if kinds else np.dtype(np.float64)
 
 
 def _parts(leaves):
