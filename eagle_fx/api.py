@@ -87,8 +87,12 @@ class Transformed(cache.Cached):
         if self._prepare is not None:
             args, restore = self._prepare(args)
         args, traced = self._traced(args)
-        with traced_hint(self.__name__, traced), cache.staged(self._sig, args, self._stage, Graph.from_closed) as e:
-            out = run(e.graph)
+        if traced:
+            with traced_hint(self.__name__, traced), cache.staged(self._sig, args, self._stage, Graph.from_closed) as e:
+                out = run(e.graph)
+        else:
+            with cache.staged(self._sig, args, self._stage, Graph.from_closed) as e:
+                out = run(e.graph)
         return restore(out) if restore is not None else out
 
     def _traced(self, args):
@@ -131,9 +135,14 @@ class traced_hint:
         return False
 
 
+_PLAIN = (np.ndarray, float, int, bool)
+
+
 def _refuse_jax_arrays(name, args):
     """Transforms run on NumPy arrays; on jax.Arrays the way in is to_jax and JAX's own transforms."""
     for k, a in enumerate(args):
+        if type(a) in _PLAIN or a is None:     # the common case: no tree to walk
+            continue
         if any(is_jax_array(leaf) for leaf in tree_flatten(a)[0]):
             raise TypeError(f"{name}: argument {k} holds a jax.Array; eagle_fx's transforms take NumPy arrays "
                             "(pass np.asarray(x)), or make the function a JAX one with eagle_fx.to_jax(f) and use "

@@ -443,6 +443,7 @@ class NumpyExecutable(SlotPlanner):
                 thread_scratch.add(kernel)
         # what `release` looks at: the stacks, and the kernels that run on the thread's scratch
         self._releasable = ([s for s in self.slots if isinstance(s, Stack)], list(thread_scratch))
+        self.release_needed = any(self._releasable)        # read by the staging cache after each call
         exec(self._code, ns)
         self._replay = ns["replay"]
 

@@ -114,10 +114,9 @@ class Entry:
                     np.copyto(dst, src)
         finally:
             self.back = ()
-            release = self.graph.is_built and getattr(self.graph.executable, "release", None)
             try:
-                if release:
-                    release(RELEASE_BYTES)
+                if self.graph.is_built and _releases(self.graph.executable):
+                    self.graph.executable.release(RELEASE_BYTES)
             finally:
                 self.lock.release()
         return False
@@ -138,6 +137,11 @@ class Entry:
                 return False
         self.back = back
         return True
+
+
+def _releases(exe):
+    """Whether an executable has stacks or scratch a call may release (cheap: asked at every call)."""
+    return getattr(exe, "release_needed", True) and hasattr(exe, "release")
 
 
 class FunctionCache:
