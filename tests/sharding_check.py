@@ -112,6 +112,22 @@ def to_jax_grad_on_the_mesh():
     np.testing.assert_allclose(g, eagle_fx.grad(until)(X, cell(1)), rtol=1e-12)
 
 
+def on_an_explicit_mesh():
+    """jax.make_mesh's axes are Explicit by default: the reverse pass's stack of saved turns is
+    written with the sharding of the values it saves (it raised ShardingTypeError)."""
+    mesh = jax.make_mesh((4,), ("s",))
+    assert jax.sharding.AxisType.Explicit in tuple(mesh.axis_types)
+    split = NamedSharding(mesh, PartitionSpec("s"))
+    f = eagle_fx.to_jax(until)
+    xs = jax.device_put(X, split)
+    v, g = jax.jit(jax.value_and_grad(lambda u: f(u, jnp.asarray(cell(1)))[0]))(xs)
+    assert on_four(g), g.sharding
+    np.testing.assert_allclose(v, until(X, cell(1))()[0], rtol=1e-12)
+    np.testing.assert_allclose(g, eagle_fx.grad(until)(X, cell(1)), rtol=1e-12)
+    out = until(xs, jax.device_put(cell(1), NamedSharding(mesh, PartitionSpec())))()
+    np.testing.assert_allclose(out, until(X, cell(1))(), rtol=1e-13)
+
+
 def a_mesh_that_does_not_divide_n():
     y = np.zeros(6)
     try:
@@ -128,5 +144,6 @@ if __name__ == "__main__":
     sharded_jax_arguments()
     an_uncommitted_cell_follows_the_sharded_plane()
     to_jax_grad_on_the_mesh()
+    on_an_explicit_mesh()
     a_mesh_that_does_not_divide_n()
     print("sharding checks passed")

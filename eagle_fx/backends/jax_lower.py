@@ -311,8 +311,25 @@ def _stack_push(lw, e, ins):
     i = _jnp().asarray(turn).reshape(-1)[0].astype(np.int64)
     value = _jnp().asarray(value, dtype=stack.dtype)
     if e.params["batched"]:
-        return [stack.at[:, i].set(value)]
-    return [stack.at[i].set(value)]
+        return [stack.at[:, i].set(value, **_out_sharding(value, 1))]
+    return [stack.at[i].set(value, **_out_sharding(value, 0))]
+
+
+def _out_sharding(value, axis):
+    """`out_sharding=` for writing `value` into a stack along a new axis at `axis`, where the value
+    is sharded over a mesh with Explicit axes (jax.make_mesh's default): JAX asks for the result's
+    sharding then, and it is the value's with the stack's turn axis unsharded. {} elsewhere."""
+    import jax
+    try:
+        sh = jax.typeof(value).sharding
+        explicit = jax.sharding.AxisType.Explicit in tuple(sh.mesh.axis_types)
+    except (AttributeError, TypeError):
+        return {}
+    spec = tuple(sh.spec) + (None,) * (value.ndim - len(tuple(sh.spec)))
+    if not explicit or not any(s is not None for s in spec):
+        return {}
+    return {"out_sharding": jax.sharding.NamedSharding(sh.mesh, jax.sharding.PartitionSpec(
+        *spec[:axis], None, *spec[axis:]))}
 
 
 @graph_rules.refuse(ir.revolve_p)
