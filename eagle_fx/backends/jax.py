@@ -268,10 +268,10 @@ class JaxExecutable:
 
     def rebind(self, input_index: int, arr):
         old = self.arrays[input_index]
-        if self.on_jax and not arr.committed and arr.sharding != old.sharding:
+        if self.on_jax and not arr.committed and not _same_sharding(arr, old):
             import jax
             arr = jax.device_put(arr, old.sharding)       # as follow_committed placed the first one
-        if self.on_jax and getattr(arr, "sharding", None) != getattr(old, "sharding", None):
+        if self.on_jax and not _same_sharding(arr, old):
             raise ValueError(f"eagle.Graph.bind: {_arg(self.names, input_index)} has another sharding than the array "
                              "the graph was built with; jax.device_put it with the same sharding")
         if self.late_reads:                 # most graphs read no argument after writing another
@@ -287,3 +287,15 @@ class JaxExecutable:
         if kind == "arg":
             return self.arrays[k]
         return None if self.values is None else self.values[k]
+
+
+def _same_sharding(a, b) -> bool:
+    """Whether two arrays are laid out alike: equal shardings, or equivalent ones (a written
+    argument comes back from the executable with a sharding of its own making, the same layout)."""
+    sa, sb = getattr(a, "sharding", None), getattr(b, "sharding", None)
+    if sa == sb:
+        return True
+    try:
+        return sa.is_equivalent_to(sb, a.ndim)
+    except (AttributeError, TypeError, ValueError):
+        return False
