@@ -61,6 +61,7 @@ class Transformed(cache.Cached):
         self._sig = sig if sig is not None else self   # the cache's name for it: (transform, options, function)
         # {position: name} of arguments whose Python floats stay static (the builder's static_argnums), or cache.ALL
         self._static = cache.static_of(self._sig) if static is None else static
+        self._on_jax = {}                # the jitted JAX functions of calls on jax.Arrays, by their static arguments
 
     def closed(self, *args):
         """The closed Program it stages for these arguments (nothing lowered)."""
@@ -74,8 +75,11 @@ class Transformed(cache.Cached):
     def __call__(self, *args, **kwargs):
         if kwargs:
             raise TypeError(f"{self.__name__}: pass the arguments positionally (got {', '.join(kwargs)} by keyword)")
-        if not CONTEXT.abstract:
-            _refuse_jax_arrays(self.__name__, args)
+        if not CONTEXT.abstract and holds_jax_arrays(args):
+            if not self._values:
+                _refuse_jax_arrays(self.__name__, args)
+            fn, arrays = jax_function(self, args, self._on_jax)      # jax.Arrays in, jax.Arrays out, on XLA
+            return fn(*arrays)
         if CONTEXT.transforming:
             args = release(args)
             return Graph.from_closed(self.closed(*args), lazy=True)      # for the outer transform: lowered only if run
@@ -138,15 +142,46 @@ class traced_hint:
 _PLAIN = (np.ndarray, float, int, bool)
 
 
-def _refuse_jax_arrays(name, args):
-    """Transforms run on NumPy arrays; on jax.Arrays the way in is to_jax and JAX's own transforms."""
-    for k, a in enumerate(args):
+def holds_jax_arrays(args) -> bool:
+    """Whether a call's arguments hold a jax.Array (then it runs on XLA, through to_jax)."""
+    for a in args:
         if type(a) in _PLAIN or a is None:     # the common case: no tree to walk
             continue
         if any(is_jax_array(leaf) for leaf in tree_flatten(a)[0]):
-            raise TypeError(f"{name}: argument {k} holds a jax.Array; eagle_fx's transforms take NumPy arrays "
-                            "(pass np.asarray(x)), or make the function a JAX one with eagle_fx.to_jax(f) and use "
-                            "jax.grad / jax.vjp / jax.jvp / jax.vmap / jax.jacfwd on it")
+            return True
+    return False
+
+
+def _refuse_jax_arrays(name, args):
+    """Where no XLA route exists (a graph-returning vmap), a call on jax.Arrays is refused."""
+    for k, a in enumerate(args):
+        if holds_jax_arrays((a,)):
+            raise TypeError(f"{name}: argument {k} holds a jax.Array; a transform that returns a graph takes NumPy "
+                            "arrays (pass np.asarray(x)), or make the function a JAX one with eagle_fx.to_jax(f) "
+                            "and use jax.vmap on it")
+
+
+def jax_function(f, args, jitted=None):
+    """(a jitted JAX function of f, the array arguments to call it with): f through to_jax under
+    jax.jit, the arguments that are not arrays static (as to_jax keeps them), cached in `jitted`
+    ({static positions and values: function}) when given."""
+    import jax
+    from .to_jax import to_jax
+    static = tuple((k, a) for k, a in enumerate(args) if not (isinstance(a, np.ndarray) or is_jax_array(a)))
+    key = tuple(k for k, _ in static), tuple(cache.static_key(a) if isinstance(a, cache._STATIC) else id(a)
+                                            for _, a in static)
+    fn = jitted.get(key) if jitted is not None else None
+    if fn is None:
+        fixed = dict(static)
+        g = to_jax(f)
+
+        def pure(*arrays):
+            it = iter(arrays)
+            return g(*[fixed[k] if k in fixed else next(it) for k in range(len(args))])
+        fn = jax.jit(pure)
+        if jitted is not None:
+            jitted[key] = fn
+    return fn, [a for k, a in enumerate(args) if k not in dict(static)]
 
 
 def name_of(f):

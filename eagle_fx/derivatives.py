@@ -14,13 +14,14 @@ from hawk_fx.caches import LRU
 from hawk_fx.context import CONTEXT
 from hawk_fx.core import Eqn, Var
 from hawk_fx.diff import match_tree
+from hawk_fx.emit.jax import is_jax_array
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from .frontend import cache
 from . import ir
 from .graph import Graph
 from .frontend.guards import release
-from .api import (Staged, Transformed, _refuse_jax_arrays, traced_hint, arg_names, argnums_checked,
+from .api import (Staged, Transformed, holds_jax_arrays, jax_function, traced_hint, arg_names, argnums_checked,
                   argnums_of, float_array, graph_of, is_array, name_of, refuse_no_float, run, sig)
 from .frontend.staging import Extern
 from .transforms.jvp_graph import jvp_graph
@@ -68,8 +69,12 @@ def jvp(f, primals, tangents):
     """(result, result tangent) for tangents given per argument: a tree like the argument's, or
     None (no tangent; a cell or integer leaf takes None)."""
     api = "eagle_fx.jvp"
-    if not CONTEXT.abstract:
-        _refuse_jax_arrays(api, tuple(primals) + tuple(tangents))
+    if not CONTEXT.abstract and holds_jax_arrays(tuple(primals) + tuple(tangents)):   # on XLA: JAX's jvp
+        import jax
+        fn, arrays = jax_function(f, tuple(primals))
+        kept = [t if t is not None else jax.numpy.zeros_like(p) for p, t in zip(primals, tangents)
+                if isinstance(p, np.ndarray) or is_jax_array(p)]
+        return jax.jvp(fn, tuple(arrays), tuple(kept))
     primals, tangents = release(tuple(primals)), release(tuple(tangents))
     if len(primals) != len(tangents):
         raise ValueError(f"{api}: {len(primals)} primals and {len(tangents)} tangents; give one tangent (or None) "
@@ -198,8 +203,10 @@ def vjp(f, *args, has_aux=False, checkpoints=None):
     a Python float). checkpoints=K: the reverse through a device loop keeps at most K of its
     states and runs the loop again from them (less memory, more time; see docs, Checkpointing)."""
     api = "eagle_fx.vjp"
-    if not CONTEXT.abstract:
-        _refuse_jax_arrays(api, args)
+    if not CONTEXT.abstract and holds_jax_arrays(args):        # on XLA: JAX's vjp of the JAX function
+        import jax
+        fn, arrays = jax_function(f, args)
+        return jax.vjp(fn, *arrays, has_aux=has_aux)
     if CONTEXT.transforming:
         raise TransformError(f"{api}: inside a transformed function, use eagle_fx.grad or eagle_fx.jacrev (they "
                              "return their graph to the outer transform); vjp returns a Python pullback")

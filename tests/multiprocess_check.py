@@ -90,6 +90,9 @@ def gradients_across_processes(name, mesh):
     check_shards(v, want_v[0] if np.ndim(v) == 0 else want_v)
     check_shards(dx, want_dx)
     assert len(dx.sharding.device_set) == 4, (name, dx.sharding)
+    v2, dx2 = eagle_fx.value_and_grad(until)(xs, replicated(mesh, cell(1)))   # eagle_fx's own, on global arrays
+    check_shards(v2, want_v)
+    check_shards(dx2, want_dx)
 
 
 for name, mesh in meshes():
