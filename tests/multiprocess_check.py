@@ -95,7 +95,27 @@ def gradients_across_processes(name, mesh):
     check_shards(dx2, want_dx)
 
 
+def refused(call, *words):
+    try:
+        call()
+    except ValueError as e:
+        assert all(w in str(e) for w in words), e
+    else:
+        raise AssertionError(f"not refused: {words}")
+
+
+def processes_that_disagree_are_refused_at_build(mesh):
+    xs = global_array(mesh, X)
+    other = replicated(mesh, cell(1 + PID))        # a guard cell with a value per process
+    refused(lambda: until(xs, other), "argument 'flag' is replicated over the mesh but holds different values")
+    short = jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec("s")),
+                                                    X[MINE][:HALF - 2 * PID])     # 8 samples here, 6 there
+    refused(lambda: until(short, replicated(mesh, cell(1))), "argument 'x' has global shape",
+            "process-local data of the same shape")
+
+
 for name, mesh in meshes():
     graphs_on_a_global_mesh(name, mesh)
     gradients_across_processes(name, mesh)
+processes_that_disagree_are_refused_at_build(Mesh(np.array(jax.devices()), ("s",)))
 print(f"multiprocess checks passed in process {PID}", flush=True)

@@ -57,7 +57,39 @@ def check_arrays(arrays, names, mesh, api="eagle.Graph"):
         if mesh is not None and meshes and meshes[0][1] != mesh:
             raise ValueError(f"{api}: {_arg(names, meshes[0][0])} is sharded over another mesh than the graph's "
                              "mesh=; drop mesh= (jax.Arrays keep their own sharding) or device_put it on that mesh")
+        check_processes_agree(arrays, names, api)
     return bool(arrays) and all(kinds)
+
+
+def check_processes_agree(arrays, names, api="eagle.Graph"):
+    """On a mesh that spans processes, each process builds the graph from its own arguments: they
+    must agree on every global shape and dtype, and on the values of the arrays they replicate (a
+    cell that decides a loop), or the processes would run different programs, or one loop for
+    different turns, and wait on each other. One small all-gather at build checks it (nothing runs
+    when every array lives in this process)."""
+    spans = [k for k, a in enumerate(arrays) if is_jax_array(a) and not getattr(a, "is_fully_addressable", True)]
+    if not spans:
+        return
+    import hashlib
+    from jax.experimental import multihost_utils
+    rows = []
+    for k in spans:
+        a = arrays[k]
+        h = hashlib.blake2b(f"{tuple(a.shape)} {np.dtype(a.dtype).str}".encode(), digest_size=8)
+        v = hashlib.blake2b(np.asarray(a.addressable_data(0)).tobytes() if a.sharding.is_fully_replicated else b"",
+                            digest_size=8)
+        rows.append([int.from_bytes(h.digest(), "little", signed=True), int.from_bytes(v.digest(), "little",
+                                                                                        signed=True)])
+    seen = np.asarray(multihost_utils.process_allgather(np.array(rows, np.int64)))     # (processes, arrays, 2)
+    for j, k in enumerate(spans):
+        if (seen[:, j, 0] != seen[0, j, 0]).any():
+            raise ValueError(f"{api}: {_arg(names, k)} has global shape {tuple(arrays[k].shape)} here and another in "
+                             "another process: every process must build the graph from process-local data of the same "
+                             "shape (jax.make_array_from_process_local_data)")
+        if (seen[:, j, 1] != seen[0, j, 1]).any():
+            raise ValueError(f"{api}: {_arg(names, k)} is replicated over the mesh but holds different values in "
+                             "different processes; a replicated array (a cell deciding a loop) must be the same "
+                             "everywhere: give every process the same value")
 
 
 def reads_after_writes(prog):
@@ -271,6 +303,9 @@ class JaxExecutable:
         if self.on_jax and not arr.committed and not _same_sharding(arr, old):
             import jax
             arr = jax.device_put(arr, old.sharding)       # as follow_committed placed the first one
+        if self.on_jax:
+            check_processes_agree([arr], [self.names[input_index]] if input_index < len(self.names) else None,
+                                  "eagle.Graph.bind")
         if self.on_jax and not _same_sharding(arr, old):
             raise ValueError(f"eagle.Graph.bind: {_arg(self.names, input_index)} has another sharding than the array "
                              "the graph was built with; jax.device_put it with the same sharding")
