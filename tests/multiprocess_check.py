@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 import eagle_fx  # noqa: E402
 from test_to_jax import ref_until, until  # noqa: E402
+from test_graph_control import match_in_counted  # noqa: E402
 from tour_kernels import cell  # noqa: E402
 
 assert jax.process_count() == NPROC == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
@@ -77,6 +78,9 @@ def graphs_on_a_global_mesh(name, mesh):
     out = planes()
     assert out.shape == X.shape and len(out.sharding.device_set) == 4, (name, out.sharding)
     check_shards(out, grown(X, cell(1))())
+    check_shards(planes(2), grown(X, cell(1))(2))   # g(n): n replays
+    m = match_in_counted(xs, replicated(mesh, cell(3)), replicated(mesh, cell(3)))   # a counted loop of matches
+    check_shards(m(), match_in_counted(X, cell(3), cell(3))())
     X2 = X[::-1].copy() * 0.9                      # bind new process-local data: the same graph
     g.bind(x=global_array(mesh, X2), flag=replicated(mesh, cell(1)))
     check_shards(g(), until(X2, cell(1))())
