@@ -104,7 +104,13 @@ def folds_samples(e) -> bool:
 def normalize(i, k: int, mode: str, xp=np):
     """(row, valid): the row each index reads, always in [0, k), and where mode 'fill' found it in
     range (None for the other modes)."""
-    j = xp.asarray(i).astype(np.int64)
+    if xp is np:
+        j = np.asarray(i)
+        if j.size and j.min() >= 0 and j.max() < k:       # every index in range: each mode reads it as it is
+            return j, None
+        j = j.astype(np.int64)
+    else:
+        j = xp.asarray(i).astype(np.int64)
     if mode == "wrap":
         return xp.mod(j, k), None
     if mode == "clip":
@@ -156,9 +162,14 @@ def scatter_add_np(sink, i, v, out, mode):
     v = np.asarray(v)
     if valid is not None:
         v = np.where(_pad(valid, max(v.ndim, valid.ndim)), v, 0)
+    # each row's contributions are summed in sample order, then added to the sink's row
+    if out.dtype == np.float64 and out.ndim == 2 and out.shape[1] == 1 and j.ndim == 1 and v.ndim <= 1:
+        out[:, 0] += np.bincount(j, weights=np.broadcast_to(v, j.shape), minlength=out.shape[0])
+        return out
     idx, cshape = scatter_index(out.shape, j, v)
-    # add.at adds in the C order of the contributions: for one row, in increasing sample order
-    np.add.at(out, idx, np.broadcast_to(v, cshape).astype(out.dtype, copy=False))
+    acc = np.zeros_like(out)
+    np.add.at(acc, idx, np.broadcast_to(v, cshape).astype(out.dtype, copy=False))   # in C order: sample order
+    out += acc
     return out
 
 
