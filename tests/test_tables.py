@@ -417,3 +417,58 @@ def test_unsigned_indices_and_float32_tables():
     got = uint_take(t, np.array([0, 3, 7, 2 ** 32 - 1], np.uint32))
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, [0, 3, 3, 3])
+
+
+@pytest.mark.parametrize("backend", ["jax", "fake-cuda"])
+def test_table_gradients_on_the_other_backends_equal_numpy(backend):
+    from eagle_fx.backends.select import use_backend
+    c, x, y = lerp_data(0)
+    want = eagle.value_and_grad(lerp_graph)(c, x, y)
+    rng = np.random.default_rng(12)
+    cs, i = rng.normal(size=(3, 6, 1)), indices(rng, 6, 25)
+    want_v = eagle.vmap(eagle.grad(shifted_sum), in_axes=(0, None, None))(cs, i, 2.0)
+    with use_backend(backend):
+        got = eagle.value_and_grad(lerp_graph)(c, x, y)
+        got_v = eagle.vmap(eagle.grad(shifted_sum), in_axes=(0, None, None))(cs, i, 2.0)
+    np.testing.assert_allclose(np.asarray(got[0]), want[0], rtol=1e-14)
+    np.testing.assert_allclose(np.asarray(got[1]), want[1], rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(np.asarray(got_v), np.asarray(want_v), rtol=1e-13, atol=1e-15)
+
+
+# ---------------------------------------------------------------------------------------------
+# a property test against plain Python: every mode, any table size, any index
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+def python_row(i, k, mode):
+    """The row a mode reads for index i, or None (fill / drop), in plain Python."""
+    if mode == "wrap":
+        return i % k
+    if mode == "clip":
+        return min(max(i, 0), k - 1)
+    j = i + k if i < 0 else i
+    if mode == "index":
+        return min(max(j, 0), k - 1)
+    return j if 0 <= j < k else None
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=st.integers(1, 6), idx=st.lists(st.integers(-20, 20), min_size=1, max_size=12),
+       mode=st.sampled_from(["fill", "clip", "wrap"]))
+def test_gather_and_scatter_follow_the_python_rule(k, idx, mode):
+    t = np.arange(1.0, k + 1.0)[:, None] * 10.0
+    i = np.array(idx, np.int32)
+    got = TAKES[mode](t, i)
+    for g, ii in zip(got, idx):
+        r = python_row(ii, k, mode)
+        assert (np.isnan(g) if r is None else g == t[r, 0])
+    h = np.zeros((k, 1))
+    w = np.arange(1.0, len(idx) + 1.0)
+    HISTS[{"fill": "drop", "clip": "clip", "wrap": "wrap"}[mode]](h, i, w)
+    want = np.zeros(k)
+    for ii, wi in zip(idx, w):
+        r = python_row(ii, k, "index" if mode == "clip" else mode)
+        if r is not None:
+            want[r] += wi
+    np.testing.assert_array_equal(h[:, 0], want)
