@@ -33,7 +33,6 @@ import numpy as np
 from . import prims
 from .core import SAMPLE, UNIFORM, AVal, abstract_eval, eager_impl
 
-MODES = ("fill", "clip", "wrap", "index")
 gather_p = prims._prim("gather")
 scatter_add_p = prims._prim("scatter_add")
 
@@ -70,7 +69,7 @@ def _check_table(api, x: AVal, what):
 def _gather_abstract(x, i, *, mode, fill):
     _check_index("hawk.math.take", i)
     _check_table("hawk.math.take", x, "table")
-    return [AVal(x.shape[1:], x.dtype, prims.broadcast_kind(x, i))]
+    return [AVal(x.shape[1:], x.dtype, prims.broadcast_kind(x, i), x.weak)]   # of Python numbers: weak
 
 
 def _scatter_dtype(sink: AVal, v: AVal):
@@ -185,8 +184,11 @@ def _eager_gather(x, i, *, mode, fill):
 def _eager_scatter(sink, i, v, *, mode):
     out = np.array(sink, dtype=np.result_type(sink, v) if isinstance(sink, (int, float)) else np.asarray(sink).dtype)
     j, valid = normalize(i, out.shape[0], mode)
-    if valid is None or valid:
-        out[int(j)] += v
+    v = np.asarray(v)
+    if valid is not None:
+        v = np.broadcast_to(v, np.shape(valid) + out.shape[1:])[valid]
+        j = j[valid]
+    np.add.at(out, j, v)
     return [out]
 
 
@@ -205,15 +207,13 @@ def table_layout(where, role, v, n):
         raise TypeError(f"{where} has dtype {v.dtype}; it needs {role.describe_dtype()}")
     if role.mutable and not v.flags.writeable:
         raise ValueError(f"{where} is a read-only array; a Mutable is written in place")
+    if v.ndim >= 2 and v.shape[-1] == n != 1:
+        raise ValueError(f"{where} has shape {v.shape}: its last axis has the call's {n} samples, and a Table is one "
+                         "array for all samples, without a sample axis. Pass per-sample values as Scalar/Vector/"
+                         "Matrix arguments, and a Table as (K, ..., 1)")
     if v.ndim < 2 or v.shape[-1] != 1:
-        if v.ndim >= 2 and n != 1 and v.shape[-1] == n:
-            why = (f"its last axis has the call's {n} samples: a Table is one array for all samples (the sample "
-                   "axis is for per-sample planes: pass those as Scalar/Vector/Matrix arguments)")
-        else:
-            why = "a Table is one array for all samples, and its last axis is the one-cell axis of length 1"
-        raise ValueError(f"{where} has shape {v.shape}; {why}. Pass the table with that axis added: "
-                         f"table[..., None], shape {v.shape + (1,)}" if v.ndim < 2 or v.shape[-1] != n or n == 1
-                         else f"{where} has shape {v.shape}; {why}")
+        raise ValueError(f"{where} has shape {v.shape}; a Table's last axis is the one-cell axis (length 1) of a "
+                         f"value shared by all samples: pass table[..., None], shape {v.shape + (1,)}")
     if v.shape[0] == 0:
         raise ValueError(f"{where} has shape {v.shape}: a Table with no rows; nothing could be read from it")
     return (UNIFORM, v.dtype, v.shape[:-1], False)
@@ -261,8 +261,8 @@ def _per_sample(v, sink_aval):
     trace = current_kernel_trace()
     if trace is None:
         return v
-    shape = getattr(v, "aval", None).shape if hasattr(v, "aval") else np.shape(v)
+    shape = v.aval.shape if hasattr(v, "aval") else np.shape(v)
     return trace.process(prims.broadcast_p, [v], {"shape": tuple(shape), "kind": SAMPLE})[0]
 
 
-__all__ = ["take", "scatter_add", "gather_p", "scatter_add_p", "MODES"]
+__all__ = ["take", "scatter_add", "gather_p", "scatter_add_p"]

@@ -472,3 +472,19 @@ def test_gather_and_scatter_follow_the_python_rule(k, idx, mode):
         if r is not None:
             want[r] += wi
     np.testing.assert_array_equal(h[:, 0], want)
+
+
+@hawk.kernel
+def constant_tables(x: Scalar, i: Int32, p: Param):
+    return hm.take(hm.vec(1.0, 2.0, 3.0), i, mode="clip") * x, hm.take(hm.vec(x, 2.0 * x), 1), hm.take(hm.vec(1.0, 5.0), p)
+
+
+def test_tables_of_numbers_stay_weak_and_a_param_index():
+    x, i = np.full(4, 2.0, np.float32), np.array([0, 1, 2, 7], np.int32)
+    for args in ((x, i, 1), (jnp.asarray(x), jnp.asarray(i), 1)):
+        a, b, c = constant_tables(*args)
+        assert a.dtype == np.float32 and b.dtype == np.float32         # numbers take x's dtype, as in NumPy
+        np.testing.assert_array_equal(np.asarray(a), [2, 4, 6, 6])
+        np.testing.assert_array_equal(np.asarray(b), [4, 4, 4, 4])
+        np.testing.assert_array_equal(np.asarray(c), [5, 5, 5, 5])
+    assert hm.take(np.arange(5.0), 2) == 2.0 and np.isnan(hm.take(np.arange(5.0), -9))    # outside a kernel

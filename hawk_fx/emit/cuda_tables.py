@@ -156,3 +156,11 @@ def _scatter_rows(t, e, ins):
     if (res.aval.shape, res.aval.kind) != (want.shape, want.kind):
         res = op("broadcast", res, shape=want.shape, kind=want.kind)
     return res
+
+
+def _scatter_rule(em, e, vals):
+    """scatter_add never reaches emission: the emitter rewrites it first (expand_scatter)."""
+    raise AssertionError("hawk CUDA emitter: scatter_add is rewritten into per-row sums before emission")
+
+
+CUDA_RULES[tables.scatter_add_p] = _scatter_rule
