@@ -55,9 +55,10 @@ class Specialization:
             v_aval = value.aval if isinstance(value, Tracer) else None
             where = f"hawk.kernel {trace.where_made(value)}"
             if v_aval is not None and v_aval.kind == SAMPLE and kind == UNIFORM:
-                raise TraceError(f"{where}: a per-sample value is written to the one-cell Mutable '{name}'; reduce "
-                                 "it first (hawk.sum/max/min/mean) or pass a per-sample plane of shape "
-                                 f"{kernel.roles[k].plane_shape()}")
+                fix = ("add it into rows with hm.scatter_add(table, i, value), or reduce it first (hawk.sum/max/"
+                       "min/mean)" if kernel.roles[k].table else "reduce it first (hawk.sum/max/min/mean) or pass a "
+                       f"per-sample plane of shape {kernel.roles[k].plane_shape()}")
+                raise TraceError(f"{where}: a per-sample value is written to the one-cell Mutable '{name}'; {fix}")
             v_shape = v_aval.shape if v_aval is not None else np.shape(value)
             if not _broadcasts_to(v_shape, shape):
                 raise TraceError(f"{where}: the value written to '{name}' has per-sample shape {v_shape}, "

@@ -488,3 +488,15 @@ def test_tables_of_numbers_stay_weak_and_a_param_index():
         np.testing.assert_array_equal(np.asarray(b), [4, 4, 4, 4])
         np.testing.assert_array_equal(np.asarray(c), [5, 5, 5, 5])
     assert hm.take(np.arange(5.0), 2) == 2.0 and np.isnan(hm.take(np.arange(5.0), -9))    # outside a kernel
+
+
+@hawk.kernel
+def per_sample_into_table(t: Mutable[Table], x: Scalar):
+    t = t + x
+
+
+def test_a_per_sample_value_written_to_a_table_is_refused():
+    t = np.zeros((3, 1))
+    with pytest.raises(TraceError, match=r"per_sample_into_table:.*`t = t \+ x`.*hm\.scatter_add"):
+        per_sample_into_table(t, np.ones(4))
+    assert not t.any()
