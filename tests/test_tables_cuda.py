@@ -43,6 +43,11 @@ def hist_clip_vec(h: Mutable[Table], i: Int32, w: Scalar):
 
 
 @hawk.kernel
+def count(h: Mutable[Table], i: UInt32):
+    h = hm.scatter_add(h, i, 1.0, mode="wrap")        # a number: added once per sample
+
+
+@hawk.kernel
 def per_sample(v: Vector[3], i: Int32, w: Scalar):
     return hm.scatter_add(v, i, w, mode="wrap")
 
@@ -66,6 +71,8 @@ def _cases(rng, n=EMU_N):
          [rng.normal(size=(4, 1)), i, rng.normal(size=n)]),
         ("hist_clip_vec", _spec(hist_clip_vec, np.ones((3, 2, 1)), i, np.ones(n)),
          [rng.normal(size=(3, 2, 1)), i, rng.normal(size=n)]),
+        ("count32", _spec(count, np.ones((5, 1), np.float32), np.ones(n, np.uint32)),
+         [np.zeros((5, 1), np.float32), rng.integers(0, 12, n).astype(np.uint32)]),
         ("per_sample", _spec(per_sample, np.ones((3, n)), i, np.ones(n)),
          [rng.normal(size=(3, n)), i, rng.normal(size=n)]),
     ]
