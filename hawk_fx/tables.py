@@ -105,6 +105,8 @@ def normalize(i, k: int, mode: str, xp=np):
     range (None for the other modes)."""
     if xp is np:
         j = np.asarray(i)
+        if j.dtype == np.uint64:                          # beyond int64 is beyond any table
+            j = np.minimum(j, np.uint64(2 ** 62)).astype(np.int64)
         if j.size and j.min() >= 0 and j.max() < k:       # every index in range: each mode reads it as it is
             return j, None
         j = j.astype(np.int64)
@@ -251,11 +253,11 @@ def scatter_add(sink, i, v, mode="drop"):
     mode = _mode("hawk.math.scatter_add", mode, {"drop": "fill", "fill": "fill", "clip": "index", "wrap": "wrap"})
     kinds = [getattr(a, "aval", None) for a in (sink, i, v)]
     if kinds[0] is not None and kinds[0].kind == UNIFORM and all(k is None or k.kind == UNIFORM for k in kinds[1:]):
-        v = _per_sample(v, kinds[0])
+        v = _per_sample(v)
     return scatter_add_p.bind(sink, i, v, mode=mode)
 
 
-def _per_sample(v, sink_aval):
+def _per_sample(v):
     """v spread over the samples (so that a sum over the samples counts it once per sample)."""
     from .trace import current_kernel_trace
     trace = current_kernel_trace()
