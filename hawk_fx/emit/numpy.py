@@ -604,7 +604,6 @@ class NumpyKernel:
         self.run_fn(ins, outs, n)
 
 
-
 # tables: gather and scatter_add (hawk_fx/tables.py computes them in the runtime layout)
 @numpy_emit.register(tables.gather_p)
 def _gather(ctx, out, ins, params):
