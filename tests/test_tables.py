@@ -500,3 +500,16 @@ def test_a_per_sample_value_written_to_a_table_is_refused():
     with pytest.raises(TraceError, match=r"per_sample_into_table:.*`t = t \+ x`.*hm\.scatter_add"):
         per_sample_into_table(t, np.ones(4))
     assert not t.any()
+
+
+def test_hessian_by_a_table_and_float32_gradients_equal_jax():
+    c, x, y = lerp_data(1, k=5, n=30)
+    h = eagle.hessian(lerp_graph)(c, x, y)                     # jvp of the vjp: both rules twice
+    want = jax.hessian(jax_lerp_loss)(jnp.asarray(c), x, y)
+    np.testing.assert_allclose(np.reshape(h, want.shape), np.asarray(want), rtol=1e-12, atol=1e-12)
+    c32, x32, y32 = (a.astype(np.float32) for a in (c, x, y))
+    v, g = eagle.value_and_grad(lerp_graph)(c32, x32, y32)
+    jv, jg = jax.value_and_grad(jax_lerp_loss)(jnp.asarray(c32), jnp.asarray(x32), jnp.asarray(y32))
+    assert g.dtype == np.float32
+    np.testing.assert_allclose(v[0], float(jv), rtol=1e-5)
+    np.testing.assert_allclose(g, np.asarray(jg), rtol=1e-5, atol=1e-5)
