@@ -169,3 +169,9 @@ def test_value_and_grad_and_a_histogram_on_the_fake_device_equal_numpy():
     g()
     np.testing.assert_allclose(h_cu, h_np, rtol=1e-14)
     assert np.abs(h_np).sum() > 0
+
+
+def test_a_scatter_into_too_large_a_table_is_refused_on_cuda_naming_its_line():
+    spec = _spec(hist, np.ones((5000, 1)), np.ones(4, np.int32), np.ones(4))
+    with pytest.raises(NotImplementedError, match=r"scatter_add at hist:.*5000 rows.*NumPy or JAX"):
+        cuda.emit_specialization(spec)

@@ -9,7 +9,7 @@ scatter_add: rewritten, before emission, into operations the emitter has: row r 
 sink[r] plus the contributions of the samples whose index is r, `sample_sum(where(row == r, v, 0))`,
 each a compensated sum as hawk.sum's (its last bit may vary with the order of the blocks' atomics).
 It costs K sums per sample, so it suits tables of a few hundred rows at most (histograms, segment
-sums); NumPy and JAX add each sample once.
+sums; more than MAX_CELLS cells are refused, naming the kernel line); NumPy and JAX add each sample once.
 """
 from __future__ import annotations
 
@@ -116,7 +116,19 @@ def expand_scatter(prog):
     return t.finish([read(a) for a in prog.outputs])
 
 
+MAX_CELLS = 4096     # the cells a CUDA scatter_add sums one by one (each a sum over the samples)
+
+
 def _scatter_rows(t, e, ins):
+    want = e.outputs[0].aval
+    cells = int(np.prod(want.shape, dtype=np.int64))
+    if cells > MAX_CELLS:
+        at = f" at {e.info.where}" if e.info.where else ""
+        raise NotImplementedError(
+            f"hawk CUDA emitter: hm.scatter_add{at} into a table of {want.shape[0]} rows ({cells} cells): the "
+            f"CUDA code sums each cell over the samples, one sum per cell (deterministic), which suits up to "
+            f"{MAX_CELLS} cells; run this kernel on the NumPy or JAX backend, or scatter into a smaller table")
+
     def op(name, *args, **params):
         return t.process(P[name], list(args), params)[0]
 
@@ -124,7 +136,6 @@ def _scatter_rows(t, e, ins):
         return x.aval if isinstance(x, (Tracer, Literal)) else None
 
     sink, i, v = ins
-    want = e.outputs[0].aval
     k, mode = want.shape[0], e.params["mode"]
     j = op("convert", i, dtype=np.dtype(np.int64))
     valid = None
