@@ -20,6 +20,7 @@ from . import prims
 from .core import SAMPLE, UNIFORM, AVal, Eqn, Literal, Program, ProgramTrace, RuleTable, Var, abstract_eval
 from .emit.numpy import NumpyKernel
 from .kernel import BodySpec
+from .tables import gather_p, scatter_add_p
 from .trace import KTracer, as_aval
 from .tree import node_children, tree_flatten
 
@@ -313,6 +314,34 @@ def _einsum_chain(spec, ops):
 
 def _aval(x) -> AVal:
     return as_aval(x)
+
+
+# tables: gather's transpose is scatter_add into the table's cotangent, in the same mode (a fill-mode
+# read from outside the table has none); scatter_add's is a gather of the cotangent (0 outside)
+@jvp_rules.register(gather_p)
+def _gather_jvp(primals, tangents, outs, mode, fill):
+    if tangents[0] is None:
+        return [None]
+    return [gather_p.bind(tangents[0], primals[1], mode=mode, fill=0.0)]
+
+
+@vjp_rules.register(gather_p)
+def _gather_vjp(cts, primals, outs, mode, fill):
+    return [scatter_add_p.bind(_zero_like(primals[0]), primals[1], cts[0], mode=mode), None]
+
+
+@jvp_rules.register(scatter_add_p)
+def _scatter_add_jvp(primals, tangents, outs, mode):
+    sink, i, v = primals
+    ts, _, tv = tangents
+    if tv is None:
+        return [ts]
+    return [scatter_add_p.bind(_zero_like(sink) if ts is None else ts, i, tv, mode=mode)]
+
+
+@vjp_rules.register(scatter_add_p)
+def _scatter_add_vjp(cts, primals, outs, mode):
+    return [cts[0], None, gather_p.bind(cts[0], primals[1], mode=mode, fill=0.0)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from .context import CONTEXT
 from .cuda_runtime import call_kernel
 from .roles import Role
 from .source import parse_function
+from .tables import scatter_add_p, table_layout
 from .trace import UNDEF, TraceError, convert_kernel, trace_body
 from .tree import tree_flatten, tree_unflatten
 
@@ -54,9 +55,10 @@ class Specialization:
             v_aval = value.aval if isinstance(value, Tracer) else None
             where = f"hawk.kernel {trace.where_made(value)}"
             if v_aval is not None and v_aval.kind == SAMPLE and kind == UNIFORM:
-                raise TraceError(f"{where}: a per-sample value is written to the one-cell Mutable '{name}'; reduce "
-                                 "it first (hawk.sum/max/min/mean) or pass a per-sample plane of shape "
-                                 f"{kernel.roles[k].plane_shape()}")
+                fix = ("add it into rows with hm.scatter_add(table, i, value), or reduce it first (hawk.sum/max/"
+                       "min/mean)" if kernel.roles[k].table else "reduce it first (hawk.sum/max/min/mean) or pass a "
+                       f"per-sample plane of shape {kernel.roles[k].plane_shape()}")
+                raise TraceError(f"{where}: a per-sample value is written to the one-cell Mutable '{name}'; {fix}")
             v_shape = v_aval.shape if v_aval is not None else np.shape(value)
             if not _broadcasts_to(v_shape, shape):
                 raise TraceError(f"{where}: the value written to '{name}' has per-sample shape {v_shape}, "
@@ -93,7 +95,7 @@ class Specialization:
         return self.prog.outputs[j].aval.dtype
 
 
-_SAMPLE_AXIS = {prims.P[name] for name in (*prims.REDUCTIONS, "sample_count")}
+_SAMPLE_AXIS = {prims.P[name] for name in (*prims.REDUCTIONS, "sample_count")} | {scatter_add_p}
 
 
 def _one_cell(eqns, cells) -> set:
@@ -341,7 +343,7 @@ class Kernel:
         """The Layout and sample count n of concrete arguments (arrays and Python numbers)."""
         n = first = None
         for name, role, v in zip(self.param_names, self.roles, values):
-            if role.uniform:
+            if role.uniform or role.table:
                 continue
             shape = getattr(v, "shape", None)
             if shape is not None and len(shape) == len(role.shape) + 1 and shape[-1] != 1:
@@ -359,6 +361,8 @@ class Kernel:
 
     def _layout_one(self, name, role: Role, v, n):
         where = f"hawk.kernel {self.name}: argument '{name}' ({role!r})"
+        if role.table:
+            return table_layout(where, role, _shape_proxy(v) if _is_cuda_array(v) or is_jax_array(v) else v, n)
         if isinstance(v, (bool, int, float)) and not isinstance(v, np.generic):   # np.float64 is a float
             if role.mutable:
                 raise TypeError(f"{where} is a Python {type(v).__name__}; a Mutable is written in place, so it "
@@ -458,7 +462,9 @@ class Kernel:
     def default_layout(self) -> Layout:
         out = []
         for role in self.roles:
-            if role.uniform:
+            if role.table:
+                out.append((UNIFORM, np.dtype(np.float64), (1,), False))
+            elif role.uniform:
                 out.append((UNIFORM, np.dtype(np.float64), (), True))
             else:
                 out.append((SAMPLE, np.dtype(role.dtype or np.float64), role.shape, False))

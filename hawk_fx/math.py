@@ -19,7 +19,7 @@ __all__ = ["abs", "sign", "floor", "ceil", "round", "trunc", "sqrt", "rsqrt", "c
            "uint32", "int32", "float32", "float64", "real", "vec", "dot", "norm", "cross", "outer", "transpose",
            "matmul", "trace", "einsum", "add", "subtract", "multiply", "divide", "negative", "less", "less_equal",
            "greater", "greater_equal", "equal", "not_equal", "sigmoid", "softplus", "log_sigmoid", "logaddexp",
-           "relu", "xlogy", "xlog1py", "logsumexp", "stop_gradient"]
+           "relu", "xlogy", "xlog1py", "logsumexp", "stop_gradient", "take", "scatter_add"]
 
 
 _UNARY_DOCS = {"rsqrt": "Elementwise 1 / sqrt(x) (CUDA's rsqrt).",
@@ -263,3 +263,7 @@ def logsumexp(v):
     for c in comps[1:]:
         s = s + exp(c - m)
     return m + log(s)
+
+
+# tables: a per-sample runtime index into a Table (or a Vector/Matrix value)
+from .tables import scatter_add, take  # noqa: E402

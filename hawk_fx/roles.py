@@ -13,6 +13,7 @@ class Role:
     kernel writes it (`Mutable`) or it is one value for all samples (`Param`)."""
 
     __slots__ = ("name", "shape", "dtype", "mutable", "uniform", "reserved")
+    table = False                  # a Table: its shape is the argument's, it has no sample axis
 
     def __init__(self, name, shape=(), dtype=None, mutable=False, uniform=False, reserved=None):
         self.name = name
@@ -67,7 +68,7 @@ class _MutableFactory:
     def __getitem__(self, role):
         if not isinstance(role, Role) or role.uniform or role.mutable:
             raise TypeError(f"hawk.Mutable[...] takes a per-sample role (Scalar, UInt32, Vector[k], ...), got {role!r}")
-        return Role(role.name, role.shape, role.dtype, mutable=True, reserved=role.reserved)
+        return type(role)(role.name, role.shape, role.dtype, mutable=True, reserved=role.reserved)
 
     def __repr__(self):
         return "hawk.Mutable"
@@ -93,3 +94,21 @@ Matrix = _RoleFactory("Matrix", 2)
 """`Matrix[r, c]`: an r x c matrix per sample, a plane of shape (r, c, n)."""
 Mutable = _MutableFactory()
 """`Mutable[role]`: a parameter the kernel writes; assigning to it writes the caller's array in place."""
+
+
+class TableRole(Role):
+    """A Table: one array for all samples, of any shape, indexed per sample along its first axis."""
+
+    __slots__ = ()
+    table = True
+
+    def plane_shape(self) -> str:
+        return "(K, ..., 1)"
+
+
+Table = TableRole("Table")
+"""One array shared by all samples (spline coefficients, a lookup grid), any shape, passed as a
+one-cell array: `(K, 1)` for K entries, `(K, 4, 1)` for K rows of 4 (the last axis, of length 1, is
+the one-cell axis of a value shared by all samples). Read it with `table[i]` or `hm.take(table, i)`
+for a per-sample integer i; `Mutable[Table]` is written with `hm.scatter_add`. Its float entries
+are differentiable like any other argument."""

@@ -20,6 +20,7 @@ from . import prims
 from .core import NO_INFO, SAMPLE, UNIFORM, AVal, EqnInfo, ProgramTrace, Tracer, literal_aval
 from .context import CONTEXT
 from .math import matmul
+from .tables import gather_p
 from .source import SourceInfo, assigned_names, parse_function, recompile, user_line
 
 P = prims.P
@@ -170,8 +171,11 @@ class KTracer(Tracer):
             for j in i:
                 out = out[j]
             return out
+        if isinstance(i, Tracer):         # a runtime index: clamped, as x[i] on a jax.Array
+            return gather_p.bind(self, i, mode="index", fill=None)
         if not isinstance(i, (int, np.integer)):
-            self._fail(f"index {i!r} is not a Python int", "index Vector/Matrix values with constants")
+            self._fail(f"index {i!r} is not a Python int or a traced integer",
+                       "index Vector/Matrix/Table values with constants or integers computed in the kernel")
         return P["index"].bind(self, i=int(i))
 
     __hash__ = object.__hash__

@@ -703,7 +703,9 @@ class _BodyEmitter:
         if len(out_sample) != len(prog.outputs):
             raise ValueError(f"hawk CUDA emitter: out_sample has {len(out_sample)} entries, the body has "
                              f"{len(prog.outputs)} outputs")
+        prog = expand_scatter(prog)          # scatter_add as per-row sample sums (cuda_tables.py)
         self.prog, self.name, self.out_sample = prog, name, out_sample
+        self.indexed = read_where_indexed(prog)
         for j, (a, s) in enumerate(zip(prog.outputs, out_sample)):
             if a.aval.kind == SAMPLE and not s:
                 raise ValueError(f"hawk CUDA emitter: output {j} is per-sample but its array is a one-cell "
@@ -861,6 +863,8 @@ class _BodyEmitter:
             T, size = ctype(v.aval.dtype), _size(v.aval.shape)
             if k in self.by_value:
                 env[v] = _Val([f"in{k}"], v.aval.dtype, ())
+            elif v in self.indexed:      # a table: each gather reads the entry it needs
+                env[v] = _Val([f"in{k}[{c}]" for c in range(size)], v.aval.dtype, v.aval.shape)
             elif v.aval.kind == SAMPLE:
                 for c in range(size):
                     at = "hawk_i" if c == 0 else f"{c}ull * hawk_n + hawk_i"
@@ -1150,3 +1154,6 @@ def compile_ptx(source: str, arch: str = "sm_90", options=()) -> str:
 def ptx_entries(ptx: str) -> list[str]:
     """The kernel entry names a PTX text defines."""
     return re.findall(r"\.entry\s+([A-Za-z_][A-Za-z0-9_$]*)", ptx)
+
+
+from .cuda_tables import expand_scatter, read_where_indexed  # noqa: E402  (registers the gather rule)

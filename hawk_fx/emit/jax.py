@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import prims
+from .. import prims, tables
 from ..accurate import two_sum
 from ..core import SAMPLE, Literal, RuleTable
 
@@ -259,3 +259,33 @@ def eager_call(spec, values, n: int):
     if fn is None:
         fn = cache[n] = jax.jit(lambda *xs: run_call(spec, xs, n)[:spec.n_results])
     return fn(*values)
+
+
+# tables: gather and scatter_add, in the runtime layout (hawk_fx/tables.py says the modes)
+@jax_rules.register(tables.gather_p)
+def _gather(ctx, aval, x, i, *, mode, fill):
+    jnp = _jnp()
+    x = jnp.asarray(x)
+    j, valid = tables.normalize(i, x.shape[0], mode, xp=jnp)
+    if x.ndim == 2 and x.shape[1] == 1 and j.ndim == 1:
+        out = x[:, 0].at[j].get(mode="promise_in_bounds")      # a 1-d table, one index per sample
+    else:
+        out = x[tables.scatter_index(x.shape, j, 0, xp=jnp)[0]]
+    if valid is not None:
+        fill = tables.default_fill(aval.dtype) if fill is None else fill
+        out = jnp.where(tables._pad(valid, out.ndim, jnp), out, jnp.asarray(fill, aval.dtype))
+    return _cast(out, aval)
+
+
+@jax_rules.register(tables.scatter_add_p)
+def _scatter_add(ctx, aval, sink, i, v, *, mode):
+    jnp = _jnp()
+    out = jnp.asarray(sink).astype(aval.dtype)
+    if out.ndim == len(aval.shape):                 # a weak constant: (*shape, *batch, 1) as _literal's
+        out = out.reshape(out.shape + (1,) * (len(ctx.batch) + 1))
+    j, valid = tables.normalize(i, out.shape[0], mode, xp=jnp)
+    v = jnp.asarray(v, aval.dtype)
+    if valid is not None:
+        v = jnp.where(tables._pad(valid, max(v.ndim, valid.ndim), jnp), v, 0)
+    idx, cshape = tables.scatter_index(out.shape, j, v, xp=jnp)
+    return out.at[idx].add(jnp.broadcast_to(v, cshape), mode="promise_in_bounds")

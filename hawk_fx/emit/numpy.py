@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import prims
+from .. import prims, tables
 from ..core import SAMPLE, UNIFORM, Literal, Program, RuleTable, Var, eager_impl
 from ..accurate import SMALL as SMALL_SUM, fsum, sum_last_axis
 from ..context import CONTEXT
@@ -303,7 +303,7 @@ class NumpyKernel:
         # vmap: every value gains these axes just before the sample axis (*shape, *batch, n); inputs
         # without them broadcast (size-1 axes), reductions over the last axis stay per instance
         self.batch = tuple(batch)
-        self.has_reduction = any(e.prim in prims.REDUCTION for e in prog.eqns)
+        self.has_reduction = any(e.prim in prims.REDUCTION or tables.folds_samples(e) for e in prog.eqns)
         self.chunk = 1 << 62 if self.has_reduction else chunk
         self.source = self._generate()
         self._local = _ThreadScratch(self.uniform_specs, self.batch)
@@ -603,3 +603,15 @@ class NumpyKernel:
     def __call__(self, ins, outs, n):
         self.run_fn(ins, outs, n)
 
+
+# tables: gather and scatter_add (hawk_fx/tables.py computes them in the runtime layout)
+@numpy_emit.register(tables.gather_p)
+def _gather(ctx, out, ins, params):
+    f, fill = ctx.const(tables.gather_np, "gather"), ctx.const(params["fill"], "fill")
+    return [f"{f}({ins[0]}, {ins[1]}, {out}, {params['mode']!r}, {fill})"]
+
+
+@numpy_emit.register(tables.scatter_add_p)
+def _scatter_add(ctx, out, ins, params):
+    f = ctx.const(tables.scatter_add_np, "scatter_add")
+    return [f"{f}({ins[0]}, {ins[1]}, {ins[2]}, {out}, {params['mode']!r})"]
