@@ -1,0 +1,272 @@
+"""eagle_fx.simulate: run per-sample dynamics until every sample is done, as one staged graph.
+
+Each turn of one device loop runs `every` steps, then leaves when every sample's done mark is
+set (`hawk_fx.all_done`). A step advances the samples whose mark is clear: the clock kernel
+counts their steps, the user's step (a kernel or a function staging kernels) may set the mark,
+and the settle kernel records why a sample stopped (its step marked it, `until` held, the step
+budget or `t_end` was reached) and marks it. Everything is kernels on planes, so the loop composes
+with the derivative and batching transforms and every backend like any builder's loop.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+import hawk_fx as hawk
+import hawk_fx.math as hm
+from hawk_fx.kernel import Kernel
+from hawk_fx.roles import Int32, Mutable, Param, Role, Scalar, Terminated, TerminatedRole
+from hawk_fx.tree import tree_flatten, tree_unflatten
+
+from .frontend import staging
+from .frontend.building import Builder
+from .graph import Graph
+
+API = "eagle_fx.simulate"
+RUNNING, FINISHED, BUDGET, T_END = 0, 1, 2, 3
+_Bool = Role("Bool", dtype=np.bool_)          # a plain bool plane the settle kernel writes
+
+
+@dataclasses.dataclass
+class SimResult:
+    """What `eagle_fx.simulate` returns, per sample (the sample axis last).
+
+    state: the final state, a tree like the one given. steps: the steps each sample took (int32).
+    status: why it stopped (int32): `SimResult.FINISHED` (1: its step set the mark, or `until`
+    held), `SimResult.BUDGET` (2: `max_steps` reached), `SimResult.T_END` (3: `t_end` reached).
+    finished: status == FINISHED. t: steps * dt (None without `dt`). trajectory: None (recording
+    per-turn values is not available yet)."""
+
+    state: object
+    steps: object
+    status: object
+    finished: object
+    t: object = None
+    trajectory: object = None
+
+    FINISHED = FINISHED
+    BUDGET = BUDGET
+    T_END = T_END
+
+
+@hawk.kernel
+def _fresh(x: Scalar):
+    """A clear mark, zero steps and a running status per sample, made anew at every replay."""
+    return False, np.int32(0), np.int32(RUNNING)
+
+
+@hawk.kernel
+def _clock(steps: Mutable[Int32], done: Terminated):
+    steps = steps + 1
+
+
+@hawk.kernel
+def _settle(steps: Scalar, hit: Scalar, done: Mutable[_Bool], status: Mutable[Int32], limit: Param, code: Param):
+    stopped = done | hit
+    first = status == RUNNING
+    status = hm.where(stopped & first, FINISHED, hm.where(first & (steps >= limit), code, status))
+    done = stopped | (steps >= limit)
+
+
+@hawk.kernel
+def _budget(status: Mutable[Int32], code: Param):
+    status = hm.where(status == RUNNING, code, status)
+
+
+@hawk.kernel
+def _finished(status: Scalar):
+    return status == FINISHED
+
+
+@Builder
+def _loop(g: Graph, advance, done, steps, status, hit_of, cap, every, limit, code):
+    for _ in range(cap):
+        for _k in range(every):
+            _clock(steps, done)
+            advance(done)
+            _settle(steps, hit_of(), done, status, limit, code)
+        if hawk.all_done(done):
+            break
+
+
+def simulate(step, state, *, until=None, max_steps=None, t_end=None, dt=None, every=1, record=None, key=None):
+    """Run `step` on every sample until it marks the sample done, `until` holds, or the sample
+    reaches `max_steps` steps (or `t_end`, counting `dt` per step); returns a `SimResult`.
+
+    `state` is a tree (dict, tuple, list, ...) of planes, the sample axis last. `step` is either a
+    hawk kernel with one `Terminated` parameter whose other parameters take the state's leaves
+    (by name for a dict state, in order otherwise), or a function `step(state, done)` (with `key`:
+    `step(state, done, key)`) that calls kernels, passing `done` as their `Terminated` argument,
+    and returns the new state (a tree like `state`) or None when its kernels wrote the state's
+    planes in place. `until(state)`, optional, returns a per-sample bool plane: a sample where it
+    holds after a step is finished. The loop checks "every sample done" after each `every` steps
+    (default 1: a turn of the device loop is a few kernel launches; a larger `every` saves the
+    check, and a finished sample is left untouched either way). Samples stop exactly at their
+    own step: `every` changes no value.
+
+    Called outside a builder, it builds the graph, runs it once and returns arrays; the arrays in
+    `state` are not written. Inside a builder (or a function a transform stages) it stages the
+    loop into that graph and returns staged planes, so `grad`, `vjp`, `jvp`, `vmap` and
+    `checkpoints=K` apply to it as to any builder loop.
+    """
+    cfg = _config(step, state, until, max_steps, t_end, dt, every, record, key)
+    if staging.active_trace() is not None:
+        return _stage(cfg, state, staging.active_trace().graph)
+    return _run(cfg, state)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    step: object
+    until: object
+    cap: int
+    every: int
+    limit: int
+    code: int
+    dt: object
+    key: object
+
+
+def _config(step, state, until, max_steps, t_end, dt, every, record, key) -> _Config:
+    if record is not None:
+        raise NotImplementedError(f"{API}: record= (per-turn trajectories) is not available yet; collect what you "
+                                  "need from the final state, or run simulate in a Python loop of shorter runs")
+    if not callable(step):
+        raise TypeError(f"{API}: step is {type(step).__name__} {step!r:.60}; give a hawk kernel with a Terminated "
+                        "parameter, or a function step(state, done) that calls kernels")
+    if until is not None and not callable(until):
+        raise TypeError(f"{API}: until is {type(until).__name__}; give a function until(state) -> a bool plane")
+    if type(every) is not int or every < 1:
+        raise ValueError(f"{API}: every={every!r}; give the number of steps between checks, an int >= 1")
+    if t_end is not None and dt is None:
+        raise ValueError(f"{API}: t_end={t_end!r} without dt; give dt, the time one step advances, so the run "
+                         "counts time (t = steps * dt)")
+    if dt is not None and not (isinstance(dt, (int, float)) and math.isfinite(dt) and dt > 0):
+        raise ValueError(f"{API}: dt={dt!r}; give a positive finite Python number")
+    limits = []
+    if max_steps is not None:
+        if not isinstance(max_steps, (int, np.integer)) or isinstance(max_steps, bool) or max_steps < 0:
+            raise ValueError(f"{API}: max_steps={max_steps!r}; give the most steps a sample may take, an int >= 0")
+        limits.append((int(max_steps), BUDGET))
+    if t_end is not None:
+        if not isinstance(t_end, (int, float)) or not math.isfinite(t_end):
+            raise ValueError(f"{API}: t_end={t_end!r}; give a finite Python number")
+        # the first step count whose time reaches t_end, forgiving the rounding of t_end / dt
+        limits.append((max(0, math.ceil(t_end / dt * (1 - 1e-12) - 1e-12)), T_END))
+    if not limits:
+        raise ValueError(f"{API}: no bound on the run; give max_steps=N (the most steps a sample may take), or "
+                         "t_end with dt: an uncapped device loop whose step never marks a sample done never returns")
+    limit, code = min(limits, key=lambda lc: (lc[0], lc[1] != T_END))
+    return _Config(step, until, -(-limit // every), every, limit, code, dt, key)
+
+
+def _leaves_of(state):
+    leaves, tree = tree_flatten(state, is_leaf=lambda x: staging.is_array(x))
+    if not leaves:
+        raise ValueError(f"{API}: the state {state!r:.80} holds no planes; give a tree of arrays, the sample axis last")
+    for x in leaves:
+        if not (staging.is_array(x) or hasattr(x, "shape")) or not np.ndim(x):
+            raise TypeError(f"{API}: the state holds {type(x).__name__} {x!r:.60}; every leaf is a plane, an array "
+                            "whose last axis is the samples")
+    ns = {x.shape[-1] for x in leaves}
+    if len(ns) != 1:
+        raise ValueError(f"{API}: the state's planes have different sample counts {sorted(ns)} (their last axis); "
+                         "every plane has the same samples")
+    return leaves, tree
+
+
+def _stage(cfg: _Config, state, graph) -> SimResult:
+    """Stage the run into `graph` (a builder's): copies of the state's planes, the loop, the result."""
+    leaves, tree = _leaves_of(state)
+    planes = [x.copy() for x in leaves]              # the run writes copies, never the caller's state
+    first = planes[0]
+    while first.ndim > 1:
+        first = first[0]
+    done, steps, status = _fresh(first)
+    current = lambda: tree_unflatten(tree, planes)  # noqa: E731
+
+    def advance(mark):
+        new = _call_step(cfg, current(), mark)
+        if new is None:
+            return
+        new_leaves, new_tree = tree_flatten(new, is_leaf=lambda x: staging.is_array(x))
+        if new_tree != tree:
+            raise TypeError(f"{API}: step {_name(cfg.step)} returned {new_tree}, the state is {tree}; return the new "
+                            "state in the state's structure (or None when its kernels wrote the planes in place)")
+        for k, (dst, src) in enumerate(zip(planes, new_leaves)):
+            if tuple(np.shape(src)) != tuple(dst.shape):
+                raise ValueError(f"{API}: step {_name(cfg.step)} returned a plane of shape {tuple(np.shape(src))} "
+                                 f"for the state's leaf {k} of shape {tuple(dst.shape)}")
+            if src is not dst:                       # a finished sample keeps its state, whatever the step says
+                dst[...] = np.where(mark, dst, src)
+
+    def hit_of():
+        if cfg.until is None:
+            return False
+        hit = cfg.until(current())
+        if tuple(np.shape(hit)) != (first.shape[-1],) or getattr(hit, "dtype", None) != np.bool_:
+            raise ValueError(f"{API}: until {_name(cfg.until)} returned {type(hit).__name__} of shape "
+                             f"{tuple(np.shape(hit))} and dtype {getattr(hit, 'dtype', None)}; it returns one bool per "
+                             f"sample, a plane of shape ({first.shape[-1]},)")
+        return hit
+
+    _loop(graph, advance, done, steps, status, hit_of, cfg.cap, cfg.every, cfg.limit, cfg.code)
+    _budget(status, BUDGET)
+    t = None if cfg.dt is None else steps * float(cfg.dt)
+    return SimResult(current(), steps, status, _finished(status), t)
+
+
+def _call_step(cfg, state, done):
+    step = cfg.step
+    if isinstance(step, Kernel):
+        return _call_kernel_step(step, state, done, cfg.key)
+    return step(state, done) if cfg.key is None else step(state, done, cfg.key)
+
+
+def _call_kernel_step(kernel, state, done, key):
+    marks = [n for n, r in zip(kernel.param_names, kernel.roles) if isinstance(r, TerminatedRole)]
+    if not marks:
+        raise TypeError(f"{API}: the step kernel {kernel.name} has no Terminated parameter; add `done: Terminated` "
+                        "and set it (`done = cond`) where a sample is finished")
+    others = [n for n in kernel.param_names if n != marks[0]]
+    if key is not None:
+        raise TypeError(f"{API}: key= is passed to a step function step(state, done, key); the step kernel "
+                        f"{kernel.name} takes no key: wrap it in a function")
+    if isinstance(state, dict):
+        missing = [n for n in others if n not in state]
+        extra = [k for k in state if k not in others]
+        if missing or extra:
+            raise TypeError(f"{API}: the step kernel {kernel.name} takes {', '.join(others)} (and the mark "
+                            f"{marks[0]!r}); the state's keys are {', '.join(map(str, state))}. Name the state's "
+                            "entries as the kernel's parameters, or give a function step(state, done)")
+        kwargs = {n: state[n] for n in others}
+    else:
+        leaves, _ = tree_flatten(state, is_leaf=lambda x: staging.is_array(x))
+        if len(leaves) != len(others):
+            raise TypeError(f"{API}: the step kernel {kernel.name} takes {len(others)} state parameter(s) "
+                            f"({', '.join(others)}), the state has {len(leaves)} plane(s); give a function "
+                            "step(state, done) to pass other arguments")
+        kwargs = dict(zip(others, leaves))
+    kwargs[marks[0]] = done
+    return kernel(**kwargs)        # None (it wrote the state in place) or the new state
+
+
+@Builder
+def _run_simulation(state, cfg):
+    g = Graph()
+    g.result = _stage(cfg, state, g)
+    return g
+
+
+def _run(cfg: _Config, state) -> SimResult:
+    _leaves_of(state)
+    return _run_simulation(state, cfg)()
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+__all__ = ["simulate", "SimResult"]
