@@ -53,8 +53,26 @@ class SimResult:
 
 @hawk.kernel
 def _fresh(x: Scalar):
-    """A clear mark, zero steps and a running status per sample, made anew at every replay."""
-    return False, np.int32(0), np.int32(RUNNING)
+    """A clear mark per sample, made anew at every replay."""
+    return False
+
+
+@hawk.kernel
+def _along(done: Scalar, x: Scalar):
+    return done
+
+
+@hawk.kernel
+def _counters(done: Scalar):
+    """Zero steps and a running status per sample."""
+    return np.int32(0), np.int32(RUNNING)
+
+
+def _samples_of(x):
+    """A (n,) slice of a plane: what the mark is made along."""
+    while x.ndim > 1:
+        x = x[0]
+    return x
 
 
 @hawk.kernel
@@ -180,11 +198,14 @@ def _leaves_of(state):
 def _stage(cfg: _Config, state, graph) -> SimResult:
     """Stage the run into `graph` (a builder's): copies of the state's planes, the loop, the result."""
     leaves, tree = _leaves_of(state)
-    planes = [x.copy() for x in leaves]              # the run writes copies, never the caller's state
-    first = planes[0]
-    while first.ndim > 1:
-        first = first[0]
-    done, steps, status = _fresh(first)
+    # one clear mark per sample, read from every leaf so that under vmap it is per instance when any
+    # leaf is; the run writes copies made from it (never the caller's state), per instance alike
+    done = _fresh(_samples_of(leaves[0]))
+    for x in leaves[1:]:
+        done = _along(done, _samples_of(x))
+    steps, status = _counters(done)
+    planes = [_copier(tuple(x.shape[:-1]), np.dtype(x.dtype))(x, done) for x in leaves]
+    first = done
     current = lambda: tree_unflatten(tree, planes)  # noqa: E731
 
     def advance(mark):
@@ -200,7 +221,7 @@ def _stage(cfg: _Config, state, graph) -> SimResult:
                 raise ValueError(f"{API}: step {_name(cfg.step)} returned a plane of shape {tuple(np.shape(src))} "
                                  f"for the state's leaf {k} of shape {tuple(dst.shape)}")
             if src is not dst:                       # a finished sample keeps its state, whatever the step says
-                dst[...] = np.where(mark, dst, src)
+                _keeper(tuple(dst.shape[:-1]), np.dtype(dst.dtype))(dst, src, mark)
 
     def hit_of():
         if cfg.until is None:
@@ -216,6 +237,38 @@ def _stage(cfg: _Config, state, graph) -> SimResult:
     _budget(status, BUDGET)
     t = None if cfg.dt is None else steps * float(cfg.dt)
     return SimResult(current(), steps, status, _finished(status), t)
+
+
+_KEEPERS: dict = {}
+_COPIERS: dict = {}
+
+
+def _copier(shape, dtype) -> Kernel:
+    """The kernel returning a copy of a plane of this per-sample shape and dtype (the mark `along`
+    only orders it after the mark, batched alike)."""
+    k = _COPIERS.get((shape, dtype))
+    if k is None:
+        role = Role("State", shape, dtype)
+
+        def copy(x, along):
+            return x
+        copy.__annotations__ = {"x": role, "along": Scalar}
+        k = _COPIERS[(shape, dtype)] = hawk.kernel(copy)
+    return k
+
+
+def _keeper(shape, dtype) -> Kernel:
+    """The kernel `dst = src` over planes of this per-sample shape and dtype, with a done mark: it
+    writes the new state of the samples still running."""
+    k = _KEEPERS.get((shape, dtype))
+    if k is None:
+        role = Role("State", shape, dtype)
+
+        def keep(dst, src, done):
+            dst = src  # noqa: F841  (a Mutable: the assignment writes the plane)
+        keep.__annotations__ = {"dst": Mutable[role], "src": role, "done": Terminated}
+        k = _KEEPERS[(shape, dtype)] = hawk.kernel(keep)
+    return k
 
 
 def _call_step(cfg, state, done):

@@ -190,7 +190,7 @@ def test_a_graph_loop_until_all_done_and_its_gradient(backend):
         np.testing.assert_allclose(out, ry * rv, rtol=1e-14)
         _, pull = eagle.vjp(drop, y0.copy(), v0.copy(), np.zeros(7, bool), g)
         gy, gv, gd, gg = pull(seed)
-    jac = jax.jacfwd(_jax_drop, argnums=(0, 1, 2))(y0, v0, 9.81)     # a while_loop: forward mode
+    jac = jax.jit(jax.jacfwd(_jax_drop, argnums=(0, 1, 2)))(y0, v0, 9.81)     # a while_loop: forward mode
     jy, jv, jg = (seed @ np.asarray(j) for j in jac)
     np.testing.assert_allclose(gy, jy, rtol=1e-12)
     np.testing.assert_allclose(gv, jv, rtol=1e-12)

@@ -1,0 +1,279 @@
+"""eagle_fx.simulate: a step run until every sample is done, as one staged device loop.
+
+Oracles: a hand-written masked NumPy loop of the same step (values, steps, status), the closed
+form of the semi-implicit Euler fall, central finite differences of that loop, and jax.jacfwd of
+a jax.lax.while_loop with the same stop rule.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eagle_fx as eagle
+import hawk_fx as hawk
+import hawk_fx.math as hm
+from eagle_fx import SimResult, simulate
+from eagle_fx.backends.select import use_backend
+from hawk_fx import Mutable, Param, Scalar, Terminated, Vector
+
+DT = 0.01
+
+
+@hawk.kernel
+def fall(y: Mutable[Scalar], v: Mutable[Scalar], done: Terminated):
+    v = v - 9.81 * 0.01
+    y = y + v * 0.01
+    done = y < 0.0
+
+
+@hawk.kernel
+def fall_g(y: Scalar, v: Scalar, done: Terminated, g: Param):
+    """Returns the new state instead of writing it (a finished sample's results read 0)."""
+    v2 = v - g * 0.01
+    return y + v2 * 0.01, v2
+
+
+@hawk.kernel
+def spiral(p: Mutable[Vector[2]], done: Terminated, w: Param):
+    p = hm.vec(p[0] - w * p[1], p[1] + w * p[0]) * 0.99
+
+
+def masked_fall(y, v, g=9.81, max_steps=10_000, limit_code=SimResult.BUDGET, until=None):
+    """The oracle: the fall as a masked NumPy loop; (y, v, steps, status)."""
+    y, v = np.array(y, float), np.array(v, float)
+    done = np.zeros(y.shape, bool)
+    status = np.zeros(y.shape, np.int32)
+    steps = np.zeros(y.shape, np.int32)
+    for _ in range(max_steps):
+        if done.all():
+            break
+        active = ~done
+        vn = v - g * DT
+        yn = y + vn * DT
+        v, y = np.where(active, vn, v), np.where(active, yn, y)
+        steps += active
+        hit = active & ((yn < 0.0) if until is None else until(y))
+        status[hit] = SimResult.FINISHED
+        done |= hit
+        over = active & ~hit & (steps >= max_steps)
+        status[over] = limit_code
+        done |= over
+    status[status == 0] = limit_code
+    return y, v, steps, status
+
+
+def test_closed_form_and_the_masked_loop():
+    y0, v0 = np.linspace(0.5, 2.0, 6), np.linspace(-1.0, 1.0, 6)
+    r = simulate(fall, {"y": y0, "v": v0}, max_steps=1000, dt=DT)
+    y, v, steps, status = masked_fall(y0, v0)
+    np.testing.assert_array_equal(r.state["y"], y)
+    np.testing.assert_array_equal(r.state["v"], v)
+    np.testing.assert_array_equal(r.steps, steps)
+    np.testing.assert_array_equal(r.status, status)
+    assert r.finished.all() and r.steps.dtype == np.int32 and r.trajectory is None
+    np.testing.assert_allclose(r.t, steps * DT, rtol=1e-15)
+    # semi-implicit Euler: v_k = v0 - g k dt, y_k = y0 + dt (k v0 - g dt k (k + 1) / 2); the landing step
+    # is the first k with y_k < 0, so y_{k-1} >= 0
+    k = steps
+
+    def y_at(j):
+        return y0 + DT * (j * v0 - 9.81 * DT * j * (j + 1) / 2)
+    np.testing.assert_allclose(r.state["y"], y_at(k), atol=1e-12)
+    np.testing.assert_allclose(r.state["v"], v0 - 9.81 * k * DT, atol=1e-12)
+    assert (y_at(k) < 0).all() and (y_at(k - 1) >= 0).all()
+
+
+def test_the_callers_state_is_not_written():
+    y0, v0 = np.linspace(0.5, 2.0, 4), np.zeros(4)
+    keep = (y0.copy(), v0.copy())
+    simulate(fall, (y0, v0), max_steps=100)
+    np.testing.assert_array_equal(y0, keep[0])
+    np.testing.assert_array_equal(v0, keep[1])
+
+
+def test_random_sweep_of_budgets_checks_and_t_end():
+    """Whatever `every`, each sample stops at its own step; budgets and t_end give their status."""
+    rng = np.random.default_rng(2)
+    for trial in range(8):
+        n = int(rng.integers(1, 12))
+        y0, v0 = rng.uniform(0.0, 3.0, n), rng.uniform(-2.0, 2.0, n)
+        every = int(rng.choice([1, 2, 5, 16]))
+        max_steps = int(rng.integers(0, 120))
+        if trial % 2:
+            t_end = float(rng.uniform(0.0, 1.5))
+            t_steps = int(np.ceil(round(t_end / DT, 9)))
+            limit, code = (t_steps, SimResult.T_END) if t_steps <= max_steps else (max_steps, SimResult.BUDGET)
+            r = simulate(fall, {"y": y0, "v": v0}, max_steps=max_steps, t_end=t_end, dt=DT, every=every)
+        else:
+            limit, code = max_steps, SimResult.BUDGET
+            r = simulate(fall, {"y": y0, "v": v0}, max_steps=max_steps, every=every)
+        y, v, steps, status = masked_fall(y0, v0, max_steps=limit, limit_code=code)
+        np.testing.assert_array_equal(r.state["y"], y, err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(r.steps, steps, err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(r.status, status, err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(r.finished, status == SimResult.FINISHED)
+
+
+def test_t_end_alone_bounds_the_run():
+    y0 = np.array([0.01, 5.0])
+    r = simulate(fall, {"y": y0, "v": np.zeros(2)}, t_end=0.3, dt=DT)
+    np.testing.assert_array_equal(r.status, [SimResult.FINISHED, SimResult.T_END])
+    np.testing.assert_array_equal(r.steps, [masked_fall(y0[:1], [0.0])[2][0], 30])
+    np.testing.assert_allclose(r.t, r.steps * DT)
+
+
+def test_a_vector_state_and_until():
+    p0 = np.stack([np.linspace(0.5, 2.0, 5), np.zeros(5)])
+    r = simulate(lambda s, d: spiral(s, d, 0.1), p0, until=lambda p: hm_norm2(p) < 1.0, max_steps=500)
+    p = p0.copy()
+    done = np.zeros(5, bool)
+    steps = np.zeros(5, int)
+    for _ in range(500):
+        new = np.stack([p[0] - 0.1 * p[1], p[1] + 0.1 * p[0]]) * 0.99
+        p = np.where(done, p, new)
+        steps += ~done
+        done |= (p * p).sum(0) < 1.0
+    np.testing.assert_allclose(r.state, p, rtol=1e-14)
+    np.testing.assert_array_equal(r.steps, steps)
+
+
+@hawk.kernel
+def _norm2(p: Vector[2]) -> Scalar:
+    return hm.dot(p, p)
+
+
+def hm_norm2(p):
+    return _norm2(p)
+
+
+# ---------------------------------------------------------------------------------------------
+# inside a builder: derivatives, checkpoints, vmap, backends
+
+
+@eagle.Graph.builder
+def landing(y0, v0, g):
+    gr = eagle.Graph()
+    r = simulate(lambda s, d: fall_g(s[0], s[1], d, g), (y0, v0), until=lambda s: s[0] < 0.0, max_steps=1000)
+    gr.result = r.state[0] * r.state[1] + r.steps
+    return gr
+
+
+def oracle(y0, v0, g):
+    y, v, steps, _ = masked_fall(y0, v0, g, max_steps=1000)
+    return y * v + steps
+
+
+def _jax_landing(y0, v0, g):
+    import jax
+    import jax.numpy as jnp
+
+    def cond(c):
+        return ~jnp.all(c[2]) & (c[3] < 1000)
+
+    def body(c):
+        y, v, done, k, steps = c
+        vn = v - g * DT
+        yn = y + vn * DT
+        return (jnp.where(done, y, yn), jnp.where(done, v, vn), done | (yn < 0.0), k + 1, steps + ~done)
+
+    y, v, _, _, steps = jax.lax.while_loop(cond, body, (y0, v0, jnp.zeros(y0.shape, bool), 0, jnp.zeros(y0.shape)))
+    return y * v + steps
+
+
+@pytest.fixture(scope="module")
+def landing_case():
+    """The arguments, a seed, and jax.jacfwd of the lax.while_loop oracle (compiled once)."""
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(9)
+    y0, v0, g = rng.uniform(0.3, 2.0, 6), rng.uniform(-1.0, 1.0, 6), np.array([9.81])
+    seed = rng.normal(size=6)
+    jac = jax.jit(jax.jacfwd(_jax_landing, argnums=(0, 1, 2)))(y0, v0, 9.81)
+    return y0, v0, g, seed, [np.asarray(j) for j in jac]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax", "fake-cuda"])
+def test_derivatives_of_a_run_in_a_builder(backend, landing_case):
+    y0, v0, g, seed, jac = landing_case
+    jy, jv, jg = (seed @ j for j in jac)
+    with use_backend(backend):
+        np.testing.assert_allclose(landing(y0, v0, g)(), oracle(y0, v0, 9.81), rtol=1e-14)
+        out, pull = eagle.vjp(landing, y0, v0, g)
+        gy, gv, gg = pull(seed)
+        np.testing.assert_allclose(out, oracle(y0, v0, 9.81), rtol=1e-14)
+        _, tan = eagle.jvp(landing, (y0, v0, g), (seed, np.zeros(6), np.zeros(1)))
+        if backend == "numpy":
+            _, pull_k = eagle.vjp(landing, y0, v0, g, checkpoints=3)
+            for a, b in zip(pull_k(seed), (gy, gv, gg)):
+                np.testing.assert_allclose(a, b, rtol=1e-13)
+    np.testing.assert_allclose(gy, jy, rtol=1e-12)
+    np.testing.assert_allclose(gv, jv, rtol=1e-12)
+    np.testing.assert_allclose(gg, [jg], rtol=1e-12)
+    np.testing.assert_allclose(tan, jac[0] @ seed, rtol=1e-12)
+    # and finite differences of the masked NumPy loop (no jump in the steps within h)
+    h = 1e-7
+    fd = np.array([(oracle(y0 + h * e, v0, 9.81) - oracle(y0 - h * e, v0, 9.81)) @ seed / (2 * h) for e in np.eye(6)])
+    np.testing.assert_allclose(gy, fd, rtol=1e-6, atol=1e-8)
+
+
+def test_grad_and_vmap_of_a_run():
+    y0, v0, g = np.linspace(0.4, 1.6, 4), np.linspace(-0.5, 0.5, 4), np.array([9.81])
+
+    @hawk.kernel
+    def total(x: Scalar) -> Scalar:
+        return hawk.sum(x)
+
+    @eagle.Graph.builder
+    def loss(y0, v0, g):
+        gr = eagle.Graph()
+        r = simulate(lambda s, d: fall_g(s[0], s[1], d, g), (y0, v0), until=lambda s: s[0] < 0.0, max_steps=1000)
+        gr.result = total(r.state[1] * r.state[1])
+        return gr
+
+    dg = eagle.grad(loss, argnums=2)(y0, v0, g)
+    h = 1e-6
+    f = lambda gv: float((masked_fall(y0, v0, gv, max_steps=1000)[1] ** 2).sum())   # noqa: E731
+    np.testing.assert_allclose(dg, [(f(9.81 + h) - f(9.81 - h)) / (2 * h)], rtol=1e-7)
+    Y = np.stack([y0, y0 + 0.25, y0 * 2.0])
+    out = eagle.vmap(landing, in_axes=(0, None, None))(Y, v0, g)()
+    for b in range(3):
+        np.testing.assert_allclose(out[b], oracle(Y[b], v0, 9.81), rtol=1e-14)
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: each a clear error at build, nothing written
+
+
+def _msg(exc_type, fn):
+    with pytest.raises(exc_type) as err:
+        fn()
+    return str(err.value)
+
+
+def test_bad_input():
+    y, v = np.ones(3), np.zeros(3)
+    s = {"y": y, "v": v}
+    m = _msg(ValueError, lambda: simulate(fall, s))
+    assert "eagle_fx.simulate" in m and "max_steps" in m and "never returns" in m
+    m = _msg(ValueError, lambda: simulate(fall, s, t_end=1.0))
+    assert "t_end=1.0 without dt" in m
+    m = _msg(ValueError, lambda: simulate(fall, s, max_steps=10, every=0))
+    assert "every=0" in m
+    m = _msg(ValueError, lambda: simulate(fall, s, max_steps=-1))
+    assert "max_steps=-1" in m
+    m = _msg(TypeError, lambda: simulate(lambda st, d: (st["y"],), s, max_steps=10))
+    assert "returned (*,)" in m and "the state is {'y': *, 'v': *}" in m
+    m = _msg(ValueError, lambda: simulate(fall, s, max_steps=10, until=lambda st: st["y"][:2] > 0))
+    assert "until" in m and "shape (3,)" in m
+    m = _msg(ValueError, lambda: simulate(fall, s, max_steps=10, until=lambda st: st["y"] * 2.0))
+    assert "one bool per sample" in m
+    m = _msg(TypeError, lambda: simulate(fall, {"y": y, "w": v}, max_steps=10))
+    assert "takes y, v" in m and "keys are y, w" in m
+    m = _msg(TypeError, lambda: simulate(_norm2, np.ones((2, 3)), max_steps=10))
+    assert "no Terminated parameter" in m
+    m = _msg(NotImplementedError, lambda: simulate(fall, s, max_steps=10, record=lambda st: st["y"]))
+    assert "record=" in m
+    m = _msg(ValueError, lambda: simulate(fall, {"y": np.ones(3), "v": np.ones(4)}, max_steps=10))
+    assert "different sample counts" in m
+    np.testing.assert_array_equal(y, 1.0)
+    np.testing.assert_array_equal(v, 0.0)
