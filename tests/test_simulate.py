@@ -277,3 +277,26 @@ def test_bad_input():
     assert "different sample counts" in m
     np.testing.assert_array_equal(y, 1.0)
     np.testing.assert_array_equal(v, 0.0)
+
+
+def test_the_docs_page_runs_and_prints_what_it_says(tmp_path):
+    """docs/simulate.md: its blocks run in order as one script, and each `print(...)  # text` line
+    prints that text (up to the first `:`, where a comment goes on explaining)."""
+    import pathlib
+    import re
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[1]
+    blocks = re.findall(r"```python\n(.*?)```", (root / "docs" / "simulate.md").read_text(), re.S)
+    src = "\n".join(blocks)
+    script = tmp_path / "simulate_page.py"
+    script.write_text(src)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = [m.group(1).split(":")[0].strip() for m in re.finditer(r"^print\(.*\)\s+# (.*)$", src, re.M)]
+    printed = run.stdout.strip().splitlines()
+    assert len(said) == len(printed)
+    for want, got in zip(said, printed):
+        assert " ".join(got.split()) == " ".join(want.split()), (want, got)
+    assert "simulate.md" in (root / "mkdocs.yml").read_text()
