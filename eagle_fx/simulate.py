@@ -1,9 +1,9 @@
 """eagle_fx.simulate: run per-sample dynamics until every sample is done, as one staged graph.
 
 Each turn of one device loop runs `every` steps, then leaves when every sample's done mark is
-set (`hawk_fx.all_done`). A step advances the samples whose mark is clear: the clock kernel
-counts their steps, the user's step (a kernel or a function staging kernels) may set the mark,
-and the settle kernel records why a sample stopped (its step marked it, `until` held, the step
+set (`hawk_fx.all_done`). A step advances the samples whose mark is clear: the user's step (a
+kernel or a function staging kernels) may set the mark, and the settle kernel counts the step and
+records why a sample stopped (its step marked it, `until` held, the step
 budget or `t_end` was reached) and marks it. Everything is kernels on planes, so the loop composes
 with the derivative and batching transforms and every backend like any builder's loop.
 """
@@ -76,33 +76,28 @@ def _samples_of(x):
 
 
 @hawk.kernel
-def _clock(steps: Mutable[Int32], done: Terminated):
-    steps = steps + 1
-
-
-@hawk.kernel
-def _settle(steps: Scalar, hit: Scalar, done: Mutable[_Bool], status: Mutable[Int32], limit: Param, code: Param):
+def _settle(steps: Mutable[Int32], hit: Scalar, done: Mutable[_Bool], status: Mutable[Int32], limit: Param,
+            code: Param):
+    """After a step: count it for the samples that were running into it (their status is still
+    RUNNING), then mark and give a status to those it finished or that reached the limit."""
+    running = status == RUNNING
+    steps = hm.where(running, steps + 1, steps)
     stopped = done | hit
-    first = status == RUNNING
-    status = hm.where(stopped & first, FINISHED, hm.where(first & (steps >= limit), code, status))
+    status = hm.where(running & stopped, FINISHED, hm.where(running & (steps >= limit), code, status))
     done = stopped | (steps >= limit)
 
 
 @hawk.kernel
-def _budget(status: Mutable[Int32], code: Param):
-    status = hm.where(status == RUNNING, code, status)
-
-
-@hawk.kernel
-def _finished(status: Scalar):
-    return status == FINISHED
+def _final(steps: Scalar, status: Scalar, code: Param):
+    """The step counts, and the status with the samples still running when the loop ended at its
+    cap (max_steps = 0) given the limit's code."""
+    return steps, hm.where(status == RUNNING, code, status)
 
 
 @Builder
 def _loop(g: Graph, advance, done, steps, status, hit_of, cap, every, limit, code):
     for _ in range(cap):
         for _k in range(every):
-            _clock(steps, done)
             advance(done)
             _settle(steps, hit_of(), done, status, limit, code)
         if hawk.all_done(done):
@@ -234,9 +229,12 @@ def _stage(cfg: _Config, state, graph) -> SimResult:
         return hit
 
     _loop(graph, advance, done, steps, status, hit_of, cfg.cap, cfg.every, cfg.limit, cfg.code)
-    _budget(status, BUDGET)
+    # the results are fresh planes, not the loop's buffers: the JAX backend reads a buffer a kernel
+    # made and a loop then wrote in place as it was before the loop
+    steps, status = _final(steps, status, cfg.code)
+    final = [_copier(tuple(x.shape[:-1]), np.dtype(x.dtype))(x, done) for x in planes]
     t = None if cfg.dt is None else steps * float(cfg.dt)
-    return SimResult(current(), steps, status, _finished(status), t)
+    return SimResult(tree_unflatten(tree, final), steps, status, status == FINISHED, t)
 
 
 _KEEPERS: dict = {}
