@@ -27,6 +27,7 @@ from .graph import Graph
 API = "eagle_fx.simulate"
 RUNNING, FINISHED, BUDGET, T_END = 0, 1, 2, 3
 _Bool = Role("Bool", dtype=np.bool_)          # a plain bool plane the settle kernel writes
+MAX_RECORDS = 512                             # recorded states: each is a device loop of the graph
 
 
 @dataclasses.dataclass
@@ -36,8 +37,9 @@ class SimResult:
     state: the final state, a tree like the one given. steps: the steps each sample took (int32).
     status: why it stopped (int32): `SimResult.FINISHED` (1: its step set the mark, or `until`
     held), `SimResult.BUDGET` (2: `max_steps` reached), `SimResult.T_END` (3: `t_end` reached).
-    finished: status == FINISHED. t: steps * dt (None without `dt`). trajectory: None (recording
-    per-turn values is not available yet)."""
+    finished: status == FINISHED. t: steps * dt (None without `dt`). trajectory: with `record=K`,
+    the state after every K steps, each leaf stacked on a new first axis, (rows, ..., n) as
+    lax.scan stacks (a sample that stopped reads its final state in the later rows); else None."""
 
     state: object
     steps: object
@@ -119,6 +121,9 @@ def simulate(step, state, *, until=None, max_steps=None, t_end=None, dt=None, ev
     check, and a finished sample is left untouched either way). Samples stop exactly at their
     own step: `every` changes no value.
 
+    `record=K` records the state after every K steps (a multiple of `every`) into
+    `SimResult.trajectory`: ceil(bound / K) rows, at most 512, each a device loop of the graph.
+
     Called outside a builder, it builds the graph, runs it once and returns arrays; the arrays in
     `state` are not written. Inside a builder (or a function a transform stages) it stages the
     loop into that graph and returns staged planes, so `grad`, `vjp`, `jvp`, `vmap` and
@@ -140,12 +145,10 @@ class _Config:
     code: int
     dt: object
     key: object
+    record: object = None
 
 
 def _config(step, state, until, max_steps, t_end, dt, every, record, key) -> _Config:
-    if record is not None:
-        raise NotImplementedError(f"{API}: record= (per-turn trajectories) is not available yet; collect what you "
-                                  "need from the final state, or run simulate in a Python loop of shorter runs")
     if not callable(step):
         raise TypeError(f"{API}: step is {type(step).__name__} {step!r:.60}; give a hawk kernel with a Terminated "
                         "parameter, or a function step(state, done) that calls kernels")
@@ -172,7 +175,18 @@ def _config(step, state, until, max_steps, t_end, dt, every, record, key) -> _Co
         raise ValueError(f"{API}: no bound on the run; give max_steps=N (the most steps a sample may take), or "
                          "t_end with dt: an uncapped device loop whose step never marks a sample done never returns")
     limit, code = min(limits, key=lambda lc: (lc[0], lc[1] != T_END))
-    return _Config(step, until, -(-limit // every), every, limit, code, dt, key)
+    if record is not None:
+        if not isinstance(record, (int, np.integer)) or isinstance(record, bool) or record < 1:
+            raise ValueError(f"{API}: record={record!r}; give the number of steps between recorded states, an int >= 1")
+        record = int(record)
+        if record % every:
+            raise ValueError(f"{API}: record={record} is not a multiple of every={every}; the state is recorded "
+                             "between checks: make record a multiple of every")
+        rows = -(-limit // record)
+        if rows > MAX_RECORDS:
+            raise ValueError(f"{API}: record={record} over up to {limit} steps records {rows} states; at most "
+                             f"{MAX_RECORDS} (each is a device loop of its own in the graph): record less often")
+    return _Config(step, until, -(-limit // every), every, limit, code, dt, key, record)
 
 
 def _leaves_of(state):
@@ -228,13 +242,22 @@ def _stage(cfg: _Config, state, graph) -> SimResult:
                              f"sample, a plane of shape ({first.shape[-1]},)")
         return hit
 
-    _loop(graph, advance, done, steps, status, hit_of, cfg.cap, cfg.every, cfg.limit, cfg.code)
+    trajectory = None
+    if cfg.record is None:
+        _loop(graph, advance, done, steps, status, hit_of, cfg.cap, cfg.every, cfg.limit, cfg.code)
+    else:                                   # a loop per recorded state, then the state copied out
+        rows = []
+        for _ in range(-(-cfg.limit // cfg.record)):
+            _loop(graph, advance, done, steps, status, hit_of, cfg.record // cfg.every, cfg.every, cfg.limit, cfg.code)
+            rows.append([_copier(tuple(x.shape[:-1]), np.dtype(x.dtype))(x, done) for x in planes])
+        if rows:
+            trajectory = tree_unflatten(tree, [np.stack([r[k] for r in rows]) for k in range(len(planes))])
     # the results are fresh planes, not the loop's buffers: the JAX backend reads a buffer a kernel
     # made and a loop then wrote in place as it was before the loop
     steps, status = _final(steps, status, cfg.code)
     final = [_copier(tuple(x.shape[:-1]), np.dtype(x.dtype))(x, done) for x in planes]
     t = None if cfg.dt is None else steps * float(cfg.dt)
-    return SimResult(tree_unflatten(tree, final), steps, status, status == FINISHED, t)
+    return SimResult(tree_unflatten(tree, final), steps, status, status == FINISHED, t, trajectory)
 
 
 _KEEPERS: dict = {}

@@ -243,6 +243,62 @@ def test_grad_and_vmap_of_a_run():
 
 
 # ---------------------------------------------------------------------------------------------
+# record=K: the state every K steps
+
+
+def masked_rows(y0, v0, every_k, rows, g=9.81, max_steps=10_000):
+    """The oracle: the masked loop's state after K, 2K, ... steps."""
+    ys, vs = [], []
+    for r in range(1, rows + 1):
+        y, v, _, _ = masked_fall(y0, v0, g, max_steps=min(r * every_k, max_steps))
+        ys.append(y)
+        vs.append(v)
+    return np.array(ys), np.array(vs)
+
+
+@pytest.mark.parametrize("k, every, max_steps", [(10, 1, 100), (8, 4, 90), (1, 1, 30), (25, 5, 40)])
+def test_record_every_k_steps(k, every, max_steps):
+    y0, v0 = np.array([0.05, 0.3, 1.0, 2.5]), np.array([0.5, 0.0, -1.0, 2.0])
+    r = simulate(fall, {"y": y0, "v": v0}, max_steps=max_steps, every=every, record=k)
+    rows = -(-max_steps // k)
+    ys, vs = masked_rows(y0, v0, k, rows, max_steps=max_steps)
+    assert r.trajectory["y"].shape == (rows, 4)
+    np.testing.assert_array_equal(r.trajectory["y"], ys)
+    np.testing.assert_array_equal(r.trajectory["v"], vs)
+    np.testing.assert_array_equal(r.trajectory["y"][-1], r.state["y"])
+    np.testing.assert_array_equal(r.steps, masked_fall(y0, v0, max_steps=max_steps)[2])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_a_recorded_trajectory_is_differentiable(backend):
+    """d/d(y0, v0) of sum(seed * trajectory) against central differences of the masked rows."""
+    rng = np.random.default_rng(4)
+    y0, v0 = rng.uniform(0.2, 1.0, 5), rng.uniform(-1.0, 1.0, 5)
+    seed = rng.normal(size=(6, 5))
+
+    @eagle.Graph.builder
+    def traj(y0, v0):
+        gr = eagle.Graph()
+        r = simulate(fall, {"y": y0, "v": v0}, max_steps=60, record=10)
+        gr.result = r.trajectory["y"]
+        return gr
+
+    with use_backend(backend):
+        out, pull = eagle.vjp(traj, y0, v0)
+        gy, gv = pull(seed)
+        _, tan = eagle.jvp(traj, (y0, v0), (np.zeros(5), seed[0]))
+    np.testing.assert_allclose(out, masked_rows(y0, v0, 10, 6, max_steps=60)[0], rtol=1e-13)
+    h = 1e-7
+    f = lambda a, b: (seed * masked_rows(a, b, 10, 6, max_steps=60)[0]).sum()   # noqa: E731
+    fy = [(f(y0 + h * e, v0) - f(y0 - h * e, v0)) / (2 * h) for e in np.eye(5)]
+    fv = [(f(y0, v0 + h * e) - f(y0, v0 - h * e)) / (2 * h) for e in np.eye(5)]
+    np.testing.assert_allclose(gy, fy, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(gv, fv, rtol=1e-6, atol=1e-8)
+    rows = lambda b: masked_rows(y0, b, 10, 6, max_steps=60)[0]                  # noqa: E731
+    np.testing.assert_allclose(tan, (rows(v0 + h * seed[0]) - rows(v0 - h * seed[0])) / (2 * h), rtol=1e-6, atol=1e-8)
+
+
+# ---------------------------------------------------------------------------------------------
 # bad input: each a clear error at build, nothing written
 
 
@@ -273,8 +329,12 @@ def test_bad_input():
     assert "takes y, v" in m and "keys are y, w" in m
     m = _msg(TypeError, lambda: simulate(_norm2, np.ones((2, 3)), max_steps=10))
     assert "no Terminated parameter" in m
-    m = _msg(NotImplementedError, lambda: simulate(fall, s, max_steps=10, record=lambda st: st["y"]))
-    assert "record=" in m
+    m = _msg(ValueError, lambda: simulate(fall, s, max_steps=10, record=lambda st: st["y"]))
+    assert "record=<function" in m and "an int >= 1" in m
+    m = _msg(ValueError, lambda: simulate(fall, s, max_steps=10, every=4, record=6))
+    assert "record=6 is not a multiple of every=4" in m
+    m = _msg(ValueError, lambda: simulate(fall, s, max_steps=10_000, record=1))
+    assert "records 10000 states; at most 512" in m
     m = _msg(ValueError, lambda: simulate(fall, {"y": np.ones(3), "v": np.ones(4)}, max_steps=10))
     assert "different sample counts" in m
     np.testing.assert_array_equal(y, 1.0)
