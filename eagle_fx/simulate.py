@@ -39,7 +39,9 @@ class SimResult:
     held), `SimResult.BUDGET` (2: `max_steps` reached), `SimResult.T_END` (3: `t_end` reached).
     finished: status == FINISHED. t: steps * dt (None without `dt`). trajectory: with `record=K`,
     the state after every K steps, each leaf stacked on a new first axis, (rows, ..., n) as
-    lax.scan stacks (a sample that stopped reads its final state in the later rows); else None."""
+    lax.scan stacks (a sample that stopped reads its final state in the later rows); else None.
+    t_event: with `event=`, the time its event function crossed zero (NaN where it did not); the
+    state of such a sample is the state at that time."""
 
     state: object
     steps: object
@@ -47,6 +49,7 @@ class SimResult:
     finished: object
     t: object = None
     trajectory: object = None
+    t_event: object = None
 
     FINISHED = FINISHED
     BUDGET = BUDGET
@@ -106,7 +109,8 @@ def _loop(g: Graph, advance, done, steps, status, hit_of, cap, every, limit, cod
             break
 
 
-def simulate(step, state, *, until=None, max_steps=None, t_end=None, dt=None, every=1, record=None, key=None):
+def simulate(step, state, *, until=None, max_steps=None, t_end=None, dt=None, every=1, record=None, key=None,
+             event=None):
     """Run `step` on every sample until it marks the sample done, `until` holds, or the sample
     reaches `max_steps` steps (or `t_end`, counting `dt` per step); returns a `SimResult`.
 
@@ -124,12 +128,19 @@ def simulate(step, state, *, until=None, max_steps=None, t_end=None, dt=None, ev
     `record=K` records the state after every K steps (a multiple of `every`) into
     `SimResult.trajectory`: ceil(bound / K) rows, at most 512, each a device loop of the graph.
 
+    `event(state)` returns one float per sample: a sample whose value changes sign inside a step is
+    finished there. The crossing is then refined by partial steps from the state before that step
+    (the step is passed its length, `dt=`: a kernel parameter `dt: Scalar`, or the keyword `dt` of
+    a step function), secant iterations and a last Newton step, so the event time
+    (`SimResult.t_event`) and the state at it carry the event-time sensitivity in their
+    derivatives (dt*/dp = -(dg/dp) / (dg/dt), by the implicit function theorem).
+
     Called outside a builder, it builds the graph, runs it once and returns arrays; the arrays in
     `state` are not written. Inside a builder (or a function a transform stages) it stages the
     loop into that graph and returns staged planes, so `grad`, `vjp`, `jvp`, `vmap` and
     `checkpoints=K` apply to it as to any builder loop.
     """
-    cfg = _config(step, state, until, max_steps, t_end, dt, every, record, key)
+    cfg = _config(step, state, until, max_steps, t_end, dt, every, record, key, event)
     if staging.active_trace() is not None:
         return _stage(cfg, state, staging.active_trace().graph)
     return _run(cfg, state)
@@ -146,14 +157,22 @@ class _Config:
     dt: object
     key: object
     record: object = None
+    event: object = None
 
 
-def _config(step, state, until, max_steps, t_end, dt, every, record, key) -> _Config:
+def _config(step, state, until, max_steps, t_end, dt, every, record, key, event) -> _Config:
     if not callable(step):
         raise TypeError(f"{API}: step is {type(step).__name__} {step!r:.60}; give a hawk kernel with a Terminated "
                         "parameter, or a function step(state, done) that calls kernels")
     if until is not None and not callable(until):
         raise TypeError(f"{API}: until is {type(until).__name__}; give a function until(state) -> a bool plane")
+    if event is not None:
+        if not callable(event):
+            raise TypeError(f"{API}: event is {type(event).__name__}; give a function event(state) -> a float plane, "
+                            "one value per sample whose zero crossing stops the sample")
+        if dt is None:
+            raise ValueError(f"{API}: event= without dt; give dt, the step length: the crossing is refined by partial "
+                             "steps, which pass the step its length (`dt=`)")
     if type(every) is not int or every < 1:
         raise ValueError(f"{API}: every={every!r}; give the number of steps between checks, an int >= 1")
     if t_end is not None and dt is None:
@@ -186,7 +205,7 @@ def _config(step, state, until, max_steps, t_end, dt, every, record, key) -> _Co
         if rows > MAX_RECORDS:
             raise ValueError(f"{API}: record={record} over up to {limit} steps records {rows} states; at most "
                              f"{MAX_RECORDS} (each is a device loop of its own in the graph): record less often")
-    return _Config(step, until, -(-limit // every), every, limit, code, dt, key, record)
+    return _Config(step, until, -(-limit // every), every, limit, code, dt, key, record, event)
 
 
 def _leaves_of(state):
@@ -216,31 +235,57 @@ def _stage(cfg: _Config, state, graph) -> SimResult:
     planes = [_copier(tuple(x.shape[:-1]), np.dtype(x.dtype))(x, done) for x in leaves]
     first = done
     current = lambda: tree_unflatten(tree, planes)  # noqa: E731
+    n = first.shape[-1]
 
-    def advance(mark):
-        new = _call_step(cfg, current(), mark)
+    def apply_step(targets, mark, h):
+        """One step of the samples whose mark is clear, written into the planes `targets`."""
+        new = _call_step(cfg, tree_unflatten(tree, targets), mark, h)
         if new is None:
             return
         new_leaves, new_tree = tree_flatten(new, is_leaf=lambda x: staging.is_array(x))
         if new_tree != tree:
             raise TypeError(f"{API}: step {_name(cfg.step)} returned {new_tree}, the state is {tree}; return the new "
                             "state in the state's structure (or None when its kernels wrote the planes in place)")
-        for k, (dst, src) in enumerate(zip(planes, new_leaves)):
+        for k, (dst, src) in enumerate(zip(targets, new_leaves)):
             if tuple(np.shape(src)) != tuple(dst.shape):
                 raise ValueError(f"{API}: step {_name(cfg.step)} returned a plane of shape {tuple(np.shape(src))} "
                                  f"for the state's leaf {k} of shape {tuple(dst.shape)}")
             if src is not dst:                       # a finished sample keeps its state, whatever the step says
                 _keeper(tuple(dst.shape[:-1]), np.dtype(dst.dtype))(dst, src, mark)
 
+    def checked(fn, what, value, dtype_ok, want):
+        if tuple(np.shape(value)) != (n,) or not dtype_ok(getattr(value, "dtype", None)):
+            raise ValueError(f"{API}: {what} {_name(fn)} returned {type(value).__name__} of shape "
+                             f"{tuple(np.shape(value))} and dtype {getattr(value, 'dtype', None)}; it returns {want}, "
+                             f"a plane of shape ({n},)")
+        return value
+
+    def event_of(state_tree):
+        return checked(cfg.event, "event", cfg.event(state_tree), lambda d: d is not None and np.dtype(d).kind == "f",
+                       "one float per sample")
+
+    copy_all = lambda xs: [_copier(tuple(x.shape[:-1]), np.dtype(x.dtype))(x, done) for x in xs]  # noqa: E731
+    if cfg.event is not None:
+        prev = copy_all(planes)                       # the state before the current step
+        g0 = event_of(current())
+        g_prev = _copier((), np.dtype(g0.dtype))(g0, done)
+        g_last = _copier((), np.dtype(g0.dtype))(g0, done)
+        crossed = _fresh(first)
+
+    def advance(mark):
+        if cfg.event is not None:
+            for p, x in zip(prev, planes):
+                _keeper(tuple(x.shape[:-1]), np.dtype(x.dtype))(p, x, mark)
+        apply_step(planes, mark, cfg.dt)
+
     def hit_of():
-        if cfg.until is None:
-            return False
-        hit = cfg.until(current())
-        if tuple(np.shape(hit)) != (first.shape[-1],) or getattr(hit, "dtype", None) != np.bool_:
-            raise ValueError(f"{API}: until {_name(cfg.until)} returned {type(hit).__name__} of shape "
-                             f"{tuple(np.shape(hit))} and dtype {getattr(hit, 'dtype', None)}; it returns one bool per "
-                             f"sample, a plane of shape ({first.shape[-1]},)")
-        return hit
+        hits = []
+        if cfg.until is not None:
+            hits.append(checked(cfg.until, "until", cfg.until(current()), lambda d: d == np.bool_,
+                                "one bool per sample"))
+        if cfg.event is not None:
+            hits.append(_watch(g_prev, g_last, crossed, event_of(current()) * 1.0, done))
+        return False if not hits else hits[0] if len(hits) == 1 else hits[0] | hits[1]
 
     trajectory = None
     if cfg.record is None:
@@ -249,19 +294,115 @@ def _stage(cfg: _Config, state, graph) -> SimResult:
         rows = []
         for _ in range(-(-cfg.limit // cfg.record)):
             _loop(graph, advance, done, steps, status, hit_of, cfg.record // cfg.every, cfg.every, cfg.limit, cfg.code)
-            rows.append([_copier(tuple(x.shape[:-1]), np.dtype(x.dtype))(x, done) for x in planes])
+            rows.append(copy_all(planes))
         if rows:
             trajectory = tree_unflatten(tree, [np.stack([r[k] for r in rows]) for k in range(len(planes))])
     # the results are fresh planes, not the loop's buffers: the JAX backend reads a buffer a kernel
     # made and a loop then wrote in place as it was before the loop
     steps, status = _final(steps, status, cfg.code)
-    final = [_copier(tuple(x.shape[:-1]), np.dtype(x.dtype))(x, done) for x in planes]
+    final = copy_all(planes)
+    t_event = None
+    if cfg.event is not None:
+        t_event = _refine(cfg, tree, prev, g_last, g_prev, crossed, steps, final, apply_step, event_of, first)
     t = None if cfg.dt is None else steps * float(cfg.dt)
-    return SimResult(tree_unflatten(tree, final), steps, status, status == FINISHED, t, trajectory)
+    return SimResult(tree_unflatten(tree, final), steps, status, status == FINISHED, t, trajectory, t_event)
+
+
+SECANT_TURNS = 12
+_NAN = float("nan")
+
+
+def _refine(cfg, tree, prev, g_last, g_prev, crossed, steps, final, apply_step, event_of, first):
+    """The event time of the samples whose event crossed zero, and their state at it (written into
+    `final`): secant iterations on the partial step from the state before the crossing, then one
+    Newton step whose derivative is the implicit function theorem's."""
+    h = float(cfg.dt)
+
+    def g_at(tau):
+        xs = [_copier(tuple(x.shape[:-1]), np.dtype(x.dtype))(x, tau) for x in prev]
+        apply_step(xs, _fresh(first), tau)
+        return event_of(tree_unflatten(tree, xs)) * 1.0, xs
+
+    ta, ga = _zeros_like(g_last), g_last
+    tb = _secant(ta, ga, _zeros_like(g_last) + h, g_prev, h)
+    gb, _ = g_at(tb)
+    for _ in range(SECANT_TURNS):
+        tc = _secant(ta, ga, tb, gb, h)
+        ta, ga = tb, gb
+        tb = tc
+        gb, _ = g_at(tb)
+    tau = _stopped(tb)
+    delta = 1e-4 * h
+    g0, _ = g_at(tau)
+    slope = _slope(g_at(tau + delta)[0], g_at(tau - delta)[0], delta)
+    tau = _newton(tau, g0, slope)
+    _, x_event = g_at(tau)
+    final[:] = [_chooser(tuple(x.shape[:-1]), np.dtype(x.dtype))(x, e, crossed) for x, e in zip(final, x_event)]
+    return _event_time(steps, tau, crossed, h)
+
+
+@hawk.kernel
+def _watch(g_prev: Mutable[Scalar], g_last: Mutable[Scalar], crossed: Mutable[_Bool], g_new: Scalar,
+           done: Terminated):
+    """A sign change of the event function in this step: `crossed`, and its values either side kept."""
+    hit = ((g_prev > 0.0) & (g_new <= 0.0)) | ((g_prev < 0.0) & (g_new >= 0.0))
+    g_last = g_prev
+    g_prev = g_new
+    crossed = hit
+    return hit
+
+
+@hawk.kernel
+def _zeros_like(x: Scalar):
+    return 0.0 * x
+
+
+@hawk.kernel
+def _secant(ta: Scalar, ga: Scalar, tb: Scalar, gb: Scalar, h: Param):
+    """The secant iterate, kept in [0, h] (a flat pair keeps tb)."""
+    dg = gb - ga
+    flat = hm.abs(dg) <= 1e-300
+    tc = tb - gb * (tb - ta) / hm.where(flat, 1.0, dg)
+    return hm.minimum(hm.maximum(hm.where(flat, tb, tc), 0.0), h)
+
+
+@hawk.kernel
+def _stopped(x: Scalar):
+    return hm.stop_gradient(x)
+
+
+@hawk.kernel
+def _slope(gp: Scalar, gm: Scalar, delta: Param):
+    s = hm.stop_gradient((gp - gm) / (2.0 * delta))
+    return hm.where(hm.abs(s) > 1e-300, s, 1.0)
+
+
+@hawk.kernel
+def _newton(tau: Scalar, g: Scalar, slope: Scalar):
+    return tau - g / slope
+
+
+@hawk.kernel
+def _event_time(steps: Scalar, tau: Scalar, crossed: Scalar, h: Param):
+    return hm.where(crossed, (steps - 1) * h + tau, _NAN)
 
 
 _KEEPERS: dict = {}
 _COPIERS: dict = {}
+_CHOOSERS: dict = {}
+
+
+def _chooser(shape, dtype) -> Kernel:
+    """The kernel `where(pick, b, a)` over planes of this per-sample shape and dtype (a new plane)."""
+    k = _CHOOSERS.get((shape, dtype))
+    if k is None:
+        role = Role("State", shape, dtype)
+
+        def choose(a, b, pick):
+            return hm.where(pick, b, a)
+        choose.__annotations__ = {"a": role, "b": role, "pick": Scalar}
+        k = _CHOOSERS[(shape, dtype)] = hawk.kernel(choose)
+    return k
 
 
 def _copier(shape, dtype) -> Kernel:
@@ -292,19 +433,20 @@ def _keeper(shape, dtype) -> Kernel:
     return k
 
 
-def _call_step(cfg, state, done):
+def _call_step(cfg, state, done, h):
     step = cfg.step
     if isinstance(step, Kernel):
-        return _call_kernel_step(step, state, done, cfg.key)
-    return step(state, done) if cfg.key is None else step(state, done, cfg.key)
+        return _call_kernel_step(step, state, done, cfg.key, h)
+    extra = {} if cfg.event is None else {"dt": h}
+    return step(state, done, **extra) if cfg.key is None else step(state, done, cfg.key, **extra)
 
 
-def _call_kernel_step(kernel, state, done, key):
+def _call_kernel_step(kernel, state, done, key, h):
     marks = [n for n, r in zip(kernel.param_names, kernel.roles) if isinstance(r, TerminatedRole)]
     if not marks:
         raise TypeError(f"{API}: the step kernel {kernel.name} has no Terminated parameter; add `done: Terminated` "
                         "and set it (`done = cond`) where a sample is finished")
-    others = [n for n in kernel.param_names if n != marks[0]]
+    others = [n for n in kernel.param_names if n != marks[0] and not (n == "dt" and h is not None)]
     if key is not None:
         raise TypeError(f"{API}: key= is passed to a step function step(state, done, key); the step kernel "
                         f"{kernel.name} takes no key: wrap it in a function")
@@ -324,6 +466,8 @@ def _call_kernel_step(kernel, state, done, key):
                             "step(state, done) to pass other arguments")
         kwargs = dict(zip(others, leaves))
     kwargs[marks[0]] = done
+    if "dt" in kernel.param_names and h is not None:
+        kwargs["dt"] = h
     return kernel(**kwargs)        # None (it wrote the state in place) or the new state
 
 

@@ -362,3 +362,111 @@ def test_the_docs_page_runs_and_prints_what_it_says(tmp_path):
     for want, got in zip(said, printed):
         assert " ".join(got.split()) == " ".join(want.split()), (want, got)
     assert "simulate.md" in (root / "mkdocs.yml").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# stop events: the crossing refined, its time and the state at it differentiable (implicit
+# function theorem); oracle: the closed form of a ball under constant gravity
+
+
+@hawk.kernel
+def ballistic(y: Mutable[Scalar], v: Mutable[Scalar], done: Terminated, dt: Scalar, g: Param):
+    """The exact step under constant gravity, of any length dt (the refinement takes partial ones)."""
+    y = y + v * dt - 0.5 * g * dt * dt
+    v = v - g * dt
+
+
+@hawk.kernel
+def height(y: Scalar) -> Scalar:
+    return y
+
+
+@eagle.Graph.builder
+def land(y0, v0, g):
+    gr = eagle.Graph()
+    r = simulate(lambda s, d, dt: ballistic(s["y"], s["v"], d, dt, g), {"y": y0, "v": v0},
+                 event=lambda s: height(s["y"]), max_steps=1000, dt=0.01)
+    gr.result = (r.t_event, r.state["v"])
+    return gr
+
+
+def landing_closed_form(y0, v0, g):
+    """Landing time (v0 + s) / g and velocity -s, s = sqrt(v0^2 + 2 g y0), and their derivatives."""
+    s = np.sqrt(v0 ** 2 + 2 * g * y0)
+    t = (v0 + s) / g
+    dt = {"y0": 1 / s, "v0": (1 + v0 / s) / g, "g": (y0 / s) / g - (v0 + s) / g ** 2}
+    dv = {"y0": -g / s, "v0": -v0 / s, "g": -y0 / s}
+    return t, -s, dt, dv
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax", "fake-cuda"])
+def test_landing_time_velocity_and_their_derivatives_against_the_closed_form(backend):
+    rng = np.random.default_rng(21)
+    y0, v0, g = rng.uniform(0.1, 3.0, 7), rng.uniform(-2.0, 3.0, 7), np.array([9.81])
+    t, v, dt, dv = landing_closed_form(y0, v0, 9.81)
+    cy, cv = rng.normal(size=7), rng.normal(size=7)
+    with use_backend(backend):
+        te, ve = land(y0, v0, g)()
+        _, pull = eagle.vjp(land, y0, v0, g)
+        gy, gv, gg = pull((cy, cv))
+        _, (tt, tv) = eagle.jvp(land, (y0, v0, g), (np.zeros(7), np.zeros(7), np.ones(1)))
+    np.testing.assert_allclose(te, t, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(ve, v, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(gy, cy * dt["y0"] + cv * dv["y0"], rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(gv, cy * dt["v0"] + cv * dv["v0"], rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(gg, [(cy * dt["g"] + cv * dv["g"]).sum()], rtol=1e-8)
+    np.testing.assert_allclose(tt, dt["g"], rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(tv, dv["g"], rtol=1e-8, atol=1e-10)
+
+
+def test_a_sample_with_no_crossing_has_no_event_time():
+    te, ve = land(np.array([1.0, 500.0]), np.zeros(2), np.array([9.81]))()
+    assert np.isfinite(te[0]) and np.isnan(te[1])
+    np.testing.assert_allclose(ve[1], -9.81 * 10.0, rtol=1e-12)     # 1000 steps of 0.01: still falling
+
+
+@hawk.kernel
+def bounce(y: Scalar, v: Scalar, e: Param):
+    """The reset at the ground: on it exactly, the speed reversed and scaled by the restitution e."""
+    return 0.0 * y, -e * v
+
+
+@eagle.Graph.builder
+def bounces(y0, v0, e):
+    gr = eagle.Graph()
+    state, total = {"y": y0, "v": v0}, None
+    for _ in range(4):
+        r = simulate(lambda s, d, dt: ballistic(s["y"], s["v"], d, dt, 9.81), state,
+                     event=lambda s: height(s["y"]), max_steps=2000, dt=0.01)
+        total = r.t_event if total is None else total + r.t_event
+        y, v = bounce(r.state["y"], r.state["v"], e)
+        state = {"y": y, "v": v}
+    gr.result = total
+    return gr
+
+
+def test_a_bouncing_ball_over_four_bounces_with_resets():
+    """The time of the fourth landing, t1 + 2 s (e + e^2 + e^3) / g, and its gradient."""
+    g = 9.81
+    y0, v0, e = np.array([1.0, 2.5]), np.array([0.0, 1.0]), np.array([0.8])
+    s = np.sqrt(v0 ** 2 + 2 * g * y0)
+    want = (v0 + s) / g + 2 * s * (e + e ** 2 + e ** 3) / g
+    np.testing.assert_allclose(bounces(y0, v0, e)(), want, rtol=1e-10)
+    gy, gv, ge = eagle.vjp(bounces, y0, v0, e)[1](np.ones(2))
+    geo = 1 + 2 * (e + e ** 2 + e ** 3)
+    np.testing.assert_allclose(gy, (g / s) * geo / g, rtol=1e-8)
+    np.testing.assert_allclose(gv, (1 + v0 / s * geo) / g, rtol=1e-8)
+    np.testing.assert_allclose(ge, [(2 * s * (1 + 2 * e + 3 * e ** 2) / g).sum()], rtol=1e-8)
+
+
+def test_event_bad_input():
+    s = {"y": np.ones(3), "v": np.zeros(3)}
+    step = lambda st, d, dt: ballistic(st["y"], st["v"], d, dt, 9.81)      # noqa: E731
+    m = _msg(ValueError, lambda: simulate(step, s, event=lambda st: height(st["y"]), max_steps=10))
+    assert "event= without dt" in m
+    m = _msg(ValueError, lambda: simulate(step, s, event=lambda st: st["y"] > 0.0, max_steps=10, dt=0.1))
+    assert "event" in m and "one float per sample" in m and "dtype bool" in m
+    m = _msg(ValueError, lambda: simulate(step, s, event=lambda st: np.stack([st["y"], st["v"]]), max_steps=10, dt=0.1))
+    assert "shape (2, 3)" in m and "a plane of shape (3,)" in m
+    m = _msg(TypeError, lambda: simulate(step, s, event=1.0, max_steps=10, dt=0.1))
+    assert "event is float" in m
