@@ -470,3 +470,19 @@ def test_event_bad_input():
     assert "shape (2, 3)" in m and "a plane of shape (3,)" in m
     m = _msg(TypeError, lambda: simulate(step, s, event=1.0, max_steps=10, dt=0.1))
     assert "event is float" in m
+
+
+@pytest.mark.slow
+def test_the_notebook_executes_and_prints_what_is_stored():
+    """notebooks/run-until-done.ipynb checks its numbers with asserts (closed forms, finite
+    differences, the implicit function theorem); re-run, it prints what is stored (numbers masked)."""
+    import pathlib
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from test_notebooks import stdout_by_cell
+    root = pathlib.Path(__file__).resolve().parents[1]
+    path = root / "notebooks" / "run-until-done.ipynb"
+    stored, nb = nbformat.read(path, as_version=4), nbformat.read(path, as_version=4)
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(root)}}).execute()
+    assert stdout_by_cell(nb) == stdout_by_cell(stored)
