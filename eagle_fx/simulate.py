@@ -308,7 +308,7 @@ def _stage(cfg: _Config, state, graph) -> SimResult:
     return SimResult(tree_unflatten(tree, final), steps, status, status == FINISHED, t, trajectory, t_event)
 
 
-SECANT_TURNS = 12
+SECANT_TURNS = 6
 _NAN = float("nan")
 
 

@@ -399,8 +399,9 @@ def landing_closed_form(y0, v0, g):
     return t, -s, dt, dv
 
 
-@pytest.mark.parametrize("backend", ["numpy", "jax", "fake-cuda"])
+@pytest.mark.parametrize("backend", ["numpy", pytest.param("jax", marks=pytest.mark.slow), "fake-cuda"])
 def test_landing_time_velocity_and_their_derivatives_against_the_closed_form(backend):
+    """(On JAX, compiling the refinement's partial steps, with their jvp and vjp, takes tens of seconds: slow.)"""
     rng = np.random.default_rng(21)
     y0, v0, g = rng.uniform(0.1, 3.0, 7), rng.uniform(-2.0, 3.0, 7), np.array([9.81])
     t, v, dt, dv = landing_closed_form(y0, v0, 9.81)
@@ -486,3 +487,16 @@ def test_the_notebook_executes_and_prints_what_is_stored():
     nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
                             resources={"metadata": {"path": str(root)}}).execute()
     assert stdout_by_cell(nb) == stdout_by_cell(stored)
+
+
+@pytest.mark.slow
+def test_to_jax_and_jax_grad_of_the_event_time():
+    import jax
+    import jax.numpy as jnp
+    jax.config.update("jax_enable_x64", True)
+    f = eagle.to_jax(land)
+    y0, v0, g = np.array([1.0, 2.0, 0.4]), np.array([0.0, 1.5, -2.0]), np.array([9.81])
+    t, _, dt, _ = landing_closed_form(y0, v0, 9.81)
+    np.testing.assert_allclose(np.asarray(f(jnp.asarray(y0), jnp.asarray(v0), jnp.asarray(g))[0]), t, rtol=1e-12)
+    grad = jax.jit(jax.grad(lambda a: f(a, jnp.asarray(v0), jnp.asarray(g))[0].sum()))(jnp.asarray(y0))
+    np.testing.assert_allclose(np.asarray(grad), dt["y0"], rtol=1e-10)
