@@ -5,7 +5,8 @@
 The workload: a 2-state ODE (a falling ball, semi-implicit Euler) per sample until it lands, the
 landing step spread from 100 to 2 000 (median 500). Prints the median time ratios of
   * simulate on the NumPy backend (a built graph replayed) / a hand-written masked NumPy loop with
-    the same stop rule (target <= 1.0), for every = 1 and every = 16;
+    the same stop rule (target <= 1.0), for every = 1 and every = 16, and with event= (the
+    crossing found by an event function and refined) instead of the step's own mark;
   * simulate on the JAX backend (jax.Array state) / jax.jit of lax.while_loop with the same stop
     rule (target <= 1.2);
 and the peak host memory (tracemalloc) of the reverse pass on the NumPy backend with every turn
@@ -42,8 +43,30 @@ def fall(y: Mutable[Scalar], v: Mutable[Scalar], done: Terminated):
 
 
 @hawk.kernel
+def fall_dt(y: Mutable[Scalar], v: Mutable[Scalar], done: Terminated, dt: Scalar):
+    v = v - 9.81 * dt
+    y = y + v * dt
+
+
+@hawk.kernel
+def height(y: Scalar) -> Scalar:
+    return y
+
+
+@hawk.kernel
 def total(x: Scalar) -> Scalar:
     return hawk.sum(x)
+
+
+@eagle.Graph.builder
+def run_event(y, v):
+    """The same fall stopped by event=height instead of the step's own mark: the crossing found
+    after each step, then refined (secant iterations, a Newton step) after the loop."""
+    g = eagle.Graph()
+    r = eagle.simulate(lambda s, done, dt: fall_dt(s["y"], s["v"], done, dt), {"y": y, "v": v},
+                       event=lambda s: height(s["y"]), max_steps=CAP, dt=DT)
+    g.result = (r.state["y"], r.state["v"], r.steps, r.t_event)
+    return g
 
 
 def heights(n, rng):
@@ -118,6 +141,11 @@ def main():
         assert np.array_equal(got[2], want[2]) and np.allclose(got[0], want[0], rtol=0, atol=1e-12)
         r = median_ratio(g, lambda: masked_numpy(y0, v0), number, repeat)
         print(f"numpy backend, every={every:>2}: simulate / masked NumPy loop = {r:.2f}  (target <= 1.0)")
+
+    ge = run_event(y0, v0)
+    assert np.array_equal(ge()[2], want[2])
+    r = median_ratio(ge, lambda: masked_numpy(y0, v0), number, repeat)
+    print(f"numpy backend, event=  : simulate / masked NumPy loop = {r:.2f}  (the crossing refined too)")
 
     yj, vj = jnp.asarray(y0), jnp.asarray(v0)
     with use_backend("jax"):

@@ -1,11 +1,12 @@
 """eagle_fx.simulate: run per-sample dynamics until every sample is done, as one staged graph.
 
-Each turn of one device loop runs `every` steps, then leaves when every sample's done mark is
-set (`hawk_fx.all_done`). A step advances the samples whose mark is clear: the user's step (a
-kernel or a function staging kernels) may set the mark, and the settle kernel counts the step and
-records why a sample stopped (its step marked it, `until` held, the step
-budget or `t_end` was reached) and marks it. Everything is kernels on planes, so the loop composes
-with the derivative and batching transforms and every backend like any builder's loop.
+Device loops run exactly the bound's steps (turns of `every` steps, then the rest), each leaving
+once every sample's done mark is set (`hawk_fx.all_done`). A step advances the samples whose mark
+is clear: the user's step (a kernel or a function staging kernels) may set the mark, `until` or
+an event may set it after the step, and a counting kernel counts the step for the samples still
+running. At the end a sample whose mark is set is finished, its last step counted; the others ran
+into the bound. Everything is kernels on planes, so the loops compose with the derivative and
+batching transforms and every backend like any builder's loop.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from .frontend.building import Builder
 from .graph import Graph
 
 API = "eagle_fx.simulate"
-RUNNING, FINISHED, BUDGET, T_END = 0, 1, 2, 3
-_Bool = Role("Bool", dtype=np.bool_)          # a plain bool plane the settle kernel writes
+FINISHED, BUDGET, T_END = 1, 2, 3
+_Bool = Role("Bool", dtype=np.bool_)          # a plain bool plane a kernel writes (the event watch)
 MAX_RECORDS = 512                             # recorded states: each is a device loop of the graph
 
 
@@ -69,8 +70,8 @@ def _along(done: Scalar, x: Scalar):
 
 @hawk.kernel
 def _counters(done: Scalar):
-    """Zero steps and a running status per sample."""
-    return np.int32(0), np.int32(RUNNING)
+    """Zero steps per sample."""
+    return np.int32(0)
 
 
 def _samples_of(x):
@@ -81,30 +82,32 @@ def _samples_of(x):
 
 
 @hawk.kernel
-def _settle(steps: Mutable[Int32], hit: Scalar, done: Mutable[_Bool], status: Mutable[Int32], limit: Param,
-            code: Param):
-    """After a step: count it for the samples that were running into it (their status is still
-    RUNNING), then mark and give a status to those it finished or that reached the limit."""
-    running = status == RUNNING
-    steps = hm.where(running, steps + 1, steps)
-    stopped = done | hit
-    status = hm.where(running & stopped, FINISHED, hm.where(running & (steps >= limit), code, status))
-    done = stopped | (steps >= limit)
+def _count(steps: Mutable[Int32], done: Terminated):
+    """A step, counted for the samples still running after it (one that finished in it is counted
+    at the end: its mark is set)."""
+    steps = steps + 1
 
 
 @hawk.kernel
-def _final(steps: Scalar, status: Scalar, code: Param):
-    """The step counts, and the status with the samples still running when the loop ended at its
-    cap (max_steps = 0) given the limit's code."""
-    return steps, hm.where(status == RUNNING, code, status)
+def _count_hit(steps: Mutable[Int32], hit: Scalar, done: Terminated):
+    """As _count, and a sample where `hit` holds (until, an event) is marked finished."""
+    steps = hm.where(hit, steps, steps + 1)
+    done = hit
+
+
+@hawk.kernel
+def _final(steps: Scalar, done: Scalar, code: Param):
+    """The step counts (a finished sample's last step counted) and the status: finished where the
+    mark is set, else the bound's code (the loops ran exactly the bound's steps)."""
+    return hm.where(done, steps + 1, steps), hm.where(done, FINISHED, code)
 
 
 @Builder
-def _loop(g: Graph, advance, done, steps, status, hit_of, cap, every, limit, code):
+def _loop(g: Graph, advance, done, steps, count, cap, every):
     for _ in range(cap):
         for _k in range(every):
             advance(done)
-            _settle(steps, hit_of(), done, status, limit, code)
+            count(steps, done)
         if hawk.all_done(done):
             break
 
@@ -125,7 +128,7 @@ def simulate(step, state, *, until=None, max_steps=None, t_end=None, dt=None, ev
     check, and a finished sample is left untouched either way). Samples stop exactly at their
     own step: `every` changes no value.
 
-    `record=K` records the state after every K steps (a multiple of `every`) into
+    `record=K` records the state after every K steps into
     `SimResult.trajectory`: ceil(bound / K) rows, at most 512, each a device loop of the graph.
 
     `event(state)` returns one float per sample: a sample whose value changes sign inside a step is
@@ -150,7 +153,6 @@ def simulate(step, state, *, until=None, max_steps=None, t_end=None, dt=None, ev
 class _Config:
     step: object
     until: object
-    cap: int
     every: int
     limit: int
     code: int
@@ -198,14 +200,11 @@ def _config(step, state, until, max_steps, t_end, dt, every, record, key, event)
         if not isinstance(record, (int, np.integer)) or isinstance(record, bool) or record < 1:
             raise ValueError(f"{API}: record={record!r}; give the number of steps between recorded states, an int >= 1")
         record = int(record)
-        if record % every:
-            raise ValueError(f"{API}: record={record} is not a multiple of every={every}; the state is recorded "
-                             "between checks: make record a multiple of every")
         rows = -(-limit // record)
         if rows > MAX_RECORDS:
             raise ValueError(f"{API}: record={record} over up to {limit} steps records {rows} states; at most "
                              f"{MAX_RECORDS} (each is a device loop of its own in the graph): record less often")
-    return _Config(step, until, -(-limit // every), every, limit, code, dt, key, record, event)
+    return _Config(step, until, every, limit, code, dt, key, record, event)
 
 
 def _leaves_of(state):
@@ -231,7 +230,7 @@ def _stage(cfg: _Config, state, graph) -> SimResult:
     done = _fresh(_samples_of(leaves[0]))
     for x in leaves[1:]:
         done = _along(done, _samples_of(x))
-    steps, status = _counters(done)
+    steps = _counters(done)
     planes = [_copier(tuple(x.shape[:-1]), np.dtype(x.dtype))(x, done) for x in leaves]
     first = done
     current = lambda: tree_unflatten(tree, planes)  # noqa: E731
@@ -287,19 +286,34 @@ def _stage(cfg: _Config, state, graph) -> SimResult:
             hits.append(_watch(g_prev, g_last, crossed, event_of(current()) * 1.0, done))
         return False if not hits else hits[0] if len(hits) == 1 else hits[0] | hits[1]
 
+    def count(steps, mark):
+        hit = hit_of()
+        if hit is False:
+            _count(steps, mark)
+        else:
+            _count_hit(steps, hit, mark)
+
+    def run(n_steps):
+        """Exactly n_steps steps (fewer once every sample is done): turns of `every` steps, then the rest."""
+        turns, rest = divmod(n_steps, cfg.every)
+        if turns:
+            _loop(graph, advance, done, steps, count, turns, cfg.every)
+        if rest:
+            _loop(graph, advance, done, steps, count, 1, rest)
+
     trajectory = None
     if cfg.record is None:
-        _loop(graph, advance, done, steps, status, hit_of, cfg.cap, cfg.every, cfg.limit, cfg.code)
+        run(cfg.limit)
     else:                                   # a loop per recorded state, then the state copied out
         rows = []
-        for _ in range(-(-cfg.limit // cfg.record)):
-            _loop(graph, advance, done, steps, status, hit_of, cfg.record // cfg.every, cfg.every, cfg.limit, cfg.code)
+        for r in range(-(-cfg.limit // cfg.record)):
+            run(min(cfg.record, cfg.limit - r * cfg.record))
             rows.append(copy_all(planes))
         if rows:
             trajectory = tree_unflatten(tree, [np.stack([r[k] for r in rows]) for k in range(len(planes))])
     # the results are fresh planes, not the loop's buffers: the JAX backend reads a buffer a kernel
     # made and a loop then wrote in place as it was before the loop
-    steps, status = _final(steps, status, cfg.code)
+    steps, status = _final(steps, done, cfg.code)
     final = copy_all(planes)
     t_event = None
     if cfg.event is not None:

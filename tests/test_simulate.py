@@ -68,7 +68,7 @@ def test_closed_form_and_the_masked_loop(backend):
     with use_backend(backend):
         r = simulate(fall, {"y": y0, "v": v0}, max_steps=1000, dt=DT)
     y, v, steps, status = masked_fall(y0, v0)
-    np.testing.assert_allclose(r.state["y"], y, rtol=1e-13)      # XLA may fuse a multiply-add
+    np.testing.assert_allclose(r.state["y"], y, rtol=1e-13, atol=1e-15)      # XLA may fuse a multiply-add
     np.testing.assert_allclose(r.state["v"], v, rtol=1e-13)
     np.testing.assert_array_equal(r.steps, steps)
     np.testing.assert_array_equal(r.status, status)
@@ -256,7 +256,7 @@ def masked_rows(y0, v0, every_k, rows, g=9.81, max_steps=10_000):
     return np.array(ys), np.array(vs)
 
 
-@pytest.mark.parametrize("k, every, max_steps", [(10, 1, 100), (8, 4, 90), (1, 1, 30), (25, 5, 40)])
+@pytest.mark.parametrize("k, every, max_steps", [(10, 1, 100), (8, 4, 90), (1, 1, 30), (25, 5, 40), (6, 4, 50)])
 def test_record_every_k_steps(k, every, max_steps):
     y0, v0 = np.array([0.05, 0.3, 1.0, 2.5]), np.array([0.5, 0.0, -1.0, 2.0])
     r = simulate(fall, {"y": y0, "v": v0}, max_steps=max_steps, every=every, record=k)
@@ -331,8 +331,6 @@ def test_bad_input():
     assert "no Terminated parameter" in m
     m = _msg(ValueError, lambda: simulate(fall, s, max_steps=10, record=lambda st: st["y"]))
     assert "record=<function" in m and "an int >= 1" in m
-    m = _msg(ValueError, lambda: simulate(fall, s, max_steps=10, every=4, record=6))
-    assert "record=6 is not a multiple of every=4" in m
     m = _msg(ValueError, lambda: simulate(fall, s, max_steps=10_000, record=1))
     assert "records 10000 states; at most 512" in m
     m = _msg(ValueError, lambda: simulate(fall, {"y": np.ones(3), "v": np.ones(4)}, max_steps=10))
