@@ -7,9 +7,10 @@ from .reductions import max, mean, min, sum
 from .roles import Int32, Matrix, Mutable, Param, Scalar, Terminated, UInt32, Vector
 from .roles import Table
 from .trace import TraceError
+from .done import all_done
 
 __version__ = "0.1.0"
 
 __all__ = ["kernel", "Kernel", "Program", "sum", "max", "min", "mean", "Scalar", "Param", "Mutable",
            "UInt32", "Int32", "Vector", "Matrix", "Terminated", "TraceError",
-           "LeakedTracerError", "Table"]
+           "LeakedTracerError", "Table", "all_done"]

@@ -23,6 +23,7 @@ from .cuda_runtime import call_kernel
 from .roles import Role
 from .source import parse_function
 from .tables import scatter_add_p, table_layout
+from .terminated import gate_commit, gate_results, refuse_reductions, terminated_index
 from .trace import UNDEF, TraceError, convert_kernel, trace_body
 from .tree import tree_flatten, tree_unflatten
 
@@ -45,6 +46,7 @@ class Specialization:
         cells = {a.var for a, role in zip(args, kernel.roles) if isinstance(a, Tracer) and not role.uniform}
         one_cell = _one_cell(trace.eqns, cells)
         leaves = [_per_sample(trace, leaf, one_cell) for leaf in leaves]
+        leaves = gate_results(kernel, trace, args, leaves)
         self.commits: list[int] = []     # parameter indices written by the body
         commit_values = []
         for name, value in zip(kernel.mutable_names, muts):
@@ -67,8 +69,9 @@ class Specialization:
             if v_aval is None or src_dt != dt or v_aval.weak:
                 value = trace.process(prims.convert_p, [value], {"dtype": dt})[0]
             self.commits.append(k)
-            commit_values.append(value)
+            commit_values.append(gate_commit(kernel, trace, args, k, value))
         self.n_results = len(leaves)
+        refuse_reductions(kernel, trace)
         self.prog: Program = trace.finish(list(leaves) + commit_values)
         self.result_kinds = [a.aval.kind for a in self.prog.outputs[:self.n_results]]
         out_sample = self.result_kinds + [layout[k][0] for k in self.commits]
@@ -308,6 +311,7 @@ class Kernel:
         self.param_names = [n for n, _ in spec]
         self.roles = [r for _, r in spec]
         self.mutable_names = [n for n, r in spec if r.mutable]
+        self.terminated = terminated_index(self)     # the done mark's parameter index, or None
         self.converted, self.source = convert_kernel(fn, self.mutable_names)
         self._specs: dict[Layout, Specialization] = {}
         self._nparams = len(spec)

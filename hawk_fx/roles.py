@@ -66,6 +66,10 @@ class _MutableFactory:
     """`Mutable[role]`: the role of a parameter the kernel writes in place."""
 
     def __getitem__(self, role):
+        if isinstance(role, TerminatedRole):       # already written by its kernel: Mutable adds nothing
+            return Role("Terminated", dtype=np.bool_, mutable=True, reserved=(
+                "nothing: a `Terminated` parameter (the run-until-done mark) is already written by its kernel "
+                "(`done = cond`); annotate it `done: Terminated`"))
         if not isinstance(role, Role) or role.uniform or role.mutable:
             raise TypeError(f"hawk.Mutable[...] takes a per-sample role (Scalar, UInt32, Vector[k], ...), got {role!r}")
         return type(role)(role.name, role.shape, role.dtype, mutable=True, reserved=role.reserved)
@@ -82,12 +86,21 @@ UInt32 = Role("UInt32", dtype=np.uint32)
 """One uint32 per sample, (n,); as `Mutable[UInt32]` on a one-cell array, a graph's guard cell."""
 Int32 = Role("Int32", dtype=np.int32)
 """One int32 per sample: a plane of shape (n,) of an integer dtype."""
-Terminated = Role("Terminated", dtype=np.bool_, reserved=(
-    "the run-until-done feature (eagle_fx.simulate, not yet available), which will stop updating a "
-    "sample once it is marked done. Until then a kernel with it is refused, rather than run with the "
-    "mark silently ignored. Today, keep the mark in a Mutable[UInt32] plane and guard the update with "
-    "hm.where: `done = hm.where(x > 2.0, 1, done)`, `x = hm.where(done != 0, x, x + dx)`"))
-"""Reserved for run-until-done (`eagle_fx.simulate`, not yet available): a kernel with it is refused."""
+
+
+class TerminatedRole(Role):
+    """The role of a kernel's done mark (see `Terminated`); written by its kernel, never Mutable[...]."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "Terminated"
+
+
+Terminated = TerminatedRole("Terminated", dtype=np.bool_, mutable=True)
+"""One bool per sample, (n,), the done mark: a kernel leaves a sample whose mark is set untouched
+(its Mutables keep their values, its results read 0), and `done = cond` in the body sets it."""
+
 Vector = _RoleFactory("Vector", 1)
 """`Vector[k]`: k components per sample, a plane of shape (k, n) (the sample axis last)."""
 Matrix = _RoleFactory("Matrix", 2)
