@@ -20,6 +20,7 @@ from . import prims
 from .core import SAMPLE, UNIFORM, AVal, Eqn, Literal, Program, ProgramTrace, RuleTable, Var, abstract_eval
 from .emit.numpy import NumpyKernel
 from .kernel import BodySpec
+from .loops import expand_loops
 from .trace import KTracer, as_aval
 from .tree import node_children, tree_flatten
 
@@ -404,6 +405,7 @@ def _dce(prog: Program) -> Program:
 
 def vjp_program(prog: Program, wrt) -> Program:
     """(inputs..., output cotangents...) -> cotangents of the inputs flagged in `wrt`."""
+    prog = expand_loops(prog)       # a per-sample loop, unrolled and masked (hawk_fx/loops.py)
     trace = _DiffTrace()
     primals = [trace.new_input(v.aval, v.hint) for v in prog.inputs]
     cts_in = [trace.new_input(_ct_aval(a.aval)) for a in prog.outputs]
@@ -667,3 +669,6 @@ def vjp_spec(spec):
         prog = _conform(vjp_.prog, [_ct_aval(a) for a in vjp_.in_avals])
         body = spec._vjp_spec = BodySpec(prog, f"vjp({spec.kernel.name})")
     return body
+
+
+from . import loop_diff  # noqa: E402,F401  (the loop equation's derivative rules)

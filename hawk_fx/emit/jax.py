@@ -208,6 +208,10 @@ def eval_body(prog, ins, ctx: Ctx) -> list:
         return _literal(a.value, len(ctx.batch)) if isinstance(a, Literal) else env[a]
 
     for e in prog.eqns:
+        if e.prim.multiple_results:      # a loop (hawk_fx/loops.py): a list of results
+            env.update(zip(e.outputs, jax_rules[e.prim](ctx, [v.aval for v in e.outputs],
+                                                        *[read(a) for a in e.inputs], **e.params)))
+            continue
         env[e.outputs[0]] = jax_rules[e.prim](ctx, e.outputs[0].aval, *[read(a) for a in e.inputs], **e.params)
     return [read(a) for a in prog.outputs]
 

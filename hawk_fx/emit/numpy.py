@@ -418,6 +418,17 @@ class NumpyKernel:
             if (e.prim in prims.ELEMENTWISE and isinstance(prims.ELEMENTWISE[e.prim][1], np.ufunc)
                     and not _is_weak(e.outputs[0])):
                 ins = _typed_literals(ctx, e, ins)
+            if e.prim.multiple_results:     # a loop (hawk_fx/loops.py): its results in scratch of their own
+                lines = hoisted if e.outputs[0] not in depends else body
+                for v in e.outputs:
+                    if v not in depends:
+                        names[v] = f"U[{len(self.uniform_specs)}]"
+                        self.uniform_specs.append((v.aval.shape, v.aval.dtype))
+                    else:
+                        names[v] = f"S[{len(self.scratch_specs)}]"
+                        self.scratch_specs.append((v.aval.shape, v.aval.dtype, v.aval.kind == SAMPLE))
+                lines.extend(numpy_emit[e.prim](ctx, [names[v] for v in e.outputs], ins, e.params))
+                continue
             v = e.outputs[0]
             lines = hoisted if v not in depends else body
             if e.prim in view_emit:
