@@ -588,3 +588,53 @@ def _typed(x, aval):
 
 
 __all__ = ["loop_p", "for_stmt", "expand_loops", "LoopToCall", "NumpyLoop"]
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA C: each thread runs its sample's loop and leaves it with a real `break`
+
+def _loop_cuda(em, e, vals):
+    from .emit.cuda import CUDA_RULES, _Val, ctype
+    p = e.params
+    body, nc = p["body"], p["n_carries"]
+    pre = em.var_names[e.outputs[0]] + "L"
+    active, inits, consts = vals[0], vals[1:1 + nc], vals[1 + nc:]
+    lines = [f"// {pre}: loop[start={p['start']} step={p['step']} cap={p['cap']}], a sample leaves at its break"]
+    carries = []
+    for j, (v, x) in enumerate(zip(body.inputs[1:1 + nc], inits)):
+        T = ctype(v.aval.dtype)
+        comps = x.broadcast(v.aval.shape).cast(v.aval.dtype)
+        names = [f"{pre}_c{j}_{c}" for c in range(len(comps))]
+        lines += [f"{T} {n} = {c};" for n, c in zip(names, comps)]
+        carries.append(_Val(names, v.aval.dtype, v.aval.shape))
+    act = active.cast(np.bool_)[0]
+    turn = f"{pre}_t"
+    lines.append(f"for (long long {turn} = 0; ({act}) && {turn} < {p['cap']}LL; ++{turn}) {{")
+    counter = itertools.count()
+    for q in body.eqns:
+        if q.prim not in CUDA_RULES:
+            raise NotImplementedError(f"no CUDA emission rule for primitive '{q.prim}'")
+        for v in q.outputs:
+            em.var_names[v] = f"{pre}b{next(counter)}"
+    env = {body.inputs[0]: _Val([f"({p['start']}LL + {turn} * {p['step']}LL)"], np.int64, ())}
+    env.update(zip(body.inputs[1:1 + nc], carries))
+    env.update(zip(body.inputs[1 + nc:], consts))
+    inner: list = []
+    em._emit_eqns(env, body.eqns, inner, inner)
+    new = [em._value(env, a) for a in body.outputs]
+    for j, (c, n) in enumerate(zip(carries, new[:nc])):       # read every new value before writing any
+        T = ctype(c.dtype)
+        inner += [f"const {T} {pre}_n{j}_{k} = {x};" for k, x in enumerate(n.cast(c.dtype))]
+    for j, c in enumerate(carries):
+        inner += [f"{name} = {pre}_n{j}_{k};" for k, name in enumerate(c.comps)]
+    inner.append(f"if ({new[nc].cast(np.bool_)[0]}) break;")
+    lines += ["    " + ln for ln in inner] + ["}"]
+    return lines, carries
+
+
+def _register_cuda():
+    from .emit.cuda import CUDA_RULES
+    CUDA_RULES[loop_p] = _loop_cuda
+
+
+_register_cuda()

@@ -893,6 +893,11 @@ class _BodyEmitter:
         for e in eqns:
             v = e.outputs[0]
             vals = [] if e.prim in _COUNT_ONLY else [self._value(env, a) for a in e.inputs]
+            if e.prim.multiple_results:     # a loop (hawk_fx/loops.py): statements, then its results
+                stmts, results = CUDA_RULES[e.prim](self, e, vals)
+                loop.extend(stmts)
+                env.update(zip(e.outputs, results))
+                continue
             res = CUDA_RULES[e.prim](self, e, vals)
             if isinstance(res, _Val):
                 env[v] = _Val(res.comps, v.aval.dtype, v.aval.shape, res.lits)
