@@ -260,9 +260,10 @@ def _per_sample_rest(rest, body_fn, state, names, active):
 def _unrolled(items, body_fn, state, active):
     """The remaining turns in Python, each masked: a sample that left keeps its values."""
     for item in items:
+        old = list(state)
         state[0] = item
         *new, brk = body_fn(*state)
-        for k, (a, b) in enumerate(zip(new, state)):
+        for k, (a, b) in enumerate(zip(new, old)):
             if a is b or b is UNDEF or callable(a):
                 state[k] = a
             elif a is not UNDEF:
