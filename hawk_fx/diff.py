@@ -20,7 +20,6 @@ from . import prims
 from .core import SAMPLE, UNIFORM, AVal, Eqn, Literal, Program, ProgramTrace, RuleTable, Var, abstract_eval
 from .emit.numpy import NumpyKernel
 from .kernel import BodySpec
-from .loops import expand_loops
 from .trace import KTracer, as_aval
 from .tree import node_children, tree_flatten
 
@@ -405,7 +404,6 @@ def _dce(prog: Program) -> Program:
 
 def vjp_program(prog: Program, wrt) -> Program:
     """(inputs..., output cotangents...) -> cotangents of the inputs flagged in `wrt`."""
-    prog = expand_loops(prog)       # a per-sample loop, unrolled and masked (hawk_fx/loops.py)
     trace = _DiffTrace()
     primals = [trace.new_input(v.aval, v.hint) for v in prog.inputs]
     cts_in = [trace.new_input(_ct_aval(a.aval)) for a in prog.outputs]

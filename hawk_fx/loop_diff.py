@@ -1,17 +1,20 @@
 """Derivatives of the loop equation (hawk_fx/loops.py).
 
 Forward mode runs the same loop, the tangents carried beside the values: the body's jvp is the
-new body, so a sample's tangent stops when its value does. Reverse mode differentiates the loop
-unrolled and masked (loops.expand_loops, called by diff.vjp_program): exact as the unrolled
-computation is, every turn recomputed for every sample in the backward body.
+new body, so a sample's tangent stops when its value does. Reverse mode is a loop too: each
+sample runs its own turns backwards, recomputing a turn's state from the initial one (no stored
+states), so the cotangent is exactly the unrolled loop's and the backward stops per sample.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .core import Program
-from .diff import _conform, _ct_aval, _dce, _is_float, jvp_program, jvp_rules, vjp_rules
-from .loops import loop_p
+from . import prims
+from .core import SAMPLE, AVal, Program, ProgramTrace
+from .diff import _conform, _ct_aval, _dce, _is_float, jvp_program, jvp_rules, vjp_program, vjp_rules
+from .loops import _inline, _typed, loop_p, retype
+
+P = prims.P
 
 
 @jvp_rules.register(loop_p)
@@ -49,8 +52,80 @@ def _loop_jvp(primals, tangents, outs, body, start, step, cap, n_carries):
     return tans
 
 
-@vjp_rules.refuse(loop_p)
-def _loop_vjp(cts, primals, outs, **params):
-    """Reverse mode differentiates a loop unrolled (loops.expand_loops, in diff.vjp_program), so
-    this rule is never reached."""
-    raise NotImplementedError("a loop equation reached the vjp rules unexpanded")
+def _traced(in_avals, fn) -> Program:
+    """A closed Program of fn(*input tracers) -> output values, traced on its own."""
+    trace = ProgramTrace()
+    ins = [trace.new_input(av) for av in in_avals]
+    return _dce(trace.finish(fn(*ins)))
+
+
+def _int_sample():
+    return AVal((), np.int64, SAMPLE)
+
+
+@vjp_rules.register(loop_p)
+def _loop_vjp(cts, primals, outs, body, start, step, cap, n_carries):
+    """The loop run backwards, each sample from its own last turn: turn t's state is recomputed
+    from the initial one (an inner loop of t turns), then the body's vjp carries the cotangent
+    one turn back. Exact as the unrolled loop's reverse is; the time is quadratic in a sample's
+    turns, the memory that of one turn."""
+    nc = n_carries
+    carry_avals = [v.aval for v in body.inputs[1:1 + nc]]
+    const_avals = [v.aval for v in body.inputs[1 + nc:]]
+    fc = [j for j, a in enumerate(carry_avals) if _is_float(a)]
+    fk = [j for j, a in enumerate(const_avals) if _is_float(a) and not a.weak]
+    if not fc and not fk or all(cts[j] is None for j in fc):
+        return [None] * len(primals)
+    active, inits, consts = primals[0], list(primals[1:1 + nc]), list(primals[1 + nc:])
+    turn_of = lambda u: u if (start, step) == (0, 1) else P["add"].bind(start, P["mul"].bind(u, step))
+
+    # the turns each sample ran: the loop again, counting
+    def counting(u, *xs):
+        cs, cnt, ks = xs[:nc], xs[nc], xs[nc + 1:]
+        new = _inline(body, [turn_of(u), *cs, *ks])
+        return [*new[:nc], P["add"].bind(cnt, 1), new[nc]]
+    turn_av = body.inputs[0].aval
+    counted = _traced([turn_av, *carry_avals, _int_sample(), *const_avals], counting)
+    res = loop_p.bind(active, *inits, 0, *consts, body=counted, start=0, step=1, cap=cap, n_carries=nc + 1)
+    count = res[nc]
+
+    # the body's vjp: (turn, carries, consts, cotangents of new carries and of the flag) -> cts
+    # (a one-cell const retyped per sample: its cotangent is summed over the samples once, at the end)
+    spread = [a.replace(kind=SAMPLE) if j in fk else a for j, a in enumerate(const_avals)]
+    bvjp = vjp_program(retype(body, [body.inputs[0].aval, *carry_avals, *spread]),
+                       [False] + [_is_float(a) for a in carry_avals] + [j in fk for j in range(len(const_avals))])
+    ct_avals = [_ct_aval(carry_avals[j]) for j in fc]
+    acc_avals = [_ct_aval(const_avals[j]).replace(kind=SAMPLE) for j in fk]
+
+    def recompute(u, *xs):                # the state at the start of turn t: t turns from the start
+        cs, t, ks = xs[:nc], xs[nc], xs[nc + 1:]
+        new = _inline(body, [turn_of(u), *cs, *ks])
+        return [*new[:nc], P["ge"].bind(P["add"].bind(u, 1), t)]
+    inner = _traced([turn_av, *carry_avals, _int_sample(), *const_avals], recompute)
+
+    def backward(r, *xs):
+        ct_c, acc = xs[:len(fc)], xs[len(fc):len(fc) + len(fk)]
+        cnt, x0, ks = xs[len(fc) + len(fk)], xs[len(fc) + len(fk) + 1:len(fc) + len(fk) + 1 + nc], \
+            xs[len(fc) + len(fk) + 1 + nc:]
+        t = P["sub"].bind(P["sub"].bind(cnt, 1), r)
+        state = loop_p.bind(P["gt"].bind(t, 0), *x0, t, *ks, body=inner, start=0, step=1, cap=cap,
+                            n_carries=nc)
+        cts_new = [0.0] * nc
+        for j, c in zip(fc, ct_c):
+            cts_new[j] = c
+        turn = turn_of(t)
+        got = _inline(bvjp, [turn, *state, *ks, *cts_new, 0.0])
+        g_c, g_k = got[:len(fc)], got[len(fc):]
+        new_ct = [_typed(g, a) for g, a in zip(g_c, ct_avals)]
+        new_acc = [_typed(P["add"].bind(a_, g), av) for a_, g, av in zip(acc, g_k, acc_avals)]
+        return [*new_ct, *new_acc, P["le"].bind(t, 0)]
+    back = _traced([turn_av, *ct_avals, *acc_avals, _int_sample(), *carry_avals, *const_avals], backward)
+    seeds = [cts[j] if cts[j] is not None else 0.0 for j in fc]
+    res = loop_p.bind(P["gt"].bind(count, 0), *seeds, *[0.0] * len(fk), count, *inits, *consts,
+                      body=back, start=0, step=1, cap=cap, n_carries=len(fc) + len(fk))
+    out = [None] * len(primals)
+    for j, g in zip(fc, res[:len(fc)]):
+        out[1 + j] = g
+    for j, g in zip(fk, res[len(fc):]):
+        out[1 + nc + j] = g
+    return out

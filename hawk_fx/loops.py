@@ -11,9 +11,9 @@ Every backend runs it as a loop that ends when no sample is active, the state of
 sample frozen: NumPy runs the body on the active samples only (compacted as samples finish), JAX
 as `lax.while_loop`, CUDA C as a loop with a real `break` in each thread.
 
-Forward derivatives run the same loop with tangents carried; reverse derivatives unroll the loop
-first (`expand_loops`): every turn, masked, as the unrolled computation is, so the gradient is
-exactly that of the iteration the samples ran.
+Forward derivatives run the same loop with tangents carried; reverse derivatives run a loop
+backwards from each sample's last turn, recomputing the states (hawk_fx/loop_diff.py), so the
+gradient is exactly that of the iteration the samples ran.
 
 A loop over something other than a `range`, or a body that cannot be traced once for all turns
 (one that needs the loop variable as a Python int, `v[i]`), runs unrolled and masked: the same
@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from . import prims
-from .core import SAMPLE, UNIFORM, AVal, Literal, Program, ProgramTrace, Tracer, Var, abstract_eval, eager_impl, eval_program
+from .core import SAMPLE, UNIFORM, AVal, Literal, Program, Tracer, Var, abstract_eval, eager_impl, eval_program
 from .emit.numpy import NumpyKernel, numpy_emit
 from .source import assigned_names
 from .trace import UNDEF, KernelTrace, TraceError, as_aval, current_kernel_trace, where_with_text
@@ -534,24 +534,11 @@ _register_jax()
 
 
 # ---------------------------------------------------------------------------------------------
-# reverse mode: every turn unrolled and masked
-
-def expand_loops(prog: Program) -> Program:
-    """`prog` with each loop equation (nested ones too) replaced by its turns, unrolled and masked:
-    what reverse mode differentiates. The same values, every turn computed for every sample."""
-    if not _has_loop(prog):
-        return prog
-    trace = ProgramTrace()
-    ins = [trace.new_input(v.aval, v.hint) for v in prog.inputs]
-    outs = _inline(prog, ins)
-    return trace.finish(outs)
-
-
-def _has_loop(prog: Program) -> bool:
-    return any(e.prim is loop_p for e in prog.eqns)
-
+# helpers of the derivative rules (hawk_fx/loop_diff.py)
 
 def _inline(prog: Program, args):
+    """prog's equations bound again on `args` (tracers of the current trace, or numbers): the
+    types follow the arguments (a turn given per sample makes the body's values per sample)."""
     env = dict(zip(prog.inputs, args))
 
     def read(a):
@@ -559,27 +546,14 @@ def _inline(prog: Program, args):
 
     for e in prog.eqns:
         ins = [read(a) for a in e.inputs]
-        if e.prim is loop_p:
-            outs = _unroll(ins, **e.params)
-        else:
-            outs = e.prim.bind(*ins, **e.params)
-            outs = outs if e.prim.multiple_results else [outs]
+        outs = e.prim.bind(*ins, **e.params)
+        outs = outs if e.prim.multiple_results else [outs]
         env.update(zip(e.outputs, outs))
     return [read(a) for a in prog.outputs]
 
 
-def _unroll(ins, body, start, step, cap, n_carries):
-    active, carries, consts = ins[0], list(ins[1:1 + n_carries]), list(ins[1 + n_carries:])
-    avals = [v.aval for v in body.inputs[1:1 + n_carries]]
-    carries = [_typed(c, a) for c, a in zip(carries, avals)]
-    for t in range(cap):
-        outs = _inline(body, [start + t * step] + carries + consts)
-        carries = [P["select"].bind(active, n, c) for n, c in zip(outs[:n_carries], carries)]
-        active = P["and"].bind(active, P["not"].bind(outs[n_carries]))
-    return carries
-
-
 def _typed(x, aval):
+    """x as a per-sample value of exactly `aval`."""
     a = as_aval(x)
     if a.dtype != aval.dtype or a.weak:
         x = P["convert"].bind(x, dtype=aval.dtype)
@@ -588,7 +562,7 @@ def _typed(x, aval):
     return x
 
 
-__all__ = ["loop_p", "for_stmt", "expand_loops", "LoopToCall", "NumpyLoop"]
+__all__ = ["loop_p", "for_stmt", "LoopToCall", "NumpyLoop"]
 
 
 # ---------------------------------------------------------------------------------------------
