@@ -175,13 +175,15 @@ def jax_newton_values(a):
 
 
 def jax_unrolled(step, x0, cap):
-    """The loop unrolled and masked in jax.numpy: step(turn, state) -> (new state, break)."""
+    """The loop run for all `cap` turns and masked, in JAX (lax.scan over the turns):
+    step(turn, state, *args) -> (new state, break)."""
     def run(*args):
-        state, active = x0(*args), True
-        for t in range(cap):
+        def turn(carry, t):
+            state, active = carry
             new, brk = step(t, state, *args)
             state = jax.tree_util.tree_map(lambda n, o: jnp.where(active, n, o), new, state)
-            active = active & ~brk
+            return (state, active & ~brk), None
+        (state, _), _ = lax.scan(turn, (x0(*args), jnp.asarray(True)), jnp.arange(cap))
         return state
     return run
 
@@ -340,6 +342,22 @@ def test_the_values_path_stops_when_no_sample_is_active():
     np.testing.assert_array_equal(np.asarray(turns_j), turns)
 
 
+def test_reverse_mode_stops_per_sample_too():
+    @hawk.kernel
+    def halve(x: Scalar, r: Param):
+        for k in range(10 ** 12):
+            x = x * r
+            if x < 1.0:
+                break
+        return x
+    x = np.array([0.7, 3.0, 100.0, 1.5])
+    r = np.array([0.5])
+    g = hd.vjp(halve, wrt=("x", "r"))(x, r, cotangent=np.ones(4))
+    turns = np.array([next(k for k in range(99) if v * 0.5 ** (k + 1) < 1.0) for v in x.tolist()]) + 1
+    np.testing.assert_allclose(g["x"], 0.5 ** turns, rtol=1e-15)
+    np.testing.assert_allclose(g["r"], [np.sum(turns * x * 0.5 ** (turns - 1))], rtol=1e-14)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_loops_match_the_python_oracle(seed):
     """A sweep: random inputs, caps and tolerances; NumPy and JAX both equal the Python loop."""
@@ -457,7 +475,7 @@ def roots(a):
     return g
 
 
-@pytest.mark.usefixtures("backend")
+@pytest.mark.usefixtures("backend_heavy")
 def test_eagle_transforms_of_a_builder_calling_the_loop():
     a = A.copy()
     np.testing.assert_allclose(eagle.grad(roots_total)(a), 0.5 / np.sqrt(A), rtol=1e-12)
@@ -500,6 +518,11 @@ def test_cuda_source_has_a_per_thread_loop_with_a_break_and_compiles(nvrtc):
         ek = cuda.emit_specialization(_spec(kern, *args))
         assert "for (long long" in ek.source and "break;" in ek.source
         assert ek.entry_names()[0] in cuda.ptx_entries(cuda.compile_ptx(ek.source))
+    spec = _spec(newton, A)
+    for body in (hd.vjp_spec(spec), hd.jvp_spec(spec, [True])):      # loops in loops: the derivatives
+        ek = cuda.emit_specialization(body, name="deriv")
+        assert ek.source.count("for (long long") >= 2
+        assert "deriv" in cuda.ptx_entries(cuda.compile_ptx(ek.source))
 
 
 HOST_SHIM = """
