@@ -1,6 +1,8 @@
 """The kernel pass: rewrite a one-sample function's AST, then trace it into a Program.
 
-Two rewrites, each small:
+Three rewrites, each small:
+  * a `for` whose body breaks or continues becomes a body function and a call of
+    `hawk_fx.loops.for_stmt` (a loop that stops per sample; see that module), first;
   * every `if` whose arms hold no break/continue/return becomes a call `if_stmt(test, true_fn,
     false_fn, state)`; a per-sample test runs both arms and selects, a Python test runs one arm;
   * the function returns `(result, (final values of Mutable parameters))`, so an assignment to a
