@@ -250,11 +250,28 @@ def _is_value(v) -> bool:
 
 def _per_sample_rest(rest, body_fn, state, names, active):
     if isinstance(rest, range):
+        marks = _marks()
         try:
             return _bind_loop(rest, body_fn, state, names, active)
         except (TraceError, TypeError, ValueError, IndexError):
-            pass        # traced once for all turns it fails (v[i]): unrolled, it works or says why
+            _rewind(marks)  # traced once for all turns it fails (v[i]): unrolled, it works or says why
     return _unrolled(rest, body_fn, state, active)
+
+
+def _marks():
+    """How many equations each enclosing trace holds: a body's ops on enclosing values only are
+    recorded there (computed once, outside the loop), and a trial trace of the body must not leave
+    its own behind."""
+    marks, t = [], current_kernel_trace()
+    while t is not None:
+        marks.append((t, len(t.eqns)))
+        t = t.parent
+    return marks
+
+
+def _rewind(marks):
+    for t, k in marks:
+        del t.eqns[k:]
 
 
 def _unrolled(items, body_fn, state, active):
@@ -327,7 +344,9 @@ def _bind_loop(rest: range, body_fn, state, names, active):
     outer = current_kernel_trace()
     carry = [k for k, v in enumerate(state) if _is_value(v)]
     avals = [as_aval(state[k]).replace(kind=SAMPLE) for k in carry]
+    marks = _marks()
     for _ in range(4):          # the carries' types: what the body makes of them, NumPy's promotion
+        _rewind(marks)
         bt, new, brk = _trace_turn(outer, body_fn, state, names, carry, avals)
         for k, v in enumerate(new):
             if k not in carry and not (v is state[k] or callable(v)):

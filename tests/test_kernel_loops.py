@@ -267,6 +267,48 @@ def test_a_matrix_and_vector_carry():
     np.testing.assert_allclose(mv, lam * v, atol=1e-6)
 
 
+def test_a_loop_in_a_loop():
+    @hawk.kernel
+    def nested(a: Scalar):
+        tot = 0.0 * a
+        for i in range(5):
+            y = a
+            for j in range(50):
+                y = y * 0.5
+                if y < 1.0:
+                    break
+            tot = tot + y * y + j
+            if tot > 8.0:
+                break
+        return tot, i
+
+    def py(av):
+        tot = 0.0
+        for i in range(5):
+            y = av
+            for j in range(50):
+                y = y * 0.5
+                if y < 1.0:
+                    break
+            tot = tot + y * y + j
+            if tot > 8.0:
+                break
+        return tot, i
+    a = np.array([0.5, 3.0, 40.0, 1000.0, 7.7, 0.01])
+    tot, i = nested(a)
+    want = np.array([py(v) for v in a.tolist()])
+    np.testing.assert_array_equal(tot, want[:, 0])
+    np.testing.assert_array_equal(i, want[:, 1])
+    tj, ij = nested(jnp.asarray(a))
+    np.testing.assert_allclose(np.asarray(tj), want[:, 0], rtol=1e-15)
+    g = hd.vjp(nested, wrt="a")(a, cotangent=(np.ones_like(a), np.zeros(len(a))))["a"]
+    h = 1e-7 * np.maximum(a, 1.0)
+    fd = (np.array([py(v)[0] for v in (a + h).tolist()]) - np.array([py(v)[0] for v in (a - h).tolist()])) / (2 * h)
+    np.testing.assert_allclose(g, fd, rtol=1e-6)
+    _, (t, _) = hd.jvp(nested, wrt="a")(a, tangents={"a": np.ones_like(a)})
+    np.testing.assert_allclose(t, g, rtol=1e-14)
+
+
 def test_float32_stays_float32():
     a = A[:6].astype(np.float32)
 
