@@ -611,29 +611,49 @@ static hawk_dim blockIdx = {0}, threadIdx = {0}, blockDim = {1}, gridDim = {1};
 """
 
 
+def _run_on_host(ek, inputs, tmp_path):
+    """Compile an emitted body's C with the host C++ compiler (one thread, a loop over the samples)
+    and run it on `inputs` (one array per in_plane parameter); returns its out_plane arrays."""
+    n = len(inputs[0])
+    decl, args, outs = [], [], []
+    ins = iter(inputs)
+    for p in ek.params:
+        T = p.ctype.replace("const ", "").replace("*", "").replace("__restrict__", "").strip()
+        if p.role == "in_plane":
+            vals = ", ".join(repr(float(v)) if T in ("double", "float") else str(int(v)) for v in next(ins))
+            decl.append(f"{T} {p.name}[{n}] = {{{vals}}};")
+        elif p.role == "out_plane":
+            decl.append(f"{T} {p.name}[{n}];")
+            outs.append((p.name, T))
+        else:
+            assert p.role == "n", p.role
+        args.append(p.name if p.role != "n" else f"{n}ull")
+    prints = "".join(f'printf("%.17g\\n", (double){o}[i]); ' for o, _ in outs)
+    main = f"int main() {{ {' '.join(decl)} {ek.name}({', '.join(args)}); " \
+           f"for (int i = 0; i < {n}; ++i) {{ {prints} }} return 0; }}"
+    src = tmp_path / f"{ek.name}.cpp"
+    src.write_text(HOST_SHIM + ek.source.replace('extern "C" ', "") + main)
+    exe = tmp_path / ek.name
+    subprocess.run(["g++", "-O0", "-ffp-contract=off", "-o", str(exe), str(src)], check=True, capture_output=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    return np.array([float(v) for v in out]).reshape(n, len(outs)).T
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no host C++ compiler")
 def test_the_cuda_loop_runs_on_the_host_against_the_python_loop(tmp_path):
     from hawk_fx.emit import cuda
-    ek = cuda.emit_specialization(_spec(newton, A), name="newton_k", prelude=False)
-    n = len(A)
-    main = textwrap.dedent(f"""
-        int main() {{
-            double a[{n}] = {{{", ".join(repr(float(v)) for v in A)}}};
-            double x[{n}]; long long turns[{n}];
-            newton_k(a, x, turns, {n}ull);
-            for (int i = 0; i < {n}; ++i) printf("%.17g %lld\\n", x[i], turns[i]);
-            return 0;
-        }}""")
-    src = tmp_path / "k.cpp"
-    src.write_text(HOST_SHIM + ek.source.replace('extern "C" ', "") + main)
-    exe = tmp_path / "k"
-    subprocess.run(["g++", "-O0", "-ffp-contract=off", "-o", str(exe), str(src)], check=True, capture_output=True)
-    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
-    got = np.array([float(ln.split()[0]) for ln in out if ln])
-    turns = np.array([int(ln.split()[1]) for ln in out if ln])
+    spec = _spec(newton, A)
+    x, turns = _run_on_host(cuda.emit_specialization(spec, name="newton_k", prelude=False), [A], tmp_path)
     want, want_turns = py_newton(A)
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(x, want)
     np.testing.assert_array_equal(turns, want_turns)
+    # the derivative bodies: loops in loops (reverse: each sample's turns backwards)
+    (g,) = _run_on_host(cuda.emit_specialization(hd.vjp_spec(spec), name="newton_vjp", prelude=False),
+                        [A, np.ones_like(A), np.zeros_like(A)], tmp_path)
+    np.testing.assert_allclose(g, 0.5 / np.sqrt(A), rtol=1e-12)
+    x, _, t, _ = _run_on_host(cuda.emit_specialization(hd.jvp_spec(spec, [True]), name="newton_jvp", prelude=False),
+                              [A, np.ones_like(A)], tmp_path)
+    np.testing.assert_allclose(t, 0.5 / np.sqrt(A), rtol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
