@@ -436,6 +436,7 @@ class NumpyLoop:
         self.kernels: dict = {}
 
     def kernel(self, spread):
+        """The body compiled with the captured values flagged in `spread` typed per sample."""
         k = self.kernels.get(spread)
         if k is None:
             avals = [v.aval for v in self.body.inputs]
@@ -458,19 +459,16 @@ class NumpyLoop:
             np.copyto(w.reshape(a.shape + tail), x, casting="unsafe")
             work.append(w)
         full = work
+        # a captured value per sample (or per instance, under vmap) is spread over the flat samples,
+        # and compacted with them; a one-cell one (a Param, a constant) is read as it is
         spread, cs = [], []
         for a, x in zip(self.const_avals, consts):
-            if isinstance(x, np.ndarray) and (len(tail) > 1 or (a.kind == SAMPLE and x.shape[-1] != 1)
-                                              or (a.kind == SAMPLE and M == 1)):
+            s = isinstance(x, np.ndarray) and (len(tail) > 1 or (a.kind == SAMPLE and x.shape[-1] == M))
+            if s:
                 x = np.broadcast_to(x, a.shape + tail).reshape(a.shape + (M,))
-                spread.append(True)
-            elif isinstance(x, np.ndarray) and a.kind == SAMPLE:       # one cell given for every sample
-                spread.append(False)
-            else:
-                spread.append(False)
+            spread.append(s)
             cs.append(x)
-        spread_t = tuple(spread)
-        kern = self.kernel(spread_t)
+        kern = self.kernel(tuple(s and a.kind != SAMPLE for s, a in zip(spread, self.const_avals)))
         active = np.empty(M, bool)
         np.copyto(active.reshape(tail), active0)
         idx = None

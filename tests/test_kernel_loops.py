@@ -8,7 +8,6 @@ the host with a C++ compiler where one is found), the fake CUDA device through e
 """
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
