@@ -29,7 +29,7 @@ import numpy as np
 
 from . import prims
 from .core import SAMPLE, UNIFORM, AVal, Literal, Program, Tracer, Var, abstract_eval, eager_impl, eval_program
-from .emit.numpy import NumpyKernel, several_results
+from .emit.numpy import NumpyKernel, numpy_emit, several_results
 from .source import assigned_names
 from .trace import UNDEF, KernelTrace, TraceError, as_aval, current_kernel_trace, where_with_text
 
@@ -506,6 +506,7 @@ class NumpyLoop:
             np.copyto(o, f.reshape(a.shape + tail))
 
 
+@numpy_emit.register(loop_p)
 @several_results.register(loop_p)
 def _loop_numpy(ctx, outs, ins, params):
     run = ctx.const(NumpyLoop(**params), "loop")
@@ -543,8 +544,8 @@ def _loop_jax(ctx, avals, *ins, body, start, step, cap, n_carries):
 
 
 def _register_jax():
-    from .emit.jax import several_results as jax_several
-    jax_several[loop_p] = _loop_jax
+    from .emit.jax import jax_rules, several_results as jax_several
+    jax_rules[loop_p] = jax_several[loop_p] = _loop_jax
 
 
 _register_jax()

@@ -38,7 +38,9 @@ def is_jax_array(a) -> bool:
 
 
 jax_rules = RuleTable("JAX lowering")    # prim -> fn(ctx, out_aval, *ins, **params) -> value
-several_results = RuleTable("JAX lowering of several results")   # prim -> fn(ctx, out_avals, *ins, **params)
+# prims with several results (a loop, hawk_fx/loops.py): fn(ctx, out_avals, *ins, **params) -> values;
+# each also has its entry in jax_rules, which the checks of the tables look up
+several_results = RuleTable("JAX lowering of several results")
 
 
 class Ctx:

@@ -89,7 +89,9 @@ def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
 
 numpy_emit = RuleTable("NumPy emission")   # prim -> fn(ctx, out, ins, params) -> list of source lines
 single_pass: set = set()                    # prims whose emission may write over one of its inputs
-several_results = RuleTable("NumPy emission of several results")   # prim -> fn(ctx, outs, ins, params)
+# prims with several results (a loop, hawk_fx/loops.py): fn(ctx, [out names], ins, params) -> lines;
+# each also has its entry in numpy_emit, which the checks of the tables look up
+several_results = RuleTable("NumPy emission of several results")
 
 
 class EmitContext:
