@@ -696,3 +696,6 @@ def vjp_spec(spec):
         prog = _conform(vjp_.prog, [_ct_aval(a) for a in vjp_.in_avals])
         body = spec._vjp_spec = BodySpec(prog, f"vjp({spec.kernel.name})")
     return body
+
+
+from . import loop_diff  # noqa: E402,F401  (the loop equation's derivative rules)

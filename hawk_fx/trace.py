@@ -1,6 +1,8 @@
 """The kernel pass: rewrite a one-sample function's AST, then trace it into a Program.
 
-Two rewrites, each small:
+Three rewrites, each small:
+  * a `for` whose body breaks or continues becomes a body function and a call of
+    `hawk_fx.loops.for_stmt` (a loop that stops per sample; see that module), first;
   * every `if` whose arms hold no break/continue/return becomes a call `if_stmt(test, true_fn,
     false_fn, state)`; a per-sample test runs both arms and selects, a Python test runs one arm;
   * the function returns `(result, (final values of Mutable parameters))`, so an assignment to a
@@ -310,8 +312,11 @@ class _IfToCall(ast.NodeTransformer):
                                    decorator_list=[], returns=None, type_params=[])
 
         rt = ast.Name(id="__hawk_rt__", ctx=ast.Load())
+        # the guard of the statements after a loop's break/continue (hawk_fx.loops) merges its own way
+        guard = getattr(node, "_hawk_guard", False)
         call = ast.Call(
-            func=ast.Attribute(value=rt, attr="if_stmt", ctx=ast.Load()),
+            func=ast.Attribute(value=ast.Name(id="__hawk_loops__", ctx=ast.Load()) if guard else rt,
+                               attr="guard_stmt" if guard else "if_stmt", ctx=ast.Load()),
             args=[node.test, ast.Name(id=tname, ctx=ast.Load()), ast.Name(id=fname, ctx=ast.Load()),
                   ast.Call(func=ast.Attribute(value=rt, attr="load", ctx=ast.Load()),
                            args=[ast.Call(func=ast.Name(id="locals", ctx=ast.Load()), args=[], keywords=[]),
@@ -366,9 +371,12 @@ def convert_kernel(fn, mutable_names, api="hawk.kernel"):
     else:
         body.append(ast.Return(value=ast.Tuple(elts=[ast.Constant(value=None), muts], ctx=ast.Load())))
         ast.copy_location(body[-1], body[-2] if len(body) > 1 else fdef)
+    from . import loops         # a `for` that breaks per sample: a loop body function (hawk_fx/loops.py)
+    fdef = loops.LoopToCall(info, api).visit(fdef)
+    body = fdef.body
     fdef.body = [_IfToCall().visit(s) for s in body]
     fdef.body = [s for x in fdef.body for s in (x if isinstance(x, list) else [x])]
-    new = recompile(fn, fdef, {"__hawk_rt__": sys.modules[__name__]})
+    new = recompile(fn, fdef, {"__hawk_rt__": sys.modules[__name__], "__hawk_loops__": loops})
     return new, info
 
 

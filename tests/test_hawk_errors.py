@@ -187,12 +187,16 @@ def test_bool_of_per_sample_value_in_and(rng):
 
 
 def test_if_around_break_on_per_sample_value(rng):
+    # in a capped `for _ in range(K)` a per-sample break is a loop that stops per sample
+    # (tests/test_kernel_loops.py); in a `while` it stays refused
     @hawk.kernel
     def search(x: Scalar, log: Mutable[Scalar]):
         log = log + 1.0
-        for i in range(3):
+        i = 0
+        while i < 3:
             if x > i:
                 break
+            i += 1
         return x
     log = np.zeros(N)
     trace_refused(search, "if x > i", (rng.random(N), log), (log,), "x > i", "break")

@@ -499,6 +499,9 @@ def _size(shape) -> int:
 # output (its dtype is the output Var's), or a _Val for pure relabelings (no code).
 
 CUDA_RULES: dict = {}
+# prims emitted as C statements (a loop, hawk_fx/loops.py): fn(emitter, eqn, [input _Val]) ->
+# (lines, a _Val per output); each also has an entry in CUDA_RULES, which the checks look up
+STATEMENT_RULES: dict = {}
 
 
 def _operand_dtype(e) -> list[np.dtype]:
@@ -897,6 +900,11 @@ class _BodyEmitter:
         for e in eqns:
             v = e.outputs[0]
             vals = [] if e.prim in _COUNT_ONLY else [self._value(env, a) for a in e.inputs]
+            if e.prim in STATEMENT_RULES:   # a loop (hawk_fx/loops.py): statements, then its results
+                stmts, results = STATEMENT_RULES[e.prim](self, e, vals)
+                loop.extend(stmts)
+                env.update(zip(e.outputs, results))
+                continue
             res = CUDA_RULES[e.prim](self, e, vals)
             if isinstance(res, _Val):
                 env[v] = _Val(res.comps, v.aval.dtype, v.aval.shape, res.lits)

@@ -38,6 +38,9 @@ def is_jax_array(a) -> bool:
 
 
 jax_rules = RuleTable("JAX lowering")    # prim -> fn(ctx, out_aval, *ins, **params) -> value
+# prims with several results (a loop, hawk_fx/loops.py): fn(ctx, out_avals, *ins, **params) -> values;
+# each also has its entry in jax_rules, which the checks of the tables look up
+several_results = RuleTable("JAX lowering of several results")
 
 
 class Ctx:
@@ -208,6 +211,10 @@ def eval_body(prog, ins, ctx: Ctx) -> list:
         return _literal(a.value, len(ctx.batch)) if isinstance(a, Literal) else env[a]
 
     for e in prog.eqns:
+        if e.prim in several_results:    # a loop (hawk_fx/loops.py): a list of results
+            env.update(zip(e.outputs, several_results[e.prim](ctx, [v.aval for v in e.outputs],
+                                                              *[read(a) for a in e.inputs], **e.params)))
+            continue
         env[e.outputs[0]] = jax_rules[e.prim](ctx, e.outputs[0].aval, *[read(a) for a in e.inputs], **e.params)
     return [read(a) for a in prog.outputs]
 

@@ -89,6 +89,9 @@ def _same_view(a: np.ndarray, b: np.ndarray) -> bool:
 
 numpy_emit = RuleTable("NumPy emission")   # prim -> fn(ctx, out, ins, params) -> list of source lines
 single_pass: set = set()                    # prims whose emission may write over one of its inputs
+# prims with several results (a loop, hawk_fx/loops.py): fn(ctx, [out names], ins, params) -> lines;
+# each also has its entry in numpy_emit, which the checks of the tables look up
+several_results = RuleTable("NumPy emission of several results")
 
 
 class EmitContext:
@@ -418,6 +421,17 @@ class NumpyKernel:
             if (e.prim in prims.ELEMENTWISE and isinstance(prims.ELEMENTWISE[e.prim][1], np.ufunc)
                     and not _is_weak(e.outputs[0])):
                 ins = _typed_literals(ctx, e, ins)
+            if e.prim in several_results:   # a loop (hawk_fx/loops.py): its results in scratch of their own
+                lines = hoisted if e.outputs[0] not in depends else body
+                for v in e.outputs:
+                    if v not in depends:
+                        names[v] = f"U[{len(self.uniform_specs)}]"
+                        self.uniform_specs.append((v.aval.shape, v.aval.dtype))
+                    else:
+                        names[v] = f"S[{len(self.scratch_specs)}]"
+                        self.scratch_specs.append((v.aval.shape, v.aval.dtype, v.aval.kind == SAMPLE))
+                lines.extend(several_results[e.prim](ctx, [names[v] for v in e.outputs], ins, e.params))
+                continue
             v = e.outputs[0]
             lines = hoisted if v not in depends else body
             if e.prim in view_emit:
