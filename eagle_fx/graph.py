@@ -281,7 +281,9 @@ class Graph(GraphStaging):
             return None
         if h.var is None:                 # an argument, or a view of one: read from the arrays bound now
             return views.array_of(h.key, self._root_array)
-        arr = self._exe.array_of(h.var)
+        # the buffer's last version: a kernel may write the plane in place after it was made (a Mutable),
+        # which a backend of values (JAX) returns as a new value, not in the same memory
+        arr = self._exe.array_of(self._trace.root.current.get(h.key, h.var))
         view = self._views.get(id(h))          # a shape, or a function of the array (a Jacobian's axes)
         if view is None:
             return arr

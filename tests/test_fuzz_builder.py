@@ -431,6 +431,50 @@ def test_derivatives_of_many_random_programs(data):
     check_program(data, differentiable=True)
 
 
+def check_on_jax(data):
+    """The same random programs run on the JAX backend (one XLA executable per graph, NumPy arguments
+    and results), against the eager run: a backend of values, where a buffer written in place after
+    it was read must still read its last version (a kernel-made plane written by a Mutable kernel
+    came back with its value before the write). A build the JAX backend refuses on purpose (its
+    documented limits, named in the message) is counted, not compared."""
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    from eagle_fx.backends.select import use_backend
+    prog = Program(data.draw, False)
+    name = f"prog{next(_ids)}"
+    src = prog.source(name)
+    builder = load(src, name)
+    args = arrays(data.draw)
+    with use_backend("jax"):
+        try:
+            run_both(builder, args, script(data.draw), data.draw, src)
+        except (TypeError, ValueError) as e:
+            text = str(e)
+            if "jax backend" in text or "backend 'jax'" in text or ("augassign_device" in prog.used
+                                                                     and "cannot mean the same" in text):
+                covered["refused_on_jax"] = covered.get("refused_on_jax", 0) + 1
+                return
+            e.add_note(f"the generated program (on the JAX backend):\n{src}")
+            raise
+        except Exception as e:
+            e.add_note(f"the generated program (on the JAX backend):\n{src}")
+            raise
+    covered["ran_on_jax"] = covered.get("ran_on_jax", 0) + 1
+
+
+@settings(max_examples=12, **PROFILE)
+@given(st.data())
+def test_the_jax_backend_agrees_with_eager_on_random_programs(data):
+    check_on_jax(data)
+
+
+@pytest.mark.slow
+@settings(max_examples=150, **PROFILE)
+@given(st.data())
+def test_the_jax_backend_agrees_with_eager_on_many_random_programs(data):
+    check_on_jax(data)
+
+
 def test_the_profile_covers_every_form():
     """Run after the profiles above (file order): every form was generated."""
     if not covered:

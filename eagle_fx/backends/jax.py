@@ -162,16 +162,22 @@ def _written_inputs(prog):
     that is a version of a written input -> that input (it reads as the caller's array, as on the
     NumPy backend, where every version lives in the caller's buffer)."""
     root = {v: k for k, v in enumerate(prog.inputs)}
-    for e in prog.eqns:
+    made = {}                                   # a version -> the index of the equation that wrote it
+    for at, e in enumerate(prog.eqns):
         for j, i in e.params.get("inplace", ()) or ():
             a = e.inputs[i]
             if isinstance(a, Var) and a in root:
                 root[e.outputs[j]] = root[a]
+                made[e.outputs[j]] = at
     final, every = {}, {}
     for j, a in enumerate(prog.outputs):
         if isinstance(a, Var) and a in root and a not in prog.inputs:
-            final[root[a]] = j                  # the written finals come after the results
-            every[a] = root[a]
+            # the last version written, wherever it sits among the outputs (a handle kept on an
+            # earlier version may come after it)
+            k = root[a]
+            if k not in final or made[a] > made[prog.outputs[final[k]]]:
+                final[k] = j
+            every[a] = k
     return sorted((j, i) for i, j in final.items()), every
 
 

@@ -257,7 +257,9 @@ class GraphStaging:
         c.tree_args = self._tree_args
         c.transformed = transformed
         if not transformed:
-            c.keep = {h.var for h in list(t.handles) + t.buffers if h.var is not None}
+            # each handle's version and its buffer's last one (what the handle reads after a replay)
+            c.keep = {v for h in list(t.handles) + t.buffers if h.var is not None
+                      for v in (h.var, t.root.current.get(h.key, h.var))}
             if self._record:
                 written = [(i, final) for i, (v, e) in enumerate(zip(prog.inputs, t.input_planes))
                            if (final := t.root.current.get(e, v)) is not v]
