@@ -98,6 +98,15 @@ def _stop_gradient(x):
     return lax.stop_gradient(x)
 
 
+def _spacing(x):
+    """numpy.spacing (jax.numpy has none): the step to the next float away from zero."""
+    jnp = _jnp()
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.float64)
+    return jnp.nextafter(x, jnp.copysign(jnp.asarray(jnp.inf, x.dtype), x)) - x
+
+
 # name -> jax.numpy function name (or a function): the twin of prims.ELEMENTWISE_TABLE
 _ELEMENTWISE = {
     "neg": "negative", "abs": "absolute", "sign": "sign", "floor": "floor", "ceil": "ceil", "round": "rint",
@@ -112,6 +121,7 @@ _ELEMENTWISE = {
     "ge": "greater_equal", "eq": "equal", "ne": "not_equal", "and": "logical_and", "or": "logical_or",
     "select": "where", "logistic": _logistic, "logaddexp": "logaddexp", "xlogy": _xlogy, "xlog1py": _xlog1py,
     "stop_gradient": _stop_gradient,
+    "copysign": "copysign", "spacing": _spacing,
 }
 
 
