@@ -16,6 +16,7 @@ stop for one sample: that sample gets inf/nan, as JAX gives, and the others are 
 from __future__ import annotations
 
 from . import math as hm
+from .prims import P
 
 __all__ = ["solve", "lu_factor", "lu_solve", "lu", "det", "slogdet", "inv", "cholesky", "cho_solve", "qr",
            "lstsq", "eigh", "norm"]
@@ -48,6 +49,14 @@ def _rhs(b, k, api):
 
 def _rows(x):
     return [x[i] for i in range(_shape(x)[0])]
+
+
+def _like(x, a):
+    """x in a's floating dtype: a value built from constants alone (a permutation) would be float64."""
+    aval = getattr(a, "aval", None)
+    if aval is None or aval.dtype.kind != "f" or getattr(x, "aval", None) is None or x.aval.dtype == aval.dtype:
+        return x
+    return P["convert"].bind(x, dtype=aval.dtype)
 
 
 def _mask(k, pred):
@@ -151,7 +160,7 @@ def lu(a):
         _swap(perm, j, p)
     l_rows = [hm.where(_mask(k, lambda c: c < i), r, _unit(k, i)) for i, r in enumerate(rows)]
     u_rows = [hm.where(_mask(k, lambda c: c >= i), r, 0.0) for i, r in enumerate(rows)]
-    return hm.transpose(hm.vec(*perm)), hm.vec(*l_rows), hm.vec(*u_rows)
+    return _like(hm.transpose(hm.vec(*perm)), a), hm.vec(*l_rows), hm.vec(*u_rows)
 
 
 def solve(a, b):
@@ -299,7 +308,7 @@ def qr(a, mode="reduced"):
     if mode == "r":
         return r
     qcols = [_reflect(refl, _unit(m, c), reverse=True) for c in range(m if mode == "complete" else K)]
-    return hm.transpose(hm.vec(*qcols)), r
+    return _like(hm.transpose(hm.vec(*qcols)), a), r
 
 
 def lstsq(a, b):
@@ -377,7 +386,7 @@ def eigh(a, sweeps=None):
             swap = w[i] > w[i + 1]
             w[i], w[i + 1] = hm.where(swap, w[i + 1], w[i]), hm.where(swap, w[i], w[i + 1])
             vt[i], vt[i + 1] = hm.where(swap, vt[i + 1], vt[i]), hm.where(swap, vt[i], vt[i + 1])
-    return hm.vec(*w), hm.transpose(hm.vec(*vt))
+    return hm.vec(*w), _like(hm.transpose(hm.vec(*vt)), a)
 
 
 # ---------------------------------------------------------------------------------------------
