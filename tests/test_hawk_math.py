@@ -50,7 +50,9 @@ OTHERS = {"erf", "erfc", "clip", "where", "select", "isfinite", "isnan", "isinf"
           "vec", "dot", "norm", "cross", "outer", "transpose", "matmul", "trace", "einsum",
           # the stable functions of optimisation: tested against JAX in test_stable_math.py
           "sigmoid", "softplus", "log_sigmoid", "logaddexp", "relu", "xlogy", "xlog1py", "logsumexp",
-          "stop_gradient"}
+          "stop_gradient",
+          # C's and NumPy's remaining functions, argmax/argmin: tested in test_math_extras.py
+          "fma", "copysign", "remainder", "rint", "spacing", "fdim", "argmax", "argmin"}
 
 
 def test_every_math_name_is_tested_here_or_in_body_tests():

@@ -99,12 +99,14 @@ def _stop_gradient(x):
 
 
 def _spacing(x):
-    """numpy.spacing (jax.numpy has none): the step to the next float away from zero."""
+    """numpy.spacing (jax.numpy has none): the step to the next float away from zero; at zero the
+    smallest subnormal, selected (XLA on CPU flushes a subnormal difference to zero)."""
     jnp = _jnp()
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.float64)
-    return jnp.nextafter(x, jnp.copysign(jnp.asarray(jnp.inf, x.dtype), x)) - x
+    step = jnp.nextafter(x, jnp.copysign(jnp.asarray(jnp.inf, x.dtype), x)) - x
+    return jnp.where(x == 0, jnp.asarray(np.finfo(x.dtype).smallest_subnormal, x.dtype), step)
 
 
 # name -> jax.numpy function name (or a function): the twin of prims.ELEMENTWISE_TABLE
