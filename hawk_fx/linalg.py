@@ -336,7 +336,7 @@ def lstsq(a, b):
 
 
 # ---------------------------------------------------------------------------------------------
-# symmetric eigenproblem: cyclic Jacobi
+# symmetric eigenproblem: one-sided (Hestenes) Jacobi
 
 def _sweeps(k):
     return 4 if k <= 2 else (6 if k <= 4 else (8 if k <= 8 else 10))
@@ -344,43 +344,32 @@ def _sweeps(k):
 
 def eigh(a, sweeps=None):
     """(w, v): eigenvalues ascending and unit eigenvectors as v's columns (jax.numpy.linalg.eigh),
-    of (a + a^T) / 2, by cyclic Jacobi rotations: a fixed number of sweeps (4 to 10 with k; the
-    off-diagonal part falls quadratically, below float64 rounding for k <= 16 on the matrices we
-    test). Each eigenvector's sign is arbitrary, as LAPACK's. The derivative is that of the sweeps;
-    for distinct eigenvalues it agrees with JAX's analytic rule to about the sweeps' accuracy."""
+    of (a + a^T) / 2. One-sided Jacobi: rotations of pairs of columns of B = a + |a|_F I (positive
+    semidefinite, so its singular vectors are a's eigenvectors, eigenvalues of opposite signs kept
+    apart) until they are orthogonal, a fixed number of sweeps (4 to 10 with k: the off-diagonal
+    part falls quadratically, to float64 rounding for k <= 16 on the matrices we test); then
+    w_i = v_i^T a v_i. Each eigenvector's sign is arbitrary, as LAPACK's. The derivative is that of
+    the sweeps; for distinct eigenvalues it agrees with JAX's analytic rule to about their accuracy."""
     k = _square(a, "eigh")
     sweeps = _sweeps(k) if sweeps is None else int(sweeps)
     s = (a + hm.transpose(a)) * 0.5
-    srows = _rows(s)
-    A = {(i, j): srows[i][j] for i in range(k) for j in range(i, k)}
-
-    def at(i, j):
-        return A[(i, j) if i <= j else (j, i)]
-
-    def put(i, j, v):
-        A[(i, j) if i <= j else (j, i)] = v
-
-    vt = [_unit(k, i) for i in range(k)]          # rows of v^T: the eigenvectors
+    shift = hm.sqrt(hm.einsum("ij,ij->", s, s))
+    u = [r + shift * _unit(k, i) for i, r in enumerate(_rows(s))]     # columns of B (B is symmetric)
+    vt = [_unit(k, i) for i in range(k)]                               # columns of v
     for _ in range(sweeps):
         for p in range(k - 1):
             for q in range(p + 1, k):
-                apq, d = at(p, q), at(q, q) - at(p, p)
-                # t = tan(theta), the smaller root of t^2 + 2 t cot(2 theta) - 1 = 0, written without
-                # dividing by a_pq (which is 0 once converged): t = 2 a_pq sgn(d) / (|d| + hypot(d, 2 a_pq))
-                den = hm.abs(d) + hm.hypot(d, 2.0 * apq)
-                t = hm.where(d < 0, -2.0, 2.0) * apq / hm.where(den == 0, 1.0, den)
+                # the rotation that makes u_p and u_q orthogonal: Jacobi's on [[alpha, gamma], [gamma, beta]],
+                # t = 2 gamma sgn(d) / (|d| + hypot(d, 2 gamma)), with no division by gamma (0 once converged)
+                alpha, beta, gamma = hm.dot(u[p], u[p]), hm.dot(u[q], u[q]), hm.dot(u[p], u[q])
+                d = beta - alpha
+                den = hm.abs(d) + hm.hypot(d, 2.0 * gamma)
+                t = hm.where(d < 0, -2.0, 2.0) * gamma / hm.where(den == 0, 1.0, den)
                 c = hm.rsqrt(t * t + 1.0)
                 sn = t * c
-                put(p, p, at(p, p) - t * apq)
-                put(q, q, at(q, q) + t * apq)
-                put(p, q, 0.0)
-                for r in range(k):
-                    if r != p and r != q:
-                        arp, arq = at(r, p), at(r, q)
-                        put(r, p, c * arp - sn * arq)
-                        put(r, q, sn * arp + c * arq)
+                u[p], u[q] = c * u[p] - sn * u[q], sn * u[p] + c * u[q]
                 vt[p], vt[q] = c * vt[p] - sn * vt[q], sn * vt[p] + c * vt[q]
-    w = [at(i, i) for i in range(k)]
+    w = [hm.einsum("i,ij,j->", v, s, v) for v in vt]
     for rnd in range(k):                           # odd-even transposition sort, ascending
         for i in range(rnd % 2, k - 1, 2):
             swap = w[i] > w[i + 1]

@@ -223,6 +223,18 @@ def test_eigh_vectors_are_orthonormal_and_diagonalise():
     np.testing.assert_allclose(w, np.linalg.eigvalsh(a), atol=1e-12)
 
 
+def test_eigh_keeps_opposite_eigenvalues_apart_and_takes_zero():
+    rng = np.random.default_rng(8)
+    q = _orth(rng, 6, 4)
+    a = (q * np.array([1.0, -1.0, 2.0, -2.0])) @ np.swapaxes(q, 1, 2)      # |w| ties between +-1 and +-2
+    a = np.concatenate([a, np.zeros((1, 4, 4))])
+    w, v = (np.moveaxis(x, -1, 0) for x in kernel_of(hm.linalg.eigh, [Matrix[4, 4]])(_planes(a)))
+    np.testing.assert_allclose(w[:6], np.broadcast_to([-2.0, -1.0, 1.0, 2.0], (6, 4)), atol=1e-13)
+    np.testing.assert_allclose((v * w[:, None, :]) @ np.swapaxes(v, 1, 2), a, atol=1e-13)
+    np.testing.assert_array_equal(w[6], np.zeros(4))
+    np.testing.assert_array_equal(v[6], np.eye(4))
+
+
 # ---------------------------------------------------------------------------------------------
 # a seeded sweep over sizes: values against NumPy's LAPACK
 
