@@ -11,7 +11,7 @@ import pytest
 
 import hawk_fx as hawk
 import hawk_fx.diff as hdiff
-from hawk_fx import Matrix, Vector
+from hawk_fx import Matrix, Mutable, Vector
 from hawk_fx import math as hm
 
 jax = pytest.importorskip("jax")
@@ -335,6 +335,38 @@ def test_refusals():
 
     with pytest.raises(ValueError, match=r"spectral.*ord=2 needs singular values"):
         spectral(np.zeros((2, 2, 4)))
+
+
+def test_a_refused_kernel_writes_nothing():
+    @hawk.kernel
+    def step(x: Mutable[Vector[2]], a: Matrix[2, 3]):
+        x = hm.linalg.solve(a, x)
+
+    x = np.ones((2, 4))
+    with pytest.raises(ValueError, match=r"step.*x = hm\.linalg\.solve\(a, x\).*square"):
+        step(x, np.zeros((2, 3, 4)))
+    np.testing.assert_array_equal(x, np.ones((2, 4)))
+
+
+# ---------------------------------------------------------------------------------------------
+# the JAX backend: a kernel called on jax.Arrays, under jax.grad
+
+def test_on_jax_arrays_and_under_jax_grad():
+    rng = np.random.default_rng(9)
+    a, b = _planes(general(rng, N, 3)), rng.normal(size=(3, N))
+
+    @hawk.kernel
+    def solve_det(a: Matrix[3, 3], b: Vector[3]):
+        return hm.linalg.solve(a, b), hm.linalg.det(a)
+
+    x, d = solve_det(jnp.asarray(a), jnp.asarray(b))
+    x0, d0 = solve_det(a, b)
+    np.testing.assert_allclose(np.asarray(x), x0, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(np.asarray(d), d0, rtol=1e-12)
+    g = jax.grad(lambda m: solve_det(m, jnp.asarray(b))[1].sum())(jnp.asarray(a))
+    am = np.moveaxis(a, -1, 0)
+    want = np.linalg.det(am)[:, None, None] * np.swapaxes(np.linalg.inv(am), 1, 2)      # d det / dA = det A^-T
+    np.testing.assert_allclose(np.moveaxis(np.asarray(g), -1, 0), want, rtol=1e-10, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
