@@ -349,7 +349,8 @@ def eigh(a, sweeps=None):
     apart) until they are orthogonal, a fixed number of sweeps (4 to 10 with k: the off-diagonal
     part falls quadratically, to float64 rounding for k <= 16 on the matrices we test); then
     w_i = v_i^T a v_i. Each eigenvector's sign is arbitrary, as LAPACK's. The derivative is that of
-    the sweeps; for distinct eigenvalues it agrees with JAX's analytic rule to about their accuracy."""
+    the sweeps; for distinct eigenvalues it agrees with JAX's analytic rule to about their accuracy
+    (1e-9 in float64 on our test matrices, eigenvalues 0.5 or more apart)."""
     k = _square(a, "eigh")
     sweeps = _sweeps(k) if sweeps is None else int(sweeps)
     s = (a + hm.transpose(a)) * 0.5
@@ -398,7 +399,7 @@ def norm(x, ord=None):
                 out = (hm.maximum if ord > 0 else hm.minimum)(out, hm.abs(c))
             return out
         if ord == 0:
-            return _sum([hm.where(c != 0, 1.0, 0.0) for c in comps])
+            return _like(_sum([hm.where(c != 0, 1.0, 0.0) for c in comps]), x)
         if ord == 1:
             return _sum([hm.abs(c) for c in comps])
         if isinstance(ord, (int, float)):
