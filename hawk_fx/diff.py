@@ -76,6 +76,9 @@ PARTIALS = {
     "xlogy": lambda a, b, y: [hm.log(b), a / b], "xlog1py": lambda a, b, y: [hm.log1p(b), a / (1.0 + b)],
     "stop_gradient": None,
     "lt": None, "le": None, "gt": None, "ge": None, "eq": None, "ne": None, "and": None, "or": None,
+    # copysign(x, y) is where(signbit(y), -abs(x), abs(x)) in JAX: abs'(0) = 1 there too; spacing is a step
+    "copysign": lambda a, b, y: [_w(hm.copysign(1.0, b) < 0, -1.0, 1.0) * _w(a >= 0, 1.0, -1.0), None],
+    "spacing": None,
 }
 
 jvp_rules = RuleTable("jvp")        # prim -> fn(primals, tangents (None = zero), outs, **params) -> tangents

@@ -19,7 +19,8 @@ __all__ = ["abs", "sign", "floor", "ceil", "round", "trunc", "sqrt", "rsqrt", "c
            "uint32", "int32", "float32", "float64", "real", "vec", "dot", "norm", "cross", "outer", "transpose",
            "matmul", "trace", "einsum", "add", "subtract", "multiply", "divide", "negative", "less", "less_equal",
            "greater", "greater_equal", "equal", "not_equal", "sigmoid", "softplus", "log_sigmoid", "logaddexp",
-           "relu", "xlogy", "xlog1py", "logsumexp", "stop_gradient", "take", "scatter_add"]
+           "relu", "xlogy", "xlog1py", "logsumexp", "stop_gradient", "take", "scatter_add",
+           "fma", "copysign", "remainder", "rint", "spacing", "fdim", "argmax", "argmin"]
 
 
 _UNARY_DOCS = {"rsqrt": "Elementwise 1 / sqrt(x) (CUDA's rsqrt).",
@@ -267,3 +268,53 @@ def logsumexp(v):
 
 # tables: a per-sample runtime index into a Table (or a Vector/Matrix value)
 from .tables import scatter_add, take  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# C's and NumPy's remaining elementwise functions, and argmax/argmin over a Vector
+
+copysign = _binary("copysign", "copysign")
+copysign.__doc__ = "|x| with the sign bit of y (numpy.copysign; -0.0 and NaN signs count); derivative JAX's."
+remainder = _binary("mod", "remainder")
+remainder.__doc__ = "x - floor(x / y) * y, the sign of y (numpy.remainder, Python's %)."
+rint = _unary("round", "rint")
+rint.__doc__ = "Elementwise round to the nearest integer, half to even (numpy.rint, C's rint)."
+spacing = _unary("spacing", "spacing")
+spacing.__doc__ = "The distance from x to the next float away from zero (numpy.spacing); derivative 0."
+
+
+def fma(a, b, c):
+    """a * b + c. Rounded once where the backend fuses it (CUDA contracts a * b + c), twice on
+    NumPy and JAX (NumPy has no fused multiply-add); derivatives b, a, 1."""
+    return a * b + c
+
+
+def fdim(x, y):
+    """x - y where x > y, else +0; NaN if either is NaN (C's fdim). Derivatives 1, -1 where x > y."""
+    return where(x <= y, 0.0, x - y)
+
+
+def _arg_extremum(v, api, better):
+    shape = _shape(v)
+    if len(shape) != 1:
+        raise TypeError(f"hawk.math.{api}: takes a Vector (one axis per sample), got per-sample shape {shape}")
+    best, at = v[0], 0
+    for i in range(1, shape[0]):
+        c = v[i]
+        take = logical_or(better(c, best), logical_and(isnan(c), logical_not(isnan(best))))
+        best, at = where(take, c, best), where(take, i, at)
+    return int32(at)
+
+
+def argmax(v):
+    """The index (int32) of a Vector's largest component, the first of ties; a NaN counts as the
+    largest (numpy.argmax)."""
+    return _arg_extremum(v, "argmax", greater)
+
+
+def argmin(v):
+    """The index (int32) of a Vector's smallest component, the first of ties; a NaN counts as the
+    smallest (numpy.argmin)."""
+    return _arg_extremum(v, "argmin", less)
+
+
+from . import linalg  # noqa: E402  (hm.linalg: small per-sample linear algebra, built on the functions above)

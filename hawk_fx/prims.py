@@ -90,6 +90,8 @@ ELEMENTWISE_TABLE = {
     # the stable functions of optimisation (hawk_fx.math.sigmoid, softplus, ...) and stop_gradient
     "logistic": (1, _logistic), "logaddexp": (2, np.logaddexp), "xlogy": (2, _xlogy), "xlog1py": (2, _xlog1py),
     "stop_gradient": (1, _identity),
+    # C's copysign and NumPy's spacing (the distance to the next float away from zero)
+    "copysign": (2, np.copysign), "spacing": (1, np.spacing),
 }
 
 ELEMENTWISE: dict[Primitive, tuple[int, object]] = {}

@@ -52,7 +52,9 @@ OTHERS = {"erf", "erfc", "clip", "where", "select", "isfinite", "isnan", "isinf"
           "sigmoid", "softplus", "log_sigmoid", "logaddexp", "relu", "xlogy", "xlog1py", "logsumexp",
           "stop_gradient",
           # tables: tested against jnp.take and .at[].add in test_tables.py
-          "take", "scatter_add"}
+          "take", "scatter_add",
+          # C's and NumPy's remaining functions, argmax/argmin: tested in test_math_extras.py
+          "fma", "copysign", "remainder", "rint", "spacing", "fdim", "argmax", "argmin"}
 
 
 def test_every_math_name_is_tested_here_or_in_body_tests():

@@ -195,6 +195,9 @@ _C_OPS_BY_NAME = {
     "xlogy": {"f32": "({0} == 0.0f ? 0.0f : {0} * logf({1}))", "f64": "({0} == 0.0 ? 0.0 : {0} * log({1}))"},
     "xlog1py": {"f32": "({0} == 0.0f ? 0.0f : {0} * log1pf({1}))", "f64": "({0} == 0.0 ? 0.0 : {0} * log1p({1}))"},
     "stop_gradient": _same("{0}", *_ALL),
+    "copysign": _math("copysign", 2),
+    "spacing": {"f32": "(nextafterf({0}, copysignf(__uint_as_float(0x7f800000u), {0})) - {0})",
+                "f64": "(nextafter({0}, copysign(__longlong_as_double(0x7ff0000000000000ll), {0})) - {0})"},
 }
 
 C_OPS: dict = {P[name]: cols for name, cols in _C_OPS_BY_NAME.items()}

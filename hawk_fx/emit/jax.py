@@ -101,6 +101,17 @@ def _stop_gradient(x):
     return lax.stop_gradient(x)
 
 
+def _spacing(x):
+    """numpy.spacing (jax.numpy has none): the step to the next float away from zero; at zero the
+    smallest subnormal, selected (XLA on CPU flushes a subnormal difference to zero)."""
+    jnp = _jnp()
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.float64)
+    step = jnp.nextafter(x, jnp.copysign(jnp.asarray(jnp.inf, x.dtype), x)) - x
+    return jnp.where(x == 0, jnp.asarray(np.finfo(x.dtype).smallest_subnormal, x.dtype), step)
+
+
 # name -> jax.numpy function name (or a function): the twin of prims.ELEMENTWISE_TABLE
 _ELEMENTWISE = {
     "neg": "negative", "abs": "absolute", "sign": "sign", "floor": "floor", "ceil": "ceil", "round": "rint",
@@ -115,6 +126,7 @@ _ELEMENTWISE = {
     "ge": "greater_equal", "eq": "equal", "ne": "not_equal", "and": "logical_and", "or": "logical_or",
     "select": "where", "logistic": _logistic, "logaddexp": "logaddexp", "xlogy": _xlogy, "xlog1py": _xlog1py,
     "stop_gradient": _stop_gradient,
+    "copysign": "copysign", "spacing": _spacing,
 }
 
 
