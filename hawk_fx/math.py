@@ -263,3 +263,12 @@ def logsumexp(v):
     for c in comps[1:]:
         s = s + exp(c - m)
     return m + log(s)
+
+
+# ---------------------------------------------------------------------------------------------
+# per-sample random numbers (hm.random) and the sample's place in the call
+
+from . import random                                   # noqa: E402  (hawk_fx.random uses this module)
+from .random import n_samples, sample_index            # noqa: E402
+
+__all__ += ["random", "sample_index", "n_samples"]

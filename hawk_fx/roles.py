@@ -93,3 +93,22 @@ Matrix = _RoleFactory("Matrix", 2)
 """`Matrix[r, c]`: an r x c matrix per sample, a plane of shape (r, c, n)."""
 Mutable = _MutableFactory()
 """`Mutable[role]`: a parameter the kernel writes; assigning to it writes the caller's array in place."""
+
+
+class _KeyRole(Role):
+    """A random key: two uint32 words per sample. Exactly uint32, since a key's words are bits
+    (an int64 plane of them would be some other number)."""
+
+    __slots__ = ()
+
+    def accepts_dtype(self, dt: np.dtype) -> bool:
+        return dt == np.uint32
+
+    def describe_dtype(self) -> str:
+        return ("dtype uint32: a key's two words, as hawk_fx.random.key(seed) makes them "
+                "(np.asarray(jax.random.key_data(k), np.uint32)[:, None] for a JAX key)")
+
+
+Key = _KeyRole("Key", (2,), np.uint32)
+"""A random key (hawk_fx.random): a (2, n) uint32 plane of per-sample keys, or a one-cell (2, 1) key
+for all samples; `hawk_fx.random.key(seed)` makes one."""
