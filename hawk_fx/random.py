@@ -295,11 +295,12 @@ def poisson(k, lam, tries: int = 12):
         y = _draw(k, 1 + t, api)
         uu = hm.float64(y[0] // 2048) * 2.0 ** -21 - 0.5 + hm.float64(y[0] % 2048) * 2.0 ** -32   # [-0.5, 0.5)
         v = hm.float64(y[1]) * 2.0 ** -32 + 2.0 ** -33                                             # (0, 1)
-        us = 0.5 - hm.abs(uu)
+        us = hm.maximum(0.5 - hm.abs(uu), 2.0 ** -33)          # > 0: every lane stays finite
         kk = hm.floor((2 * a / us + b) * uu + lb + 0.43)
+        kp = hm.maximum(kk, 0.0)
         quick = (us >= 0.07) & (v <= vr)
         ok = quick | ((kk >= 0) & ~((us < 0.013) & (v > us)) &
-                      (hm.log(v * inv_alpha / (a / (us * us) + b)) <= -lb + kk * loglam - _lgamma1p(kk)))
+                      (hm.log(v * inv_alpha / (a / (us * us) + b)) <= -lb + kp * loglam - _lgamma1p(kp)))
         take = ok & ~done if t < tries - 1 else ~done
         big = hm.where(take, kk, big)
         done = done | ok
