@@ -425,8 +425,8 @@ def refuse_nondiff(prog: Program, flagged) -> None:
         if e.prim in NONDIFF:
             at = f" at {e.info.where}" if e.info.where else ""
             api = e.params["api"]
-            raise TypeError(f"{api}{at}: its result is discrete, so it has no derivative with respect to its "
-                            f"parameters, and this derivative would pass through them. Wrap the parameter in "
+            why = e.params.get("why") or "its result is discrete, so it has no derivative with respect to its parameters"
+            raise TypeError(f"{api}{at}: {why}, and this derivative would pass through them. Wrap the parameter in "
                             f"hm.stop_gradient(...) to treat it as a constant, or differentiate with respect to "
                             f"other inputs (a score-function estimator needs the log-probability, which you can "
                             f"write in the kernel)")

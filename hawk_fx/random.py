@@ -20,9 +20,9 @@ up to each backend's last-ulp math (log, cos), which is why bit equality is prom
 words and the uniforms, and closeness for the rest.
 
 Derivatives: `uniform` (minval, maxval), `normal` (loc, scale), `exponential` (rate) are
-reparameterised (the draw is a differentiable function of its parameters and the fixed bits);
-`gamma` by implicit reparameterisation (d x / d a = -(dF/da) / f(x) at the drawn x). `bernoulli`,
-`poisson` and `randint` are discrete: a derivative through their parameters is refused.
+reparameterised (the draw is a differentiable function of its parameters and the fixed bits).
+`bernoulli`, `poisson` and `randint` are discrete: a derivative through their parameters is
+refused; so is one through `gamma`'s shape, whose implicit reparameterisation is still to come.
 """
 from __future__ import annotations
 
@@ -236,9 +236,9 @@ def exponential(k, rate=1.0, dtype=np.float64):
     return e if _is(rate, 1) else e / rate
 
 
-def _mark(x, api):
+def _mark(x, api, why=None):
     """x as a parameter differentiation refuses (a traced x; numbers need no mark)."""
-    return nondiff_p.bind(x, api=api) if isinstance(x, Tracer) else x
+    return nondiff_p.bind(x, api=api, why=why) if isinstance(x, Tracer) else x
 
 
 def bernoulli(k, p=0.5):
@@ -321,10 +321,12 @@ def _lgamma1p(x):
 def gamma(k, a, dtype=np.float64, tries: int = 8):
     """Gamma(a, 1) per sample (multiply by a scale), a > 0, by Marsaglia and Tsang's method with
     `tries` candidates (all rejected with probability < 0.05**tries; then the last is kept), and
-    a < 1 by the boost x u**(1/a)."""
+    a < 1 by the boost x u**(1/a). Its derivative in a (implicit reparameterisation) is not
+    available yet: a derivative through a is refused."""
     api = "hawk.random.gamma"
     dt = _float_dtype(dtype, api)
-    a = hm.float64(a) if isinstance(a, Tracer) else float(a)
+    a = hm.float64(_mark(a, api, "its derivative in the shape (implicit reparameterisation) is not available "
+                                 "yet")) if isinstance(a, Tracer) else float(a)
     boost = a < 1.0
     ab = hm.where(boost, a + 1.0, a)
     d = ab - 1.0 / 3.0

@@ -5,8 +5,9 @@
                                     (2,) uint32 counter give two uint32 words, or with xor=True
                                     their exclusive or (one word, as jax.random.bits draws 32 bits)
     sample_index                    the index of the sample in the call, uint32 (per sample)
-    nondiff[api] x                  x itself; marks a parameter (bernoulli's p, poisson's lam,
+    nondiff[api why] x              x itself; marks a parameter (bernoulli's p, poisson's lam,
                                     randint's bounds) that differentiation refuses, naming `api`
+                                    (and `why`, when the reason is not that the draw is discrete)
 
 The NumPy rule runs the rounds in place on uint32 arrays (a handful of scratch arrays per chunk);
 JAX runs the same rounds in jax.numpy (XLA fuses them); CUDA calls `hawk_threefry2x32` from the
@@ -99,11 +100,11 @@ eager_impl[sample_index_p] = _no_eager_index
 
 
 @abstract_eval.register(nondiff_p)
-def _nondiff_abstract(x, *, api):
+def _nondiff_abstract(x, *, api, why=None):
     return [x]
 
 
-eager_impl[nondiff_p] = lambda x, *, api: [x]
+eager_impl[nondiff_p] = lambda x, *, api, why=None: [x]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,7 +173,7 @@ def _threefry_jax(ctx, aval, key, ctr, *, xor):
 
 
 jax_rules[sample_index_p] = lambda ctx, aval: _jnp().arange(ctx.n, dtype=_jnp().uint32)
-jax_rules[nondiff_p] = lambda ctx, aval, x, *, api: x
+jax_rules[nondiff_p] = lambda ctx, aval, x, *, api, why=None: x
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,7 +201,7 @@ diff.jvp_rules[sample_index_p] = lambda primals, tangents, outs: [None]
 diff.vjp_rules[sample_index_p] = lambda cts, primals, outs: []
 
 
-def _nondiff_rule(*args, api):
+def _nondiff_rule(*args, api, why=None):
     """Differentiation refuses the parameter of a discrete draw (refuse_nondiff raises first)."""
     raise TypeError(f"{api}: not differentiable with respect to its parameters")
 
