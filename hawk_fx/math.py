@@ -271,4 +271,4 @@ def logsumexp(v):
 from . import random                                   # noqa: E402  (hawk_fx.random uses this module)
 from .random import n_samples, sample_index            # noqa: E402
 
-__all__ += ["random", "sample_index", "n_samples"]
+__all__ += ["sample_index", "n_samples"]               # and the module `random` (hm.random.normal, ...)

@@ -51,7 +51,7 @@ OTHERS = {"erf", "erfc", "clip", "where", "select", "isfinite", "isnan", "isinf"
           # the stable functions of optimisation: tested against JAX in test_stable_math.py
           "sigmoid", "softplus", "log_sigmoid", "logaddexp", "relu", "xlogy", "xlog1py", "logsumexp",
           "stop_gradient"}
-OTHERS |= {"random", "sample_index", "n_samples"}    # per-sample random numbers: tested in test_random.py
+OTHERS |= {"sample_index", "n_samples"}    # per-sample random numbers: tested in test_random.py
 
 
 def test_every_math_name_is_tested_here_or_in_body_tests():

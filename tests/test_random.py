@@ -451,3 +451,20 @@ def test_bad_keys_are_refused_and_nothing_is_written():
         hawk.random.split(np.zeros(3, U32))
     with pytest.raises(TypeError, match="seed is an integer"):
         hawk.random.key(1.5)
+
+
+def test_the_random_page_runs(tmp_path):
+    """docs/random.md: its code (the option price and delta against Black-Scholes, the device loop)
+    runs and its asserts hold."""
+    import pathlib
+    import re
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[1]
+    blocks = re.findall(r"```python\n(.*?)```", (root / "docs" / "random.md").read_text(), re.S)
+    script = tmp_path / "random_page.py"
+    script.write_text("\n".join(blocks))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Black-Scholes" in run.stdout
