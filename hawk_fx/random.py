@@ -155,7 +155,10 @@ def sample_index():
     if trace is None:
         raise TypeError("hawk.math.sample_index: there is no sample outside a kernel body; call it inside a "
                         "@hawk.kernel function")
-    return trace.process(sample_index_p, [], {})[0]
+    index = getattr(trace, "_hawk_sample_index", None)       # one per body: draws share it
+    if index is None:
+        index = trace._hawk_sample_index = trace.process(sample_index_p, [], {})[0]
+    return index
 
 
 def n_samples():
