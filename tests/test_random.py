@@ -468,3 +468,51 @@ def test_the_random_page_runs(tmp_path):
                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Black-Scholes" in run.stdout
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+WORD = st.integers(0, 2 ** 32 - 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.tuples(WORD, WORD), st.tuples(WORD, WORD))
+def test_property_the_cipher_is_jax_threefry(key, ctr):
+    """For any key and counter words, the host cipher and the NumPy emitter give jax's words."""
+    want = np.array(jax_threefry(key, (np.array([ctr[0]], U32), np.array([ctr[1]], U32))), U32)
+    y = threefry2x32(*key, *ctr)
+    np.testing.assert_array_equal(np.array(y, U32).reshape(2, 1), want)
+    np.testing.assert_array_equal(cipher(np.array(key, U32).reshape(2, 1), np.array(ctr, U32).reshape(2, 1)), want)
+
+
+@hawk.kernel
+def advance(key: Mutable[Key], x: Mutable[Scalar]):
+    k1, k2 = hm.random.split(key)
+    x = x + hm.random.normal(k2)
+    key = k1
+
+
+def test_a_mutable_key_plane_advances_in_place():
+    keys = hawk.random.sample_keys(hawk.random.key(0), 6)
+    before, x = keys.copy(), np.zeros(6)
+    advance(keys, x)
+    want = np.stack([np.asarray(jrandom.split(jnp.asarray(before[:, i]))[0]) for i in range(6)], axis=1)
+    np.testing.assert_array_equal(keys, want)
+    assert np.all(x != 0.0)
+
+
+def test_a_jax_graph_draws_the_jax_random_stream():
+    import eagle_fx as eagle
+
+    @hawk.kernel
+    def step(x: Mutable[Scalar], key: Key):
+        x = x + hm.random.uniform(key)
+
+    @eagle.Graph.builder
+    def run(x, key):
+        g = eagle.Graph(backend="jax")
+        step(x, key)
+        g.result = x
+        return g
+    r = np.asarray(run(np.zeros(5), hawk.random.key(2))())
+    np.testing.assert_array_equal(r, np.asarray(jrandom.uniform(jrandom.PRNGKey(2), (5,), jnp.float64)))
