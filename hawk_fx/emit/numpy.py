@@ -498,6 +498,7 @@ class NumpyKernel:
         hoisted_names = sorted({names[v] for v in names if v not in depends and v not in prog.inputs
                                 and not names[v].startswith("U[")})
         # s0: the first sample of the chunk (what sample_index counts from)
+        self.uses_index = any(e.prim in SAMPLE_SOURCES for e in prog.eqns)
         params = ", ".join(i_names + o_names + hoisted_names + ["S", "U", "n", "s0"])
         code = [f"def body({params}):"] + ["    " + ln for ln in body or ["pass"]]
         sliced_in = [f"i{k}[..., s:e]" if v.aval.kind == SAMPLE else f"i{k}" for k, v in enumerate(prog.inputs)]
@@ -525,7 +526,7 @@ class NumpyKernel:
                      "        if S is None:",
                      "            S = _scratch(n)"]
             if len(body) <= INLINE_LINES:
-                code += ["        s0 = 0"] + ["        " + ln for ln in body]
+                code += ["        s0 = 0"] * self.uses_index + ["        " + ln for ln in body]
             else:       # a long body (a fused chain): one copy of its code, not two to compile
                 code += [f"        body({', '.join(i_names + o_names + hoisted_names + ['S', 'U', 'n', '0'])})"]
             part_args = "".join(a + ", " for a in whole + ["U", "n"])
@@ -541,7 +542,7 @@ class NumpyKernel:
         code += [f"    {', '.join(f'U_{k}' for k in range(len(self.uniform_specs)))}, = U"] if self.uniform_specs else []
         code += ["    def call():"]
         if len(body) <= INLINE_LINES:
-            inner = hoisted + ["s0 = 0"] + body + after
+            inner = hoisted + ["s0 = 0"] * self.uses_index + body + after
         else:
             inner = hoisted + [f"body({', '.join(i_names + o_names + hoisted_names + ['S', 'U', 'n', '0'])})"] + after
         code += ["        " + _unpacked(ln) for ln in inner] + ["        return", "    return call"]
