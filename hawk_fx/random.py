@@ -32,7 +32,7 @@ import numpy as np
 
 from . import math as hm
 from .context import CONTEXT
-from .core import Literal, Tracer, literal_aval
+from .core import Tracer, literal_aval
 from .prims import P
 from .rng_prims import nondiff_p, sample_index_p, threefry2x32, threefry_p
 
@@ -85,7 +85,7 @@ def _aval(x):
 
 
 def _as_key(k, api):
-    """A key operand: a traced (2,) uint32 value, or a constant key as a (2,) uint32 literal."""
+    """A key operand: a traced (2,) uint32 value, or a constant key as a (2,) uint32 array."""
     if isinstance(k, Tracer):
         a = k.aval
         if a.shape != (2,) or a.dtype != U32:
@@ -97,24 +97,21 @@ def _as_key(k, api):
     if a.dtype != U32 or a.shape not in ((2,), (2, 1)):
         raise TypeError(f"{api}: the key must be two uint32 words (a `Key` parameter, or "
                         f"hawk_fx.random.key(seed)), got shape {a.shape} and dtype {a.dtype}")
-    return Literal(a.reshape(2).copy())
+    return a.reshape(2).copy()
 
 
 def _words(k, c, i, api, xor=False):
-    """Threefry of key k and counter (c, i), in the current kernel trace (k: a tracer or literal)."""
-    trace = _kernel_trace()
+    """Threefry of key k and counter (c, i): traced when either is, else computed now."""
     ctr = P["stack"].bind(np.uint32(c), i) if isinstance(i, Tracer) else np.array([c, i], U32)
     k = _as_key(k, api)
-    if isinstance(k, Literal) and not isinstance(ctr, Tracer):
-        y0, y1 = threefry2x32(k.value[0], k.value[1], ctr[0], ctr[1])      # a constant: computed now
-        return Literal(np.bitwise_xor(y0, y1)) if xor else Literal(np.array([y0, y1], U32))
-    if isinstance(k, Literal):
-        return trace.process(threefry_p, [k, ctr], {"xor": xor})[0]
+    if not isinstance(k, Tracer) and not isinstance(ctr, Tracer):
+        y0, y1 = threefry2x32(k[0], k[1], ctr[0], ctr[1])      # a constant key and counter: now
+        if xor:
+            return U32.type(y0 ^ y1)
+        trace = _kernel_trace()                                 # in a body: a value of it, as vec makes
+        words = [U32.type(y0), U32.type(y1)]
+        return trace.process(P["stack"], words, {})[0] if trace is not None else np.array(words, U32)
     return threefry_p.bind(k, ctr, xor=xor)
-
-
-def _concrete(x):
-    return not isinstance(x, (Tracer, Literal))
 
 
 def split(k, num: int = 2):

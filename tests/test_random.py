@@ -516,3 +516,21 @@ def test_a_jax_graph_draws_the_jax_random_stream():
         return g
     r = np.asarray(run(np.zeros(5), hawk.random.key(2))())
     np.testing.assert_array_equal(r, np.asarray(jrandom.uniform(jrandom.PRNGKey(2), (5,), jnp.float64)))
+
+
+K4 = hawk.random.key(4)
+
+
+@hawk.kernel
+def const_key(x: Scalar):
+    k1, k2 = hm.random.split(K4)
+    return hm.random.uniform(K4) + 0.0 * x, hm.random.bits(k2), hm.random.fold_in(K4, 3)
+
+
+def test_a_constant_key_in_the_body():
+    jk = jrandom.PRNGKey(4)
+    for backend in (np.asarray, jnp.asarray):
+        u, b, fk = (np.asarray(r) for r in const_key(backend(np.zeros(6))))
+        np.testing.assert_array_equal(u, np.asarray(jrandom.uniform(jk, (6,), jnp.float64)))
+        np.testing.assert_array_equal(b, np.asarray(jrandom.bits(jrandom.split(jk)[1], (6,), jnp.uint32)))
+        np.testing.assert_array_equal(fk, np.broadcast_to(np.asarray(jrandom.fold_in(jk, 3))[:, None], (2, 6)))
