@@ -20,9 +20,9 @@ up to each backend's last-ulp math (log, cos), which is why bit equality is prom
 words and the uniforms, and closeness for the rest.
 
 Derivatives: `uniform` (minval, maxval), `normal` (loc, scale), `exponential` (rate) are
-reparameterised (the draw is a differentiable function of its parameters and the fixed bits).
-`bernoulli`, `poisson` and `randint` are discrete: a derivative through their parameters is
-refused; so is one through `gamma`'s shape, whose implicit reparameterisation is still to come.
+reparameterised (the draw is a differentiable function of its parameters and the fixed bits);
+`gamma` by implicit reparameterisation (dx/da = -(dF/da) / f at the drawn x, F its CDF).
+`bernoulli`, `poisson` and `randint` are discrete: a derivative through their parameters is refused.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from . import math as hm
 from .context import CONTEXT
 from .core import Tracer, literal_aval
 from .prims import P
-from .rng_prims import nondiff_p, sample_index_p, threefry2x32, threefry_p
+from .rng_prims import implicit_gamma_p, nondiff_p, sample_index_p, threefry2x32, threefry_p
 
 __all__ = ["key", "sample_keys", "split", "fold_in", "bits", "uniform", "normal", "exponential", "bernoulli",
            "randint", "poisson", "gamma", "sample_index", "n_samples"]
@@ -321,14 +321,15 @@ def _lgamma1p(x):
 def gamma(k, a, dtype=np.float64, tries: int = 8):
     """Gamma(a, 1) per sample (multiply by a scale), a > 0, by Marsaglia and Tsang's method with
     `tries` candidates (all rejected with probability < 0.05**tries; then the last is kept), and
-    a < 1 by the boost x u**(1/a). Its derivative in a (implicit reparameterisation) is not
-    available yet: a derivative through a is refused."""
+    a < 1 by the boost x u**(1/a). Differentiable in a by implicit reparameterisation:
+    dx/da = -(dF/da)(x; a) / f(x; a), F the Gamma(a) CDF, at the drawn x."""
     api = "hawk.random.gamma"
     dt = _float_dtype(dtype, api)
-    a = hm.float64(_mark(a, api, "its derivative in the shape (implicit reparameterisation) is not available "
-                                 "yet")) if isinstance(a, Tracer) else float(a)
-    boost = a < 1.0
-    ab = hm.where(boost, a + 1.0, a)
+    traced = isinstance(a, Tracer)
+    a = hm.float64(a) if traced else float(a)
+    a0 = hm.stop_gradient(a) if traced else a
+    boost = a0 < 1.0
+    ab = hm.where(boost, a0 + 1.0, a0)
     d = ab - 1.0 / 3.0
     c = 1.0 / hm.sqrt(9.0 * d)
     x, done = None, None
@@ -345,5 +346,7 @@ def gamma(k, a, dtype=np.float64, tries: int = 8):
             x = hm.where((ok & ~done) if t < tries - 1 else ~done, cand, x)
             done = done | ok
     ub = _unit(fold_in(k, 2 * tries), np.dtype(np.float64), api)
-    x = hm.where(boost, x * hm.exp(hm.log(1.0 - ub) / a), x)
+    x = hm.where(boost, x * hm.exp(hm.log(1.0 - ub) / a0), x)
+    if traced:
+        x = implicit_gamma_p.bind(x, a)              # its derivative in a: implicit reparameterisation
     return hm.float32(x) if dt == np.float32 else x
