@@ -584,3 +584,15 @@ def test_jax_grad_through_a_kernel_draw():
         return hm.float64(hm.random.bernoulli(key, p)) * p
     with pytest.raises(TypeError, match="hawk.random.bernoulli: its result is discrete"):
         jax.grad(lambda p: jnp.sum(b(jnp.asarray(keys), p)))(jnp.full(n, 0.4))
+
+
+def test_every_draw_and_the_gamma_derivative_compile_with_nvrtc():
+    from hawk_fx.emit import cuda
+    ins = _draws_inputs(8)
+    spec = draws_all.specialize(draws_all.layout_of(list(ins))[0])
+    cuda.compile_ptx(cuda.emit_specialization(spec).source)
+    keys, a = hawk.random.sample_keys(hawk.random.key(1), 8), np.linspace(0.5, 3.0, 8)
+    gspec = gamma_draw.specialize(gamma_draw.layout_of([keys, a])[0])
+    back = hd.vjp_program(gspec.prog, [False, True])
+    src = cuda.emit_kernel(back, "gamma_vjp", [a.aval.kind == "sample" for a in back.outputs])
+    cuda.compile_ptx(src)
