@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .core import SAMPLE, AVal, abstract_eval, eager_impl
-from .prims import P, _prim, broadcast_kind
+from .prims import _prim, broadcast_kind
 from .emit import numpy as np_emit
 from .emit.jax import jax_rules, _jnp
 from .emit import cuda as cuda_emit
