@@ -568,9 +568,10 @@ def test_gamma_derivative_has_mean_one():
         assert abs(g.mean() - 1.0) < 5 * g.std() / math.sqrt(n)
 
 
-def test_jax_grad_through_a_kernel_draw():
-    """jax.grad of a kernel called on jax.Arrays: the gamma's implicit derivative (as the NumPy
-    derivative computes it), the normal's pathwise one, and the refusal through bernoulli's p."""
+@pytest.mark.slow
+def test_jax_grad_through_a_gamma_draw():
+    """jax.grad of a kernel called on jax.Arrays: the gamma's implicit derivative, as the NumPy
+    derivative computes it and as the scipy oracle says."""
     n = 40
     a = np.linspace(0.3, 30.0, n)
     keys = hawk.random.sample_keys(hawk.random.key(1), n)
@@ -579,6 +580,20 @@ def test_jax_grad_through_a_kernel_draw():
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)
     np.testing.assert_allclose(np.asarray(got), _gamma_oracle(gamma_draw(keys, a), a), rtol=2e-6)
 
+
+def test_jax_grad_through_a_kernel_draw():
+    """jax.grad of a kernel called on jax.Arrays: the normal's pathwise derivative, and the refusal
+    through bernoulli's p."""
+    n = 40
+    keys = hawk.random.sample_keys(hawk.random.key(1), n)
+
+    @hawk.kernel
+    def nrm(key: Key, loc: Scalar, scale: Scalar):
+        return hm.random.normal(key, loc, scale)
+    z = nrm(keys, np.zeros(n), np.ones(n))
+    g = jax.grad(lambda s: jnp.sum(nrm(jnp.asarray(keys), jnp.zeros(n), s)))(jnp.full(n, 2.0))
+    np.testing.assert_allclose(np.asarray(g), z, rtol=1e-12)
+
     @hawk.kernel
     def b(key: Key, p: Scalar):
         return hm.float64(hm.random.bernoulli(key, p)) * p
@@ -586,6 +601,7 @@ def test_jax_grad_through_a_kernel_draw():
         jax.grad(lambda p: jnp.sum(b(jnp.asarray(keys), p)))(jnp.full(n, 0.4))
 
 
+@pytest.mark.slow
 def test_every_draw_and_the_gamma_derivative_compile_with_nvrtc():
     from hawk_fx.emit import cuda
     ins = _draws_inputs(8)
