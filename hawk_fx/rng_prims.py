@@ -8,6 +8,7 @@
     nondiff[api why] x              x itself; marks a parameter (bernoulli's p, poisson's lam,
                                     randint's bounds) that differentiation refuses, naming `api`
                                     (and `why`, when the reason is not that the draw is discrete)
+    implicit_gamma x a              x itself (a Gamma(a) draw), differentiated in a implicitly
 
 The NumPy rule runs the rounds in place on uint32 arrays (a handful of scratch arrays per chunk);
 JAX runs the same rounds in jax.numpy (XLA fuses them); CUDA calls `hawk_threefry2x32` from the
