@@ -5,7 +5,7 @@ from .core import LeakedTracerError, Program
 from .kernel import Kernel, kernel
 from .reductions import max, mean, min, sum
 from .roles import Int32, Matrix, Mutable, Param, Scalar, Terminated, UInt32, Vector
-from .roles import Table
+from .roles import Key, Table
 from .trace import TraceError
 from .done import all_done
 
@@ -14,3 +14,4 @@ __version__ = "0.1.0"
 __all__ = ["kernel", "Kernel", "Program", "sum", "max", "min", "mean", "Scalar", "Param", "Mutable",
            "UInt32", "Int32", "Vector", "Matrix", "Terminated", "TraceError",
            "LeakedTracerError", "Table", "all_done"]
+__all__ += ["Key", "random"]

@@ -402,11 +402,19 @@ def _eval_into(trace, prog, args):
     for v, x in zip(prog.inputs, args):
         env[v] = x
     for e in prog.eqns:
-        outs = e.prim.bind(*[read(a) for a in e.inputs], **e.params)
-        outs = outs if e.prim.multiple_results else [outs]
+        outs = _rebind(trace, e, [read(a) for a in e.inputs])
         for v, x in zip(e.outputs, outs):
             env[v] = x
     return env, read
+
+
+def _rebind(trace, e, ins) -> list:
+    """e's primitive on these operands, in `trace`; one of no operands (sample_index) has no
+    tracer to find its trace by, so it is recorded there directly."""
+    if not e.inputs:
+        return trace.process(e.prim, [], e.params)
+    outs = e.prim.bind(*ins, **e.params)
+    return outs if e.prim.multiple_results else [outs]
 
 
 def _finish(trace: _DiffTrace, outputs) -> Program:
@@ -434,8 +442,33 @@ def _dce(prog: Program) -> Program:
     return prog if len(keep) == len(prog.eqns) else prog.replace(eqns=keep[::-1])
 
 
+NONDIFF: set = set()     # prims that mark a parameter differentiation refuses (hawk_fx/rng_prims.py)
+
+
+def refuse_nondiff(prog: Program, flagged) -> None:
+    """Refuse, before any rule runs, a derivative that would pass through a NONDIFF mark (the
+    parameter of a discrete draw): naming the draw and the user's line. Reverse mode would never
+    reach the mark's rule (a draw's result carries no cotangent), so the check is by dependence."""
+    live = {v for v, f in zip(prog.inputs, flagged) if f and _is_float(v.aval)}
+    for e in prog.eqns:
+        hit = [a for a in e.inputs if isinstance(a, Var) and a in live]
+        if not hit:
+            continue
+        if e.prim in NONDIFF:
+            at = f" at {e.info.where}" if e.info.where else ""
+            api = e.params["api"]
+            why = e.params.get("why") or "its result is discrete, so it has no derivative with respect to its parameters"
+            raise TypeError(f"{api}{at}: {why}, and this derivative would pass through them. Wrap the parameter in "
+                            f"hm.stop_gradient(...) to treat it as a constant, or differentiate with respect to "
+                            f"other inputs (a score-function estimator needs the log-probability, which you can "
+                            f"write in the kernel)")
+        if e.prim is not P["stop_gradient"]:
+            live.update(v for v in e.outputs if _is_float(v.aval))
+
+
 def vjp_program(prog: Program, wrt) -> Program:
     """(inputs..., output cotangents...) -> cotangents of the inputs flagged in `wrt`."""
+    refuse_nondiff(prog, wrt)
     trace = _DiffTrace()
     primals = [trace.new_input(v.aval, v.hint) for v in prog.inputs]
     cts_in = [trace.new_input(_ct_aval(a.aval)) for a in prog.outputs]
@@ -463,6 +496,7 @@ def vjp_program(prog: Program, wrt) -> Program:
 
 def jvp_program(prog: Program, with_tangent) -> Program:
     """(inputs..., tangents of the flagged inputs...) -> (outputs..., output tangents...)."""
+    refuse_nondiff(prog, with_tangent)
     trace = _DiffTrace()
     primals = [trace.new_input(v.aval, v.hint) for v in prog.inputs]
     tans = {v: trace.new_input(_ct_aval(v.aval)) for v, w in zip(prog.inputs, with_tangent) if w}
@@ -476,8 +510,7 @@ def jvp_program(prog: Program, with_tangent) -> Program:
         env[v] = x
     for e in prog.eqns:
         ins = [read(a) for a in e.inputs]
-        outs = e.prim.bind(*ins, **e.params)
-        outs = outs if e.prim.multiple_results else [outs]
+        outs = _rebind(trace, e, ins)
         for v, x in zip(e.outputs, outs):
             env[v] = x
         ts = [tenv.get(a) if isinstance(a, Var) else None for a in e.inputs]

@@ -318,3 +318,11 @@ def argmin(v):
 
 
 from . import linalg  # noqa: E402  (hm.linalg: small per-sample linear algebra, built on the functions above)
+
+# ---------------------------------------------------------------------------------------------
+# per-sample random numbers (hm.random) and the sample's place in the call
+
+from . import random                                   # noqa: E402  (hawk_fx.random uses this module)
+from .random import n_samples, sample_index            # noqa: E402
+
+__all__ += ["sample_index", "n_samples"]               # and the module `random` (hm.random.normal, ...)

@@ -125,3 +125,22 @@ one-cell array: `(K, 1)` for K entries, `(K, 4, 1)` for K rows of 4 (the last ax
 the one-cell axis of a value shared by all samples). Read it with `table[i]` or `hm.take(table, i)`
 for a per-sample integer i; `Mutable[Table]` is written with `hm.scatter_add`. Its float entries
 are differentiable like any other argument."""
+
+
+class _KeyRole(Role):
+    """A random key: two uint32 words per sample. Exactly uint32, since a key's words are bits
+    (an int64 plane of them would be some other number)."""
+
+    __slots__ = ()
+
+    def accepts_dtype(self, dt: np.dtype) -> bool:
+        return dt == np.uint32
+
+    def describe_dtype(self) -> str:
+        return ("dtype uint32: a key's two words, as hawk_fx.random.key(seed) makes them "
+                "(np.asarray(jax.random.key_data(k), np.uint32)[:, None] for a JAX key)")
+
+
+Key = _KeyRole("Key", (2,), np.uint32)
+"""A random key (hawk_fx.random): a (2, n) uint32 plane of per-sample keys, or a one-cell (2, 1) key
+for all samples; `hawk_fx.random.key(seed)` makes one."""

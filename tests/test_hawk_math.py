@@ -55,6 +55,7 @@ OTHERS = {"erf", "erfc", "clip", "where", "select", "isfinite", "isnan", "isinf"
           "take", "scatter_add",
           # C's and NumPy's remaining functions, argmax/argmin: tested in test_math_extras.py
           "fma", "copysign", "remainder", "rint", "spacing", "fdim", "argmax", "argmin"}
+OTHERS |= {"sample_index", "n_samples"}    # per-sample random numbers: tested in test_random.py
 
 
 def test_every_math_name_is_tested_here_or_in_body_tests():

@@ -343,6 +343,21 @@ template <typename T> __device__ __forceinline__ void hawk_atomic_sum2(T* sum, T
     const T old = atomicAdd(sum, s);
     T t, e; hawk_two_sum(t, e, old, s);
     atomicAdd(err, c + e); }
+// Threefry-2x32 with 20 rounds (Random123; hawk_fx.random): key (k0, k1), counter (x0, x1)
+__device__ __forceinline__ unsigned int hawk_rotl32(unsigned int v, unsigned int r) {
+    return (v << r) | (v >> (32u - r)); }
+struct hawk_u32x2 { unsigned int x, y; };
+__device__ __forceinline__ hawk_u32x2 hawk_threefry2x32(unsigned int k0, unsigned int k1, unsigned int x0,
+                                                        unsigned int x1) {
+    const unsigned int ks[3] = {k0, k1, k0 ^ k1 ^ 0x1BD11BDAu};
+    const unsigned int rot[8] = {13u, 15u, 26u, 6u, 17u, 29u, 16u, 24u};
+    x0 += k0; x1 += k1;
+#pragma unroll
+    for (int g = 0; g < 5; ++g) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) { x0 += x1; x1 = hawk_rotl32(x1, rot[4 * (g & 1) + r]); x1 ^= x0; }
+        x0 += ks[(g + 1) % 3]; x1 += ks[(g + 2) % 3] + (unsigned int)(g + 1); }
+    return hawk_u32x2{x0, x1}; }
 #endif  // HAWK_PRELUDE
 """
 

@@ -93,6 +93,8 @@ single_pass: set = set()                    # prims whose emission may write ove
 # each also has its entry in numpy_emit, which the checks of the tables look up
 several_results = RuleTable("NumPy emission of several results")
 
+SAMPLE_SOURCES: set = set()                 # prims of no operands whose value is per sample (sample_index)
+
 
 class EmitContext:
     def __init__(self):
@@ -321,7 +323,8 @@ class NumpyKernel:
         ctx = self.ctx = EmitContext()
         depends: set[Var] = {v for v in prog.inputs if v.aval.kind == SAMPLE}
         for e in prog.eqns:
-            if any(isinstance(a, Var) and a in depends for a in e.inputs) or e.prim in prims.REDUCTION:
+            if (any(isinstance(a, Var) and a in depends for a in e.inputs) or e.prim in prims.REDUCTION
+                    or e.prim in SAMPLE_SOURCES):
                 depends.update(e.outputs)
         # a uniform input read only by elementwise ops on per-sample values may be given already
         # spread over the samples (a batched Param inside a device loop: spread once, not per op)
@@ -472,7 +475,7 @@ class NumpyKernel:
                     self.scratch_specs.append(key)
                 scratch_of[v] = k
                 names[v] = f"S[{k}]"
-            a = e.inputs[0]
+            a = e.inputs[0] if e.inputs else None
             if (e.prim is prims.P["sample_sum"] and not self.batch and isinstance(a, Var)
                     and a.aval.dtype == np.bool_ and not a.aval.shape and a.aval.kind == SAMPLE):
                 lines.append(f"{names[v]}[0] = {ctx.const(_count_nonzero, 'count')}({ins[0]})")  # _sample_sum's count
@@ -509,7 +512,9 @@ class NumpyKernel:
         o_names = [f"o{k}" for k in range(no)]
         hoisted_names = sorted({names[v] for v in names if v not in depends and v not in prog.inputs
                                 and not names[v].startswith("U[")})
-        params = ", ".join(i_names + o_names + hoisted_names + ["S", "U", "n"])
+        # s0: the first sample of the chunk (what sample_index counts from)
+        self.uses_index = any(e.prim in SAMPLE_SOURCES for e in prog.eqns)
+        params = ", ".join(i_names + o_names + hoisted_names + ["S", "U", "n", "s0"])
         code = [f"def body({params}):"] + ["    " + ln for ln in body or ["pass"]]
         sliced_in = [f"i{k}[..., s:e]" if v.aval.kind == SAMPLE else f"i{k}" for k, v in enumerate(prog.inputs)]
         sliced_out = [f"o{j}[..., s:e]" if self.out_sample[j] else f"o{j}" for j in range(no)]
@@ -523,7 +528,7 @@ class NumpyKernel:
         code += [f"def part(lo, hi, {', '.join(whole + ['U', 'n'])}):",
                  f"    for s in range(lo, hi, {ch}):",
                  f"        e = s + {ch} if s + {ch} < hi else hi",
-                 f"        body({', '.join(sliced_in + sliced_out + hoisted_names + ['_scratch(e - s)', 'U', 'n'])})"]
+                 f"        body({', '.join(sliced_in + sliced_out + hoisted_names + ['_scratch(e - s)', 'U', 'n', 's'])})"]
         # run_flat: positional planes, then n; one chunk runs the body inline (a call fewer, which
         # counts at small n), more go through run_chunks (worker threads for large n). U and S are
         # this thread's: another thread may be in the same body now
@@ -536,9 +541,9 @@ class NumpyKernel:
                      "        if S is None:",
                      "            S = _scratch(n)"]
             if len(body) <= INLINE_LINES:
-                code += ["        " + ln for ln in body]
+                code += ["        s0 = 0"] * self.uses_index + ["        " + ln for ln in body]
             else:       # a long body (a fused chain): one copy of its code, not two to compile
-                code += [f"        body({', '.join(i_names + o_names + hoisted_names + ['S', 'U', 'n'])})"]
+                code += [f"        body({', '.join(i_names + o_names + hoisted_names + ['S', 'U', 'n', '0'])})"]
             part_args = "".join(a + ", " for a in whole + ["U", "n"])
             code += ["    else:",
                      f"        _run_chunks(part, n, {ch}, ({part_args}))"]
@@ -552,9 +557,9 @@ class NumpyKernel:
         code += [f"    {', '.join(f'U_{k}' for k in range(len(self.uniform_specs)))}, = U"] if self.uniform_specs else []
         code += ["    def call():"]
         if len(body) <= INLINE_LINES:
-            inner = hoisted + body + after
+            inner = hoisted + ["s0 = 0"] * self.uses_index + body + after
         else:
-            inner = hoisted + [f"body({', '.join(i_names + o_names + hoisted_names + ['S', 'U', 'n'])})"] + after
+            inner = hoisted + [f"body({', '.join(i_names + o_names + hoisted_names + ['S', 'U', 'n', '0'])})"] + after
         code += ["        " + _unpacked(ln) for ln in inner] + ["        return", "    return call"]
         return "\n".join(code) + "\n"
 
