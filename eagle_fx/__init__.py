@@ -20,9 +20,12 @@ from .frontend.building import Branch, Fork, opaque
 from .graph import Graph
 from .frontend.staging import UncappedLoopWarning
 from .to_jax import to_jax
+from . import tree
+from .linear import linear_transpose, linearize
+from .shapes import ShapeDtypeStruct, eval_shape
 
 __version__ = "0.1.0"
 
 __all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "value_and_grad",
            "hessian", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning", "clear_caches", "to_jax",
-           "disable_staging"]
+           "disable_staging", "tree", "linearize", "linear_transpose", "eval_shape", "ShapeDtypeStruct"]
