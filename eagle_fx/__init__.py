@@ -21,6 +21,7 @@ from .graph import Graph
 from .frontend.staging import UncappedLoopWarning
 from .to_jax import to_jax
 from . import tree
+from . import host_rules  # noqa: F401  (host nodes' derivative rules in every table)
 from .linear import linear_transpose, linearize
 from .shapes import ShapeDtypeStruct, eval_shape
 
