@@ -93,6 +93,8 @@ def lower(prog: Program, n: int, host_arrays=None, opaque_ok=None, scan_loops=Fa
     """(fn, lowering): fn(*inputs) -> outputs of `prog`, a pure function of jax values. The
     lowering's trip_checks are filled once fn has been traced. scan_loops: a loop with a cap runs
     as a lax.scan of cap masked turns (JAX can linearize and transpose it; a while_loop it cannot)."""
+    from ..custom import inline_custom          # custom rules are the transforms': the body runs
+    prog = inline_custom(prog)
     lw = Lowering(n, host_arrays, opaque_ok)
     lw.scan_loops = scan_loops
 

@@ -9,3 +9,4 @@
 """
 from .primitives import *  # noqa: F401,F403
 from .host import host_p  # noqa: F401,E402
+from .custom import custom_p  # noqa: F401,E402
