@@ -30,4 +30,5 @@ __version__ = "0.1.0"
 
 __all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "value_and_grad",
            "hessian", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning", "clear_caches", "to_jax",
-           "disable_staging", "tree", "linearize", "linear_transpose", "eval_shape", "ShapeDtypeStruct", "custom_vjp", "custom_jvp"]
+           "disable_staging",
+           "tree", "linearize", "linear_transpose", "eval_shape", "ShapeDtypeStruct", "custom_vjp", "custom_jvp"]

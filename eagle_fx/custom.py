@@ -57,8 +57,8 @@ class _Custom:
     def __call__(self, *args):
         trace = staging.active_trace()
         if trace is None:
-            raise TypeError(f"eagle_fx.{self.kind}({self.__name__}): call it inside a builder (@eagle_fx.Graph.builder): "
-                            "it stages its body and rules into the graph being built")
+            raise TypeError(f"eagle_fx.{self.kind}({self.__name__}): call it inside a builder "
+                            "(@eagle_fx.Graph.builder): it stages its body and rules into the graph being built")
         self._check_rules()
         return _stage(trace, self, args)
 

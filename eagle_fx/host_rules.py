@@ -103,9 +103,9 @@ def _host_jvp(e, env, tan, eqns, ts):
         raise TransformError(f"{jvp_graph.API}: the derivative of a host node ({e.params['name']}, {e.info.where}) "
                              "is host code with no derivative of its own; one order of derivatives passes a host node")
     if r.jvp is None:
-        raise TransformError(f"{jvp_graph.API}: the host node {r.label} ({e.info.where}) has a vjp= rule only: can't apply "
-                             "forward-mode autodiff (jvp) to a custom_vjp function (as JAX says); give it jvp= as "
-                             "well, or take this derivative in reverse mode (eagle_fx.grad, eagle_fx.jacrev)")
+        raise TransformError(f"{jvp_graph.API}: the host node {r.label} ({e.info.where}) has a vjp= rule only: "
+                             "can't apply forward-mode autodiff (jvp) to a custom_vjp function (as JAX says); give it "
+                             "jvp= as well, or take this derivative in reverse mode (eagle_fx.grad, eagle_fx.jacrev)")
     outs = copy_eqn(e, env, eqns)
     values, _ = _values(e, env, outs)
     floats = [(nm, t, a) for nm, t, a in zip(r.reads, ts, e.inputs) if is_float(a.aval)]
@@ -126,9 +126,9 @@ def _host_vjp(v, e, cts, env, ct, eqns, saved):
         raise TransformError(f"{v.api}: the derivative of a host node ({e.params['name']}, {e.info.where}) is host "
                              "code with no derivative of its own; one order of derivatives passes a host node")
     if r.vjp is None:
-        raise TransformError(f"{v.api}: the host node {r.label} ({e.info.where}) has a jvp= rule only; reverse mode would transpose "
-                             "its tangent map, which is host code: give it vjp= as well, or take this derivative in "
-                             "forward mode (eagle_fx.jvp, eagle_fx.jacfwd)")
+        raise TransformError(f"{v.api}: the host node {r.label} ({e.info.where}) has a jvp= rule only; reverse "
+                             "mode would transpose its tangent map, which is host code: give it vjp= as well, or take "
+                             "this derivative in forward mode (eagle_fx.jvp, eagle_fx.jacfwd)")
     values, _ = _values(e, env, [env[o] for o in e.outputs])
     w_float = [(o, nm, c) for o, nm, c in zip(e.outputs, r.writes, cts) if is_float(o.aval)]
     seeds = [c if c is not None else eqns.zeros(ct_aval(o.aval)) for o, _, c in w_float]

@@ -33,13 +33,13 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.emit.jax import is_jax_array, plain_sums, require_jax
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
-from .api import Staged, stage
+from .api import stage
 from .backends.jax_lower import lower
 from .backends.select import use_backend
 from .frontend.cache import MAXSIZE, names_read, static_key, unchanged
 from .ir import primitives as _prims
 from .transforms.jvp_graph import jvp_graph
-from .transforms.program import TransformError, dce, is_float
+from .transforms.program import TransformError, is_float
 
 API = "eagle_fx.to_jax"
 _OPAQUE = ("is a host function; inside a pure JAX function there are no host arrays for it to read "

@@ -1,6 +1,6 @@
 """Trees of values: tuple, list, dict, NamedTuple, dataclass, classes registered with
-register_pytree_node, nested; None is an empty tree. Everything else is a leaf. A dict's keys may be of any type that sorts (str, int, ...), as in JAX;
-its leaves keep the dict's own order."""
+register_pytree_node, nested; None is an empty tree. Everything else is a leaf. A dict's keys may
+be of any type that sorts (str, int, ...), as in JAX; its leaves keep the dict's own order."""
 from __future__ import annotations
 
 import dataclasses
