@@ -30,6 +30,7 @@ the custom function's, less any eagle_fx.Graph among them.
 """
 from __future__ import annotations
 
+from hawk_fx import custom as _hawk_custom
 from hawk_fx.core import Eqn, Literal, Program, Var
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
@@ -295,12 +296,18 @@ def _tangent(e, i, tan, eqns):
 
 @vjp_graph.forward_rules.register(custom_p)
 def _custom_forward(v, e, env, eqns, saved):
-    """custom_vjp: fwd, keeping its residuals for bwd; custom_jvp: the body."""
+    """custom_vjp: fwd, keeping its residuals for bwd; custom_jvp: the rule's own result (at zero
+    tangents), so that a derivative taken over this reverse pass differentiates what the rule
+    computes, as in JAX (where linearizing runs the rule)."""
     p = e.params
-    prog = p["fwd"] if p["kind"] == "custom_vjp" else p["fun"]
-    outs = inline(prog, _operands(e, env), eqns)
+    if p["kind"] == "custom_vjp":
+        outs = inline(p["fwd"], _operands(e, env), eqns)
+        saved[e] = outs[len(e.outputs):]
+    else:
+        zeros = [eqns.zeros(v.aval) for v in p["jvp"].inputs[len(e.inputs):]]
+        outs = inline(p["jvp"], _operands(e, env) + zeros, eqns)
+        saved[e] = []
     env.update(zip(e.outputs, outs[:len(e.outputs)]))
-    saved[e] = outs[len(e.outputs):]
 
 
 @vjp_graph.vjp_rules.register(custom_p)
@@ -398,3 +405,14 @@ def _inlined_before_lowering(*args):
 for _table in (numpy_backend.numpy_rules, jax_lower.graph_rules, cuda_lower.cuda_rules):
     _table.refuse(custom_p)(_inlined_before_lowering)
 
+
+
+def _stage_kernel_rule(ck, args):
+    """A hawk_fx.custom_jvp kernel called in a builder: its kernel as the body, its per-sample rule
+    (the kernel's parameters, then a tangent each) as the jvp rule."""
+    c = custom_jvp(ck.kernel)
+    c.defjvp(lambda primals, tangents: ck.rule(*primals, *[0.0 if t is None else t for t in tangents]))
+    return c(*args)
+
+
+_hawk_custom.STAGER.append(_stage_kernel_rule)

@@ -226,3 +226,51 @@ def test_the_cuda_lowering_runs_the_body_and_the_rules():
         np.testing.assert_allclose(clipped(x)()[0], jax_clipped(jnp.asarray(x)), rtol=1e-12)
         np.testing.assert_allclose(eagle_fx.grad(clipped)(x), jax.grad(jax_clipped)(jnp.asarray(x)), rtol=1e-12)
         np.testing.assert_allclose(eagle_fx.grad(surrogate)(x), jax.grad(jax_surrogate)(jnp.asarray(x)), rtol=1e-12)
+
+
+# -- the kernel-level form: hawk_fx.custom_jvp, a per-sample rule ---------------------------------
+
+@hawk.custom_jvp
+@hawk.kernel
+def softplus(x: Scalar) -> Scalar:
+    return hm.log(1.0 + hm.exp(x))
+
+
+@softplus.defjvp
+def softplus_jvp(x: Scalar, t: Scalar):
+    return hm.log(1.0 + hm.exp(x)), 2.0 * t / (1.0 + hm.exp(-x))        # twice the derivative: a surrogate
+
+
+@eagle_fx.Graph.builder
+def smooth_loss(x):
+    g = eagle_fx.Graph()
+    g.result = total(softplus(wobble(x)))
+    return g
+
+
+@jax.custom_jvp
+def jax_softplus(x):
+    return jnp.log1p(jnp.exp(x))
+
+
+jax_softplus.defjvp(lambda p, t: (jnp.log1p(jnp.exp(p[0])), 2.0 * t[0] / (1.0 + jnp.exp(-p[0]))))
+
+
+def jax_smooth_loss(x):
+    return jnp.sum(jax_softplus(jnp.sin(x) * x) ** 2)
+
+
+def test_a_kernel_level_rule_is_used_by_every_transform():
+    x = np.linspace(-1.3, 1.1, 6)
+    xj = jnp.asarray(x)
+    np.testing.assert_allclose(softplus(x), np.log1p(np.exp(x)), rtol=1e-13)        # outside a graph: the kernel
+    np.testing.assert_allclose(smooth_loss(x)()[0], jax_smooth_loss(xj), rtol=1e-13)
+    np.testing.assert_allclose(eagle_fx.grad(smooth_loss)(x), jax.grad(jax_smooth_loss)(xj), rtol=1e-12)
+    np.testing.assert_allclose(eagle_fx.jvp(smooth_loss, (x,), (np.cos(x),))[1][0],
+                               jax.jvp(jax_smooth_loss, (xj,), (jnp.cos(xj),))[1], rtol=1e-12)
+    np.testing.assert_allclose(eagle_fx.hessian(smooth_loss)(x), jax.hessian(jax_smooth_loss)(xj), rtol=1e-10,
+                               atol=1e-12)
+    with pytest.raises(TypeError, match="the rule takes 1 parameters; it takes the kernel's 1 \\(x\\), then a tangent"):
+        @softplus.defjvp
+        def short(x: Scalar):
+            return x
