@@ -12,10 +12,17 @@ returns the declared result tree (`g.result`), nothing else: a Mutable write to 
 returned unless the result names it. Arrays the builder reaches by closure (and
 its `buffer=` arrays) are read when the function is traced, and are constants of it.
 
-Reverse mode goes through jax.custom_vjp wired to this project's vjp transform: the backward is
-the vjp Program of the graph (transforms/vjp_graph.py) lowered by the same backend, so jax.grad
-works through device loops (lax.while_loop has no reverse mode in JAX) and equals eagle_fx.grad.
-The backward runs the forward again (nothing is kept between the two but the arguments).
+Derivatives go through jax.custom_jvp wired to this project's jvp transform: the tangent rule is
+the jvp Program of the graph (transforms/jvp_graph.py) lowered by the same backend, with each
+capped device loop lowered as a masked lax.scan of its cap turns, which JAX can linearize and
+transpose. So forward mode (jax.jvp, jax.jacfwd, jax.linearize), reverse mode (jax.grad, jax.vjp,
+jax.jacrev) and their compositions (jax.hessian, jax.vmap(jax.jacfwd(f))) all work through device
+loops that have a cap (lax.while_loop has no reverse mode in JAX). The value without a derivative
+runs the loops as lax.while_loop (they stop at their last turn). A loop with no cap (a counted
+loop whose trip count JAX traces) has forward mode only; reverse mode through it is refused.
+
+Arguments are trees (tuples, lists, dicts, NamedTuples, dataclasses, registered classes) as
+jax.jit takes them: array leaves are traced, other leaves static.
 """
 from __future__ import annotations
 
@@ -23,15 +30,16 @@ import numpy as np
 
 from hawk_fx.caches import LRU
 from hawk_fx.context import CONTEXT
-from hawk_fx.emit.jax import is_jax_array, require_jax
-from hawk_fx.tree import tree_unflatten
+from hawk_fx.emit.jax import is_jax_array, plain_sums, require_jax
+from hawk_fx.tree import tree_flatten, tree_unflatten
 
-from .api import Staged, stage
+from .api import stage
 from .backends.jax_lower import lower
 from .backends.select import use_backend
 from .frontend.cache import MAXSIZE, names_read, static_key, unchanged
-from .derivatives import vjp_program
-from .transforms.program import dce
+from .ir import primitives as _prims
+from .transforms.jvp_graph import jvp_graph
+from .transforms.program import TransformError, is_float
 
 API = "eagle_fx.to_jax"
 _OPAQUE = ("is a host function; inside a pure JAX function there are no host arrays for it to read "
@@ -43,27 +51,27 @@ def _is_arraylike(a) -> bool:
 
 
 class _Signature:
-    """One staging of the builder: the lowered forward and (lazily) backward."""
+    """One staging of the builder: the lowered forward and (lazily) the lowered tangent rule.
+    `args` is the flat list of the arguments' leaves; `arg_tree` rebuilds the arguments."""
 
-    def __init__(self, f, args, names):
+    def __init__(self, f, leaves, arg_tree, names):
         self.f, self.names = f, names
-        self.positions = [k for k, a in enumerate(args) if _is_arraylike(a)]
-        self.placeholders = [_placeholder(a) if _is_arraylike(a) else a for a in args]
+        self.positions = [k for k, a in enumerate(leaves) if _is_arraylike(a)]
+        self.placeholders = [_placeholder(a) if _is_arraylike(a) else a for a in leaves]
         with use_backend("jax"), _abstract():
-            g = stage(f, self.placeholders, API)            # a closed Program
+            g = stage(f, _args_of(arg_tree, self.placeholders), API)      # a closed Program
             if not g.has_result:
                 raise TypeError(f"{API}: {_name(f)} declares no result (g.result = ...); a JAX function returns it")
-            leaves, self.tree = g.result_vars()
+            outs, self.tree = g.result_vars()
             self.n = g.n or 1
-            self.prog = g.program.replace(outputs=leaves)
+            self.prog = g.program.replace(outputs=outs)
             self.planes = list(g.planes)
-            self.float_results = [j for j, v in enumerate(leaves) if v.aval.dtype.kind == "f"]
-            self._stage_for_vjp = lambda: Staged(f, self.placeholders, API)
         self.forward, _ = lower(self.prog, self.n, None, _OPAQUE)
         self.ids = {id(p): k for k, p in enumerate(self.placeholders) if isinstance(p, np.ndarray)}
-        self.sources = {}                 # id(plane array) -> (argument position, view) for forward and backward
-        self.float_args = [k for k in self.positions if np.dtype(args[k].dtype).kind == "f"]
-        self._backward = None
+        self.sources = {}                 # id(plane array) -> (argument position, view) for forward and tangent
+        self.differentiable = any(is_float(v.aval) for v in self.prog.inputs) and \
+            any(is_float(v.aval) for v in self.prog.outputs)
+        self._tangent = None
 
     def inputs(self, arrays, planes):
         """The Program's inputs: the traced arguments (or the views of them a transform staged, as
@@ -101,16 +109,35 @@ class _Signature:
         self.sources[key] = found
         return found
 
-    def backward(self):
-        """(fn, planes): fn(*inputs, *cotangents of the float results) -> a cotangent per float argument."""
-        if self._backward is None:
-            with use_backend("jax"), _abstract():
-                s = self._stage_for_vjp()
-                prog = vjp_program(s, [(k, 0) for k in self.float_args], API)
-            prog = dce(prog.replace(outputs=prog.outputs[len(s.results):]))
-            fn, _ = lower(prog, self.n, None, _OPAQUE)
-            self._backward = (fn, list(s.planes))
-        return self._backward
+    def tangent(self):
+        """(fn, flags, uncapped): fn(*inputs, *a tangent per float input) -> (outputs..., a tangent per
+        float output...), the jvp Program lowered with capped loops as scans; uncapped: None, or
+        the refusal of reverse mode through its loop with no cap (JAX cannot transpose its tangent)."""
+        if self._tangent is None:
+            flags = [is_float(v.aval) for v in self.prog.inputs]
+            force = [is_float(v.aval) for v in self.prog.outputs]
+            jp, _ = jvp_graph(self.prog, flags, force)
+            fn, _ = lower(jp, self.n, None, _OPAQUE, scan_loops=True)
+            self._tangent = (fn, flags, _uncapped_message(self.prog) if _uncapped(self.prog) else None)
+        return self._tangent
+
+
+def _args_of(arg_tree, leaves):
+    """The positional arguments rebuilt from their flat leaves (arg_tree: the tuple of arguments)."""
+    return tuple(tree_unflatten(arg_tree, leaves))
+
+
+def _uncapped(prog):
+    """The first loop with no cap in `prog` (or in a program inside one of its equations), or None."""
+    for e in prog.eqns:
+        if e.prim is _prims.while_p and e.params.get("cap") is None:
+            return e
+        for v in e.params.values():
+            for p in v if isinstance(v, (list, tuple)) else (v,):
+                found = _uncapped(p) if hasattr(p, "eqns") else None
+                if found is not None:
+                    return found
+    return None
 
 
 def _placeholder(a):
@@ -161,34 +188,36 @@ def _name(f):
 
 def to_jax(f):
     """A pure JAX function of `f` (a graph builder, or a function an eagle_fx transform made):
-    array arguments may be jax.Arrays or tracers (it works inside jax.jit, jax.vmap, jax.grad);
-    other arguments are static. It returns f's declared result tree as jax.Arrays."""
+    array leaves of its arguments (trees as jax.jit takes them) may be jax.Arrays or tracers (it
+    works inside jax.jit, jax.vmap, jax.grad, jax.jvp, jax.jacfwd, jax.hessian); other leaves are
+    static. It returns f's declared result tree as jax.Arrays."""
     jax = require_jax(API)
     sigs = LRU(f"to_jax({_name(f)}) signatures", MAXSIZE)     # signature key -> _Signature
 
-    def key_of(args):
-        key = []
-        for a in args:
+    def key_of(leaves, tree):
+        key = [tree]
+        for a in leaves:
             if _is_arraylike(a):
                 key.append(("array", tuple(np.shape(a)), np.dtype(a.dtype).str))
             else:
                 try:
                     hash(a)
                 except TypeError:
-                    raise TypeError(f"{API}({_name(f)}): argument {a!r:.40} is neither an array nor hashable; "
-                                    "non-array arguments are static (part of the signature)") from None
+                    raise TypeError(f"{API}({_name(f)}): argument leaf {a!r:.40} is neither an array nor hashable; "
+                                    "non-array leaves are static (part of the signature)") from None
                 key.append(("static", static_key(a)))
         return tuple(key)
 
     def call(*args):
-        key = key_of(args)
+        leaves, tree = tree_flatten(args, is_leaf=_is_arraylike)
+        key = key_of(leaves, tree)
         sig = sigs.get(key)
         if sig is None or not unchanged(sig.names):      # new, or a kernel or global it read was rebound
             names = names_read(f)
-            sig = sigs[key] = _Signature(f, args, None)
+            sig = sigs[key] = _Signature(f, leaves, tree, None)
             sig.pure, sig.names = _make_pure(jax, sig), names
-        leaves = sig.pure(*[args[k] for k in sig.positions])
-        return tree_unflatten(sig.tree, list(leaves))
+        out = sig.pure(*[leaves[k] for k in sig.positions])
+        return tree_unflatten(sig.tree, list(out))
 
     call.__name__ = f"to_jax({_name(f)})"
     call.__doc__ = f.__doc__
@@ -196,25 +225,54 @@ def to_jax(f):
 
 
 def _make_pure(jax, sig):
-    def run(*arrays):
-        return tuple(sig.forward(*sig.inputs(arrays, sig.planes)))
+    if not sig.differentiable:
+        return lambda *arrays: tuple(sig.forward(*sig.inputs(arrays, sig.planes)))
+    core = jax.custom_jvp(lambda *ins: tuple(sig.forward(*ins)))
+    outs = sig.prog.outputs
 
-    if not sig.float_args or not sig.float_results:
-        return run
-    pure = jax.custom_vjp(run)
+    @core.defjvp
+    def rule(primals, tangents):
+        fn, flags, uncapped = sig.tangent()
+        t_in = [_instantiate(jax, t, v.aval) for t, v, fl in zip(tangents, sig.prog.inputs, flags) if fl]
+        k = len(outs)
+        with plain_sums():                # a tangent map JAX can transpose
+            if uncapped:                  # forward mode only: its tangent loop has no transpose
+                ys = tuple(sig.forward(*primals))
+                ts = _forward_only(lambda *a: tuple(fn(*a)[k:]), primals, t_in, uncapped)
+            else:
+                res = fn(*primals, *t_in)
+                ys, ts = tuple(res[:k]), res[k:]
+        it = iter(ts)
+        return ys, tuple(next(it) if is_float(v.aval) else np.zeros(v.aval.shape, jax.dtypes.float0) for v in outs)
 
-    def fwd(*arrays):
-        return run(*arrays), arrays
+    return lambda *arrays: core(*sig.inputs(arrays, sig.planes))
 
-    def bwd(arrays, cts):
-        fn, planes = sig.backward()
-        seeds = []
-        for j in sig.float_results:
-            c = cts[j]
-            seeds.append(c if not (hasattr(c, "dtype") and c.dtype == jax.dtypes.float0) else
-                         np.zeros(np.shape(c), sig.prog.outputs[j].aval.dtype))
-        grads = dict(zip(sig.float_args, fn(*sig.inputs(arrays, planes), *seeds)))
-        return tuple(grads.get(k) if k in grads else None for k in sig.positions)
 
-    pure.defvjp(fwd, bwd)
-    return pure
+def _instantiate(jax, t, aval):
+    """A tangent as an array (JAX hands a float0 zero for an input it does not differentiate)."""
+    if hasattr(t, "dtype") and t.dtype == jax.dtypes.float0:
+        return np.zeros(aval.shape, aval.dtype)
+    return t
+
+
+def _forward_only(fn, primals, t_in, message):
+    """fn(*primals, *t_in) as a linear map whose transpose is refused with `message` (its loop has
+    no cap: JAX cannot transpose it). Under jax.vmap (jax.jacfwd), where JAX batches no such map,
+    the tangents are computed directly: that is forward mode, which needs no transpose."""
+    from jax.custom_derivatives import linear_call
+
+    def transpose(res, cts):
+        raise TransformError(message)
+    try:
+        return linear_call(lambda res, lin: fn(*res, *lin), transpose, tuple(primals), tuple(t_in))
+    except NotImplementedError:
+        return fn(*primals, *t_in)
+
+
+def _uncapped_message(prog):
+    """The refusal of reverse mode through the first loop of `prog` with no cap."""
+    e = _uncapped(prog)
+    return (f"{API}: reverse mode through the counted loop at {e.info.where}: its trip count is an argument "
+            "traced by JAX (its value is unknown while staging, so its turns have no bound): cap the loop "
+            "(`for _ in range(N): if not cell: break`) so its turns are bounded; forward mode (jax.jvp, "
+            "jax.jacfwd) works as it is")

@@ -2,6 +2,7 @@
 roles, and `@hawk_fx.kernel` runs it over whole arrays (the sample axis last)."""
 from . import math
 from .core import LeakedTracerError, Program
+from .custom import custom_jvp
 from .kernel import Kernel, kernel
 from .reductions import max, mean, min, sum
 from .roles import Int32, Matrix, Mutable, Param, Scalar, Terminated, UInt32, Vector
@@ -13,5 +14,5 @@ __version__ = "0.1.0"
 
 __all__ = ["kernel", "Kernel", "Program", "sum", "max", "min", "mean", "Scalar", "Param", "Mutable",
            "UInt32", "Int32", "Vector", "Matrix", "Terminated", "TraceError",
-           "LeakedTracerError", "Table", "all_done"]
+           "LeakedTracerError", "Table", "all_done", "custom_jvp"]
 __all__ += ["Key", "random"]

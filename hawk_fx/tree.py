@@ -1,6 +1,6 @@
-"""Trees of values: tuple, list, dict, NamedTuple, dataclass, nested; None is an empty tree.
-Everything else is a leaf. A dict's keys may be of any type that sorts (str, int, ...), as in JAX;
-its leaves keep the dict's own order."""
+"""Trees of values: tuple, list, dict, NamedTuple, dataclass, classes registered with
+register_pytree_node, nested; None is an empty tree. Everything else is a leaf. A dict's keys may
+be of any type that sorts (str, int, ...), as in JAX; its leaves keep the dict's own order."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +29,8 @@ class TreeDef:
             return "None"
         if self.kind == "dict":
             return "{" + ", ".join(f"{k!r}: {c!r}" for k, c in zip(self.meta, self.children)) + "}"
+        if self.kind == "custom":
+            return f"{self.meta[0].__name__}[{self.meta[1]!r}](" + ", ".join(map(repr, self.children)) + ")"
         if self.kind in ("namedtuple", "dataclass"):
             cls, names = self.meta
             return f"{cls.__name__}(" + ", ".join(f"{n}={c!r}" for n, c in zip(names, self.children)) + ")"
@@ -47,8 +49,33 @@ def _dataclass_fields(cls):
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
+_REGISTERED: dict = {}         # class -> (flatten(x) -> (children, aux), unflatten(aux, children) -> x)
+
+
+def register_pytree_node(cls, flatten, unflatten):
+    """Make instances of `cls` tree nodes, as jax.tree_util.register_pytree_node: flatten(x) ->
+    (children, aux_data), unflatten(aux_data, children) -> x; aux_data is static (hashable, compared
+    by ==), the children are subtrees."""
+    if not isinstance(cls, type):
+        raise TypeError(f"register_pytree_node: takes a class, got {cls!r}")
+    if cls in _REGISTERED or cls in (tuple, list, dict, type(None)):
+        raise ValueError(f"register_pytree_node: {cls.__name__} is already a tree node type")
+    if not callable(flatten) or not callable(unflatten):
+        raise TypeError(f"register_pytree_node({cls.__name__}): flatten and unflatten must be functions")
+    _REGISTERED[cls] = (flatten, unflatten)
+
+
 def node_children(x):
     """(kind, meta, children) of a tree node, or None for a leaf or None."""
+    reg = _REGISTERED.get(type(x))
+    if reg is not None:
+        kids, aux = reg[0](x)
+        try:
+            hash(aux)
+        except TypeError:
+            raise TypeError(f"{type(x).__name__}: its registered flatten returned aux data {aux!r:.60} that is not "
+                            "hashable; aux data is static (compared and hashed, as in JAX): return a tuple") from None
+        return "custom", (type(x), aux), list(kids)
     if isinstance(x, tuple):
         if hasattr(x, "_fields"):
             return "namedtuple", (type(x), tuple(x._fields)), tuple(x)
@@ -72,6 +99,8 @@ def make_node(t: TreeDef, kids):
     if t.kind == "dict":
         return dict(zip(t.meta, kids))
     cls, names = t.meta
+    if t.kind == "custom":
+        return _REGISTERED[cls][1](names, list(kids))
     if t.kind == "namedtuple":
         return cls(*kids)
     obj = object.__new__(cls)                   # frozen dataclasses and init=False fields too

@@ -63,6 +63,7 @@ class Lowering:
         self.trip_checks: list = []         # (input index, capacity): a replay checks trip <= capacity
         self.host_errors: list = []         # what an opaque node raised during the running replay
         self.has_host = False               # the Program calls host nodes (a replay waits for them)
+        self.scan_loops = False             # capped loops as masked lax.scan: JAX can transpose them
 
     def eval(self, prog: Program, args) -> list:
         env = dict(zip(prog.inputs, args))
@@ -88,10 +89,14 @@ class Lowering:
         return [fit(x, v.aval) for x, v in zip(self.eval(prog, operands), prog.outputs)]
 
 
-def lower(prog: Program, n: int, host_arrays=None, opaque_ok=None):
+def lower(prog: Program, n: int, host_arrays=None, opaque_ok=None, scan_loops=False):
     """(fn, lowering): fn(*inputs) -> outputs of `prog`, a pure function of jax values. The
-    lowering's trip_checks are filled once fn has been traced."""
+    lowering's trip_checks are filled once fn has been traced. scan_loops: a loop with a cap runs
+    as a lax.scan of cap masked turns (JAX can linearize and transpose it; a while_loop it cannot)."""
+    from ..custom import inline_custom          # custom rules are the transforms': the body runs
+    prog = inline_custom(prog)
     lw = Lowering(n, host_arrays, opaque_ok)
+    lw.scan_loops = scan_loops
 
     def fn(*inputs):
         lw.root = {v: k for k, v in enumerate(prog.inputs)}
@@ -233,6 +238,9 @@ def _while(lw, e, ins):
         return lw.sub(body, [ctr] + list(consts) + list(carries), [None] + c_atoms + i_atoms)
 
     try:
+        if lw.scan_loops and cap is not None:
+            return _scanned(lw, e, trip, cap, init, masked, run_body,
+                            lambda carries: _guard(lw, cond, consts, c_atoms, carries, i_atoms))
         if not masked:
             def test(state):
                 t, carries = state
@@ -278,6 +286,34 @@ def _while(lw, e, ins):
         return list(lax.while_loop(test, step, (jnp.int64(0), list(init), live(jnp.int64(0), init)))[1])
     finally:
         lw.loop_trips.pop()
+
+
+def _scanned(lw, e, trip, cap, init, masked, run_body, guard):
+    """A capped loop as lax.scan over its cap: a turn after the loop has ended keeps the carries
+    (per instance when batched), so the values equal the while_loop's."""
+    jnp, lax = _jnp(), _lax()
+    if not init:
+        return []
+
+    def alive(t, carries):
+        shape = init[0].shape[:1] + (1,) if masked else ()
+        m = jnp.ones(shape, bool)
+        g = guard(carries)
+        if g is not None:
+            g = jnp.asarray(g) != 0
+            m = m & (g.reshape(shape[0], -1)[:, :1] if masked else g.reshape(-1)[0])
+        if trip is not None:
+            more = trip.astype(np.int64) > t
+            m = m & (more.reshape(-1, 1) if masked else more.reshape(-1)[0])
+        return m
+
+    def step(state, _):
+        t, carries, m = state
+        new = run_body(t, carries)
+        carries = [jnp.where(_mask(m, v.aval) if masked else m, a, b) for v, a, b in zip(e.outputs, new, carries)]
+        return (t + 1, carries, m & alive(t + 1, carries)), None
+
+    return list(lax.scan(step, (jnp.int64(0), list(init), alive(jnp.int64(0), init)), None, length=cap)[0][1])
 
 
 # -- the primitives of derivative programs ---------------------------------------------------------

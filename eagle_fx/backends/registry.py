@@ -53,6 +53,8 @@ def get(name) -> Backend:
 
 def make(backend: Backend, program, arrays, keep, n, names=None, mesh=None, runtime=None):
     """The executable of `program` over `arrays` on `backend`: every executable is made here."""
+    from ..custom import inline_custom          # custom rules are the transforms': backends run the body
+    program = inline_custom(program)
     return backend.make(program, arrays, keep, n, names=names, mesh=mesh, runtime=runtime)
 
 

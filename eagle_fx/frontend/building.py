@@ -29,16 +29,26 @@ from .staging import GraphTrace, Plane
 class OpaqueNode:
     """A host function the graph calls as one node, with the arrays it reads and writes declared."""
 
-    def __init__(self, fn, reads=None, writes=None):
+    def __init__(self, fn, reads=None, writes=None, jvp=None, vjp=None):
         self.fn = fn
         self.reads = dict(reads or {})
         self.writes = dict(writes or {})
+        self.jvp, self.vjp = jvp, vjp
 
 
-def opaque(fn, reads=None, writes=None) -> OpaqueNode:
+def opaque(fn, reads=None, writes=None, *, jvp=None, vjp=None) -> OpaqueNode:
     """A host node: `fn()` runs at its place in every replay; reads/writes name the arrays it touches,
-    so ordering and branch hazards are checked like any kernel's."""
-    return OpaqueNode(fn, reads, writes)
+    so ordering and branch hazards are checked like any kernel's.
+
+    With derivative rules (jvp= and/or vjp=) it is a pure host function that transforms pass
+    through, and every function takes and returns dicts keyed by the reads/writes names:
+    fn(primals) -> {write name: value}, the values of the reads given; jvp(primals, tangents) ->
+    {write name: tangent}; vjp(primals, cotangents) -> {read name: cotangent}, where the rules'
+    primals also hold the values fn wrote (an implicit-function rule reads the root fn found)."""
+    for nm, rule in (("jvp", jvp), ("vjp", vjp)):
+        if rule is not None and not callable(rule):
+            raise TypeError(f"eagle_fx.opaque: {nm}= takes a function, got {type(rule).__name__}")
+    return OpaqueNode(fn, reads, writes, jvp, vjp)
 
 
 class _BuildContext:

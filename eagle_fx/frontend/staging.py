@@ -500,6 +500,9 @@ class GraphTrace:
         return result
 
     def stage_opaque(self, node, name):
+        if getattr(node, "jvp", None) is not None or getattr(node, "vjp", None) is not None:
+            from ..host_rules import stage_pure_host     # a host function with derivative rules
+            return stage_pure_host(self, node, name)
         scope = self.scope
         atoms, reads, writes, inplace = [], [], [], []
         for nm, arr in node.reads.items():

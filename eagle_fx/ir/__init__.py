@@ -8,3 +8,5 @@
 `from eagle_fx import ir` then `ir.while_p`: the primitives are read from the package itself.
 """
 from .primitives import *  # noqa: F401,F403
+from .host import host_p  # noqa: F401,E402
+from .custom import custom_p  # noqa: F401,E402
