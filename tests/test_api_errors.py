@@ -89,6 +89,12 @@ def test_transforms_on_jax_arrays_run_on_xla_and_return_jax_arrays():
     y, pullback = ef.vjp(fit, xj, aj)
     np.testing.assert_allclose(np.asarray(pullback(jnp.ones(1))[0]), closed_form, rtol=1e-12)
     np.testing.assert_allclose(np.asarray(jax.jit(ef.grad(fit))(xj, aj)), closed_form, rtol=1e-12)   # under jit too
+    t = np.linspace(-1.0, 1.0, 5)
+    y, ty = ef.jvp(fit, (xj, aj), (jnp.asarray(t), None))                 # forward mode on jax.Arrays
+    want_y, want_ty = ef.jvp(fit, (X, a), (t, None))
+    np.testing.assert_allclose(np.asarray(y), want_y, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(ty), want_ty, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(ty), [closed_form @ t], rtol=1e-12)
     # a transform that returns a graph (vmap of a builder) takes NumPy arrays, and says so
     with pytest.raises(TypeError, match=r"vmap\(fit\): argument 0 holds a jax.Array.*np.asarray.*eagle_fx.to_jax"):
         ef.vmap(fit)(jnp.stack([xj, xj]), jnp.stack([aj, aj]))
