@@ -14,7 +14,7 @@ from . import registry
 
 
 class use_backend:
-    """`with use_backend("fake-cuda"):` graphs built inside run on that backend: 'numpy', 'cuda',
+    """`with use_backend("fake-cuda"):` graphs built inside run on that backend: 'numpy', 'auto', 'cuda',
     'fake-cuda' (the recording fake: NumPy arrays stand for device memory, for tests without a
     GPU), or a runtime object (e.g. fake_cuda.FakeRuntime(node_updates="top")). None: by the
     arrays' type. eagle.Graph(backend=...) chooses for one graph."""
