@@ -36,7 +36,7 @@ import numpy as np
 from hawk_fx.core import Var
 
 from ..ir import primitives as ir
-from .numpy import NumpyExecutable
+from . import registry
 
 __all__ = ["TierPolicy", "TieredExecutable", "tier_policy", "policy"]
 
@@ -148,7 +148,7 @@ class TieredExecutable:
     def __init__(self, prog, input_arrays, keep, n, names=None):
         self.prog, self.n, self.names = prog, n, list(names or [])
         self.keep = set(keep)
-        self.numpy = NumpyExecutable(prog, input_arrays, keep, n)
+        self.numpy = registry.make(registry.get("numpy"), prog, input_arrays, keep, n)
         self.jax = None                 # the JAX executable, once compiled and swapped in
         self.current = self.numpy
         self.arrays = list(input_arrays)
@@ -228,9 +228,8 @@ class TieredExecutable:
 
     def _compile(self):
         """Lower and compile for XLA over a snapshot of the bound arrays (the worker thread)."""
-        from .jax import JaxExecutable
-        try:
-            exe = JaxExecutable(self.prog, list(self.arrays), self.keep, self.n, self.names, compile_now=True)
+        try:        # made in this worker thread: CONTEXT.lazy_compile is unset here, so it compiles now
+            exe = registry.make(registry.get("jax"), self.prog, list(self.arrays), self.keep, self.n, self.names)
         except Exception as e:           # noqa: BLE001  (any failure keeps the graph on NumPy)
             self._failure = e
             return
