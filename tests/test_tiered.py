@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 jax = pytest.importorskip("jax")
 jax.config.update("jax_enable_x64", True)
@@ -97,6 +98,38 @@ def test_the_swap_keeps_mutables_cells_bind_buffers_and_result_arrays():
     assert g.argument("x") is x1
 
 
+class _Clock:
+    """A clock that moves a quarter second at every reading: each replay measures 0.25 s."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def perf_counter(self):
+        self.t += 0.25
+        return self.t
+
+
+@settings(max_examples=8, deadline=None)
+@given(replays=st.integers(1, 5), quarters=st.integers(0, 7))
+def test_it_tiers_up_when_replays_and_their_cost_both_cross_the_threshold(replays, quarters):
+    real = tiered.time
+    tiered.time = _Clock()
+    try:
+        x0, flag, y, keep = np.array([0.5, 1.0, 2.0]), cell(1), np.zeros(3), np.zeros(3)
+        g = auto_graph(climb, x0, flag, y, keep, seconds=0.25 * quarters, replays=replays, background=False,
+                       trial=0)
+        hot = max(replays, quarters)     # after this replay: replays >= R and 0.25 s x replays >= seconds
+        want = ref_climb(x0, 1)[0]
+        for k in range(1, hot + 3):
+            flag[0] = 1
+            g()
+            state = g._exe.state
+            assert state == ("numpy" if k < hot else "compiling" if k == hot else "jax"), (k, hot, state)
+            np.testing.assert_allclose(y, k * want, rtol=1e-13)
+    finally:
+        tiered.time = real
+
+
 def test_a_compile_failure_keeps_the_graph_on_numpy_with_one_warning(monkeypatch):
     def broken(self):
         raise RuntimeError("injected XLA failure")
@@ -179,6 +212,54 @@ def test_replays_from_many_threads_never_see_half_a_swap():
     assert exe.state == "jax" and exe._replays >= 3
     total = sum(counts)
     np.testing.assert_array_equal(y, 5 * total * x)     # every replay whole, on one backend or the other
+
+
+@eagle_fx.Graph.builder
+def bump_twice(x, y):
+    g = eagle_fx.Graph()
+    bump(x, y)                          # y += x, twice: a write through y is seen through x on NumPy
+    bump(x, y)
+    g.result = y
+    return g
+
+
+def test_arguments_that_alias_keep_numpys_meaning_before_and_after_the_swap():
+    A = np.arange(1.0, 6.0)
+    ref = A.copy()
+    for _ in range(2):                  # what the NumPy backend computes, in place
+        ref[:-1] += ref[1:].copy()
+    g = auto_graph(bump_twice, A[1:], A[:-1])        # aliased from the start: XLA would not see the write
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        g()
+        g()                                          # the swap is refused: one warning, NumPy's values
+    np.testing.assert_allclose(A[:-1], _twice(_twice(np.arange(1.0, 6.0)))[:-1])
+    assert g._exe.state == "numpy" and len([w for w in seen if "backend='auto'" in str(w.message)]) == 1
+    assert "shares memory" in g._exe.reason
+
+    x, y = np.arange(1.0, 5.0), np.zeros(4)
+    h = auto_graph(bump_twice, x, y)
+    h()
+    h()                                              # on XLA now
+    assert h._exe.state == "jax"
+    B = np.arange(1.0, 6.0)
+    h.bind(x=B[1:], y=B[:-1])                        # aliased by a bind: back to NumPy, for good
+    h()
+    np.testing.assert_allclose(B, ref)
+    assert h._exe.state == "numpy" and h._exe.reason.startswith("bind:")
+    np.testing.assert_allclose(y, 4 * x)
+
+
+def _twice(a):
+    a = a.copy()
+    for _ in range(2):
+        a[:-1] += a[1:].copy()
+    return a
+
+
+def test_tier_policy_refuses_unknown_settings():
+    with pytest.raises(TypeError, match="unknown setting.*secs.*seconds, replays, background, trial"):
+        tier_policy(secs=1)
 
 
 def test_graphs_with_host_nodes_and_records_stay_on_numpy():

@@ -59,6 +59,8 @@ _NOT_ON_DEVICE = {   # entry name -> what it says of a device array among its ar
                       "arrays or jax.Arrays"),
     "numpy": lambda a: (f"eagle_fx: the numpy backend was asked for, but the graph reads a {_type_name(a)}; pass "
                         "NumPy arrays (cupy.asnumpy) or drop backend='numpy'"),
+    "auto": lambda a: (f"eagle_fx: the auto backend (NumPy, then XLA) was asked for, but the graph reads a "
+                       f"{_type_name(a)}; pass NumPy arrays (cupy.asnumpy) or drop backend='auto'"),
 }
 
 
