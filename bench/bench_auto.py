@@ -75,10 +75,11 @@ def _l_chain(x):
 hand_grad = jax.jit(jax.grad(_l_chain))
 
 FLAG = np.array([1], np.uint32)
+FLAG_J = jnp.asarray(FLAG)
 WORKLOADS = [   # name, builder (None: the gradient), its extra arguments, the hand-written call
     ("chain", w_chain, (), lambda xj: hand_chain(xj)),
     ("trans", w_trans, (), lambda xj: hand_trans(xj)),
-    ("loop", w_loop, (FLAG,), lambda xj: hand_loop(xj, jnp.asarray(FLAG))),
+    ("loop", w_loop, (FLAG,), lambda xj: hand_loop(xj, FLAG_J)),
     ("fork", w_fork, (), lambda xj: hand_fork(xj)),
     ("gradient", None, (), lambda xj: hand_grad(xj)),
 ]
