@@ -156,12 +156,11 @@ def main(quick=False):
             first = first_calls(builder, x, extra, 3 if quick else 5)
             clear_caches()
             fns = {b: build(builder, x.copy(), extra, b) for b in ("numpy", "jax", "auto")}
-            auto, g = fns["auto"]
             exe = MADE[0]
-            k, secs = settle(auto, exe)
-            kept = exe.backend_name.split("/")[-1] if exe is not None else "?"
-            med = interleaved([lambda: jax.block_until_ready(hand(xj))] + [fns[b][0] for b in ("numpy", "jax", "auto")],
-                              number, repeat)
+            k, secs = settle(fns["auto"][0], exe)
+            kept = {"auto/cpu": "numpy", "auto/jax": "XLA"}[exe.backend_name]
+            calls = [fns[b][0] for b in ("numpy", "jax", "auto")]
+            med = interleaved([lambda: jax.block_until_ready(hand(xj))] + calls, number, repeat)
             r = [m / med[0] for m in med[1:]]
             if builder is None:             # use_backend('jax') keeps a transform's graph on NumPy
                 r[1] = float("nan")
