@@ -6,6 +6,7 @@ on NumPy with one warning and nothing lost."""
 import importlib
 import inspect
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -155,7 +156,6 @@ def test_a_compile_failure_keeps_the_graph_on_numpy_with_one_warning(monkeypatch
 
 
 def test_the_faster_backend_is_kept_after_the_trial(monkeypatch):
-    import time
     slow = JaxExecutable.replay
 
     def slow_replay(self, times=1):
@@ -195,8 +195,8 @@ def test_replays_from_many_threads_never_see_half_a_swap():
 
     def hammer(k):
         try:
-            extra = 30
-            while extra:                    # until the swap has happened under the others' replays, and on
+            extra, stop = 30, time.monotonic() + 60
+            while extra and time.monotonic() < stop:    # until the swap happened under the others' replays, and on
                 g.launch()
                 counts[k] += 1
                 if exe.state == "jax":
