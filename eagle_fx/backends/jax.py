@@ -181,6 +181,16 @@ def _written_inputs(prog):
     return sorted((j, i) for i, j in final.items()), every
 
 
+ALIGNED_BYTES = 1 << 16      # NumPy arguments from this size on reach XLA through an aligned buffer
+
+
+def _aligned_empty(a):
+    """An uninitialised C-contiguous array like `a` whose data starts on a 64-byte boundary."""
+    raw = np.empty(a.nbytes + 64, np.uint8)
+    off = -raw.ctypes.data % 64
+    return raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+
+
 class JaxExecutable:
     backend_name = "jax"
 
@@ -213,6 +223,7 @@ class JaxExecutable:
         self._jit = jax.jit(lambda *xs: fn(*xs), in_shardings=shardings, donate_argnums=self.donated)
         self._lowered_fn = None
         self._compiled = None
+        self._staged = None         # per argument: the aligned buffer a large NumPy argument is copied into
         self._lean = False
         self.values = None          # the outputs of the last replay (jax mode), in out_vars order
         self.stable: dict = {}      # Var -> the NumPy array a replay copies it into (NumPy mode)
@@ -261,10 +272,33 @@ class JaxExecutable:
                                    "built): build it again with the larger count")
 
     def _inputs(self):
-        if self.on_jax or self.shardings is None:
+        if self.on_jax:
             return self.arrays
+        if self.shardings is None:
+            return self._aligned_inputs()
         import jax
         return [jax.device_put(a, s) for a, s in zip(self.arrays, self.shardings)]
+
+    def _aligned_inputs(self):
+        """The NumPy arguments as XLA takes them without a copy of its own: XLA on the CPU reads a
+        64-byte-aligned C-contiguous array in place, and copies any other far slower than NumPy
+        does. So a large argument that is not (NumPy aligns to 16) is copied into an aligned buffer
+        of the executable's first. Written (donated) arguments are passed as they are."""
+        staged = self._staged
+        if staged is None:
+            staged = self._staged = [None if k in self.donated or a.nbytes < ALIGNED_BYTES else _aligned_empty(a)
+                                     for k, a in enumerate(self.arrays)]
+            self._any_staged = any(s is not None for s in staged)
+        if not self._any_staged:
+            return self.arrays
+        out = []
+        for a, s in zip(self.arrays, staged):
+            if s is None or a.ctypes.data % 64 == 0 and a.flags.c_contiguous:
+                out.append(a)
+            else:
+                np.copyto(s, a)
+                out.append(s)
+        return out
 
     def replay(self, times: int = 1):
         # The last replay's outputs are let go before the next one runs: unless the caller holds

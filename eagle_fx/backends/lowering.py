@@ -38,5 +38,7 @@ def lower(closed, backend=None):
     if entry.supports_record and not entry.supports_growing_stacks and backend is None and closed.backend is None \
             and closed.mesh is None and all(isinstance(a, np.ndarray) for a in arrays):
         entry = registry.get("numpy")   # use_backend('jax') keeps records on NumPy (growing stacks, checkpoints=)
+    if entry.name == "auto":
+        entry = registry.get("numpy")   # a record's forward keeps its stacks of turns on NumPy
     registry.refuse(entry, "supports_record")
     return entry, runtime, recorded_executable(closed, entry, arrays, n, runtime)

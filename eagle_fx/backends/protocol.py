@@ -23,7 +23,8 @@ Optional: `enqueue(times)` / `synchronize()` where replays run asynchronously (C
 RELEASE_BYTES): drop working memory over min_bytes that the next replay allocates again.
 
 The three backends implement it: numpy.py (NumpyExecutable), jax.py (JaxExecutable) and
-cuda_graph.py (CudaExecutable); recording.py's RecordedExecutable (a record=True graph) too.
+cuda_graph.py (CudaExecutable); recording.py's RecordedExecutable (a record=True graph) too, and
+tiered.py's TieredExecutable (backend="auto": a NumPy executable swapped for a JAX one between replays).
 Each backend is an entry of registry.py, where its executables are made (`registry.make`);
 select.py resolves a graph's arrays and `backend=` to an entry, and eagle_fx/backends/lowering.py's
 `lower` is the one way a graph's closed Program becomes its executable.

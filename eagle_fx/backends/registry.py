@@ -11,7 +11,7 @@ refused by `refuse`, here, with the message of that capability:
                              __cuda_array_interface__ array)
     host_results             its planes are NumPy arrays a block called from plain code can pin
 
-numpy, jax and cuda register below; eagle_fx.testing registers 'fake-cuda'. select.py resolves
+numpy, jax, cuda and auto (tiered.py: NumPy first, XLA once hot) register below; eagle_fx.testing registers 'fake-cuda'. select.py resolves
 a graph's arrays and `backend=` / `use_backend` to an entry (and, for a CUDA graph, its runtime).
 """
 from __future__ import annotations
@@ -95,3 +95,13 @@ register(Backend("numpy", _numpy, supports_record=True, supports_transforms=True
 register(Backend("jax", _jax, supports_record=True, supports_transforms=True, array_types=("numpy", "jax")))
 register(Backend("cuda", cuda_executable, supports_record=True, supports_growing_stacks=True, array_types=("device",),
                  runtime=CoreRuntime.get))
+
+
+def _auto(program, arrays, keep, n, names=None, **_):
+    from .tiered import TieredExecutable
+    return TieredExecutable(program, arrays, keep, n, names)
+
+
+# record=True graphs run on its NumPy half (lowering.py): their stacks of saved turns grow there
+register(Backend("auto", _auto, supports_record=True, supports_transforms=True, supports_growing_stacks=True,
+                 array_types=("numpy",), host_results=True))

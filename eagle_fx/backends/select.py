@@ -14,7 +14,7 @@ from . import registry
 
 
 class use_backend:
-    """`with use_backend("fake-cuda"):` graphs built inside run on that backend: 'numpy', 'cuda',
+    """`with use_backend("fake-cuda"):` graphs built inside run on that backend: 'numpy', 'auto', 'cuda',
     'fake-cuda' (the recording fake: NumPy arrays stand for device memory, for tests without a
     GPU), or a runtime object (e.g. fake_cuda.FakeRuntime(node_updates="top")). None: by the
     arrays' type. eagle.Graph(backend=...) chooses for one graph."""
@@ -59,6 +59,8 @@ _NOT_ON_DEVICE = {   # entry name -> what it says of a device array among its ar
                       "arrays or jax.Arrays"),
     "numpy": lambda a: (f"eagle_fx: the numpy backend was asked for, but the graph reads a {_type_name(a)}; pass "
                         "NumPy arrays (cupy.asnumpy) or drop backend='numpy'"),
+    "auto": lambda a: (f"eagle_fx: the auto backend (NumPy, then XLA) was asked for, but the graph reads a "
+                       f"{_type_name(a)}; pass NumPy arrays (cupy.asnumpy) or drop backend='auto'"),
 }
 
 
