@@ -32,6 +32,7 @@ from . import cache, staging
 _PLAIN = frozenset(("_record", "_backend", "_mesh", "_trace", "_result_tree", "_has_result", "_program",
                     "_input_names", "unread_args", "_tree_args", "made_by", "_exe", "_backend_used", "_worker",
                     "_worker_error", "_generation", "_views", "_closed_src", "_result_flat"))
+ENABLED = True      # False: every direct builder call stages afresh (the cache's off switch)
 _STACKS = ("building", "deferring", "transforming", "graph_stagers", "builder_sources", "host_nodes",
            "kernel_traces", "recording", "abstract", "eager_runs", "staging_disabled", "guards", "lazy_compile")
 
@@ -55,6 +56,8 @@ class BuilderEntry:
 
 def enabled() -> bool:
     """A direct call from plain code: not nested in a builder, a transform's staging, or an eager run."""
+    if not ENABLED:
+        return False
     for kind in _STACKS:
         if getattr(CONTEXT, kind):
             return False
