@@ -12,7 +12,7 @@ What a Graph made this way could not reproduce exactly is not kept, and such a b
 every call as before: a record=True graph, one on a mesh, buffers or block results handed out as
 arrays, host nodes (their functions may hold the first call's arrays), attributes the builder set
 on the graph, a result leaf that is not a plane the graph computed, an array the builder made and
-the graph writes, arguments of another library (jax.Array, CuPy). The staging reads the builder's
+the graph writes, an empty array argument, arguments of another library (jax.Array, CuPy). The staging reads the builder's
 globals and closures by name: once one is rebound (a kernel redefined), the next call stages again.
 
 `builder.cache_info()` counts hits and misses; `builder.clear_cache()` forgets the builder's graphs.
@@ -97,7 +97,8 @@ def _reproducible(g, leaves):
     if (type(g) is not Graph or g._record or g._mesh is not None or not g.is_built or t.buffers or t.pinned
             or g._views or not _PLAIN.issuperset(vars(g)) or _has_host_nodes(g._program)):
         return None
-    if not all(isinstance(e, staging.Extern) and isinstance(e.array, np.ndarray) for e in t.input_planes):
+    if not all(isinstance(e, staging.Extern) and isinstance(e.array, np.ndarray) for e in t.input_planes) \
+            or any(type(x) is np.ndarray and not x.size for x in leaves):   # an empty array has no address to find
         return None
     if g._has_result:
         outs = g._program.outputs
