@@ -150,6 +150,7 @@ def test_property_cached_calls_match_a_fresh_build(seed, steps, picks):
         assert type(g) is type(o) and g.made_by is o.made_by
         assert sorted(g._input_names) == sorted(o._input_names)
         assert sorted(g.unread_args) == sorted(o.unread_args)
+        assert repr(g) == repr(o) and str(g.program) == str(o.program) and g.to_dot() == o.to_dot()
         for k, v in g.unread_args.items():             # the new call's arrays, not the first call's
             assert v is _names(builder, args)[k]
         for k, v in _names(builder, args).items():
@@ -302,3 +303,29 @@ def test_inside_a_transform_or_another_builder_it_is_not_consulted():
     jx = ef.jvp(tb.first, (x,), (np.ones(4),))
     np.testing.assert_allclose(jx[1], 4.0)
     assert tb.first.cache_info()[:2] == (0, 1)
+
+
+def test_threads_calling_one_builder_each_get_their_own_graph():
+    import threading
+    errors = []
+
+    def work(k):
+        try:
+            rng = np.random.default_rng(k)
+            for _ in range(15):
+                x, y = rng.normal(size=5), np.zeros(5)
+                g = tb.whole(x, cell(1), y)
+                s = np.array(g())
+                with uncached():
+                    o = tb.whole(x.copy(), cell(1), np.zeros(5))
+                np.testing.assert_array_equal(s, o())
+                np.testing.assert_array_equal(y, o.argument("y"))
+        except BaseException as e:          # surfaced below
+            errors.append(e)
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors[0]
+    assert tb.whole.cache_info().hits >= 1           # the off switch is global: some calls stage

@@ -42,7 +42,8 @@ class BuilderEntry:
     plane its name and where its array is (cache._planes_in), the arguments it writes and the Var
     each ends as, the result tree, the graph's backend= option, and what staging read by name."""
 
-    __slots__ = ("program", "planes", "where", "written", "tree", "n_results", "n", "backend", "names")
+    __slots__ = ("program", "planes", "where", "written", "tree", "n_results", "n", "backend", "names", "accesses",
+                 "waits")
 
     def __init__(self, g, where, names):
         t = g.trace
@@ -52,6 +53,13 @@ class BuilderEntry:
                         if t.root.current.get(e, v) is not v}
         self.tree, self.n_results, self.n = g._result_flat[1], len(g._result_flat[0]), t.n
         self.backend = g._backend
+        # the nodes' order and the branches' waits, as to_dot draws them: without the planes they
+        # touched, which would keep the first call's arrays alive
+        light = {id(a): staging.Access(a.seq, a.branch, a.info, (), (), a.what) for a in t.accesses}
+        self.accesses = list(light.values())
+        self.waits = [staging.Wait(w.branch, w.seq_at, light.get(id(w.writer)) or
+                                   staging.Access(w.writer.seq, w.writer.branch, w.writer.info, (), (), w.writer.what))
+                      for w in t.waits]
 
 
 def enabled() -> bool:
@@ -130,6 +138,7 @@ def _graph_of(builder, e, leaves, bound):
             a = x if (a == x.shape and strides == x.strides) else cache._seen_as(x, a, strides)
         planes.append(staging.Extern(a, name, origin))
     t.input_planes, t.n = planes, e.n
+    t.accesses, t.waits = e.accesses, e.waits
     t.externs = {id(p.array): p for p in planes}
     t.arg_names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
     t.root.current.update((planes[i], v) for i, v in e.written.items())
