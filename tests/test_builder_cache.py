@@ -329,3 +329,19 @@ def test_threads_calling_one_builder_each_get_their_own_graph():
         t.join()
     assert not errors, errors[0]
     assert tb.whole.cache_info().hits >= 1           # the off switch is global: some calls stage
+
+
+def test_the_cache_keeps_no_callers_array():
+    import gc
+    import weakref
+    x0, y0 = np.zeros(6), np.zeros(6)
+    g0 = tb.void(x0, y0)                              # the call that stages
+    x, y = np.ones(6), np.zeros(6)
+    g = tb.void(x, y)
+    assert tb.void.cache_info().hits == 1
+    g()
+    np.testing.assert_array_equal(y, 2.0)
+    refs = [weakref.ref(a) for a in (x0, y0, x, y)]
+    del g, x, y, g0, x0, y0
+    gc.collect()
+    assert all(r() is None for r in refs)
