@@ -345,3 +345,18 @@ def test_the_cache_keeps_no_callers_array():
     del g, x, y, g0, x0, y0
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+@ef.Graph.builder
+def noisy(x):
+    g = ef.Graph()
+    g.result = inc(x) * np.random.default_rng().normal(size=x.shape)   # an array made while staging
+    return g
+
+
+def test_an_array_the_builder_makes_while_staging_is_made_again():
+    x = np.ones(5)
+    r1 = noisy(x)().copy()
+    r2 = noisy(x)().copy()
+    assert noisy.cache_info()[:3] == (0, 2, 0)
+    assert not np.array_equal(r1, r2)

@@ -11,8 +11,10 @@ called directly reads them as numbers); transforms trace them.
 What a Graph made this way could not reproduce exactly is not kept, and such a builder stages at
 every call as before: a record=True graph, one on a mesh, buffers or block results handed out as
 arrays, host nodes (their functions may hold the first call's arrays), attributes the builder set
-on the graph, a result leaf that is not a plane the graph computed, an array the builder made and
-the graph writes, an empty array argument, arguments of another library (jax.Array, CuPy). The staging reads the builder's
+on the graph, a result leaf that is not a plane the graph computed, an array the builder made while
+it staged (np.random, np.arange: not reached by a name whose object is checked at each call), an
+array it reaches by name that the graph writes, an empty array argument, arguments of another
+library (jax.Array, CuPy). The staging reads the builder's
 globals and closures by name: once one is rebound (a kernel redefined), the next call stages again.
 
 `builder.cache_info()` counts hits and misses; `builder.clear_cache()` forgets the builder's graphs.
@@ -89,17 +91,20 @@ def call(builder, bound, stage):
         c.hits += 1
         return _graph_of(builder, e, leaves, bound)
     g = stage()
-    where = _reproducible(g, leaves)
+    names = cache.names_read(builder)
+    where = _reproducible(g, leaves, {id(obj) for _, _, obj in names})
     if where is not None:
-        c.store(key, BuilderEntry(g, where, cache.names_read(builder)))
+        c.store(key, BuilderEntry(g, where, names))
     else:
         c.misses += 1
     return g
 
 
-def _reproducible(g, leaves):
+def _reproducible(g, leaves, named):
     """cache._planes_in of a freshly built graph when a Graph made from its Program is the same
-    graph on new arrays; else None (not kept)."""
+    graph on new arrays; else None (not kept). An array that is no argument must be one the
+    builder reaches by name (`named`: ids of what it read, checked at each call): one it made
+    while staging (np.random, a table from a global changed in place) could differ next time."""
     from ..graph import Graph
     t = g.trace
     if (type(g) is not Graph or g._record or g._mesh is not None or not g.is_built or t.buffers or t.pinned
@@ -114,7 +119,7 @@ def _reproducible(g, leaves):
         if not all(isinstance(h, staging.Plane) and h.graph is g and h.var is outs[k] for k, h in enumerate(hs)):
             return None
     where = cache._planes_in(g._own_closed(), leaves)
-    if where is None:
+    if where is None or any(k is None and id(a) not in named for k, a, _ in where):
         return None
     return where
 
