@@ -60,7 +60,7 @@ WEIGHTS = np.linspace(0.5, 1.5, 7)
 @ef.Graph.builder
 def weighted(x):
     g = ef.Graph()
-    g.result = dbl(inc(x) * WEIGHTS)          # an array it reaches by name, read only
+    g.result = dbl(inc(x) * WEIGHTS)          # an array it reaches by name, read only (staged as a copy)
     return g
 
 
@@ -360,3 +360,14 @@ def test_an_array_the_builder_makes_while_staging_is_made_again():
     r2 = noisy(x)().copy()
     assert noisy.cache_info()[:3] == (0, 2, 0)
     assert not np.array_equal(r1, r2)
+
+
+def test_a_global_array_changed_in_place_is_seen_by_the_next_call():
+    w = WEIGHTS.copy()
+    try:
+        x = np.ones(7)
+        np.testing.assert_allclose(np.asarray(weighted(x)()), 2 * (x + 1) * w, rtol=1e-12)
+        WEIGHTS[:] = 3.0
+        np.testing.assert_allclose(np.asarray(weighted(x)()), 2 * (x + 1) * 3.0, rtol=1e-12)
+    finally:
+        WEIGHTS[:] = w

@@ -11,9 +11,9 @@ called directly reads them as numbers); transforms trace them.
 What a Graph made this way could not reproduce exactly is not kept, and such a builder stages at
 every call as before: a record=True graph, one on a mesh, buffers or block results handed out as
 arrays, host nodes (their functions may hold the first call's arrays), attributes the builder set
-on the graph, a result leaf that is not a plane the graph computed, an array the builder made while
-it staged (np.random, np.arange: not reached by a name whose object is checked at each call), an
-array it reaches by name that the graph writes, an empty array argument, arguments of another
+on the graph, a result leaf that is not a plane the graph computed, an array that is no argument
+(one the builder made while it staged, np.random or np.arange, or the copy staging takes of a
+global array: a new call must see its new values), an empty array argument, arguments of another
 library (jax.Array, CuPy). The staging reads the builder's
 globals and closures by name: once one is rebound (a kernel redefined), the next call stages again.
 
