@@ -91,20 +91,20 @@ def call(builder, bound, stage):
         c.hits += 1
         return _graph_of(builder, e, leaves, bound)
     g = stage()
-    names = cache.names_read(builder)
-    where = _reproducible(g, leaves, {id(obj) for _, _, obj in names})
-    if where is not None:
+    where = _reproducible(g, leaves)
+    names = cache.names_read(builder) if where is not None else ()
+    if where is not None and all(k is not None or any(a is obj for _, _, obj in names) for k, a, _ in where):
         c.store(key, BuilderEntry(g, where, names))
     else:
         c.misses += 1
     return g
 
 
-def _reproducible(g, leaves, named):
+def _reproducible(g, leaves):
     """cache._planes_in of a freshly built graph when a Graph made from its Program is the same
-    graph on new arrays; else None (not kept). An array that is no argument must be one the
-    builder reaches by name (`named`: ids of what it read, checked at each call): one it made
-    while staging (np.random, a table from a global changed in place) could differ next time."""
+    graph on new arrays; else None (not kept). The caller keeps it only when each array that is
+    no argument is one the builder reaches by name (checked at each call): one it made while
+    staging (np.random, the copy staging takes of a global array) could differ next time."""
     from ..graph import Graph
     t = g.trace
     if (type(g) is not Graph or g._record or g._mesh is not None or not g.is_built or t.buffers or t.pinned
@@ -119,8 +119,6 @@ def _reproducible(g, leaves, named):
         if not all(isinstance(h, staging.Plane) and h.graph is g and h.var is outs[k] for k, h in enumerate(hs)):
             return None
     where = cache._planes_in(g._own_closed(), leaves)
-    if where is None or any(k is None and id(a) not in named for k, a, _ in where):
-        return None
     return where
 
 
