@@ -189,7 +189,6 @@ def test_property_cached_vmap_of_a_builder_against_numpy(B, n, seed, calls):
     assert after.misses - before.misses <= 1
 
 
-@pytest.mark.xfail(strict=True, reason="a builder called again stages again (not cached yet)")
 def test_a_builder_called_again_replays_its_staged_graph():
     assert hasattr(model, "cache_info")
     model(np.zeros(4))

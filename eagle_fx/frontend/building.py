@@ -393,6 +393,24 @@ class Builder:
         args, kwargs = release(args), release(kwargs)      # a plain function's guarded arguments (guards.py)
         bound = self._bind(args, kwargs)
         bound.apply_defaults()
+        from . import builder_cache
+        if builder_cache.enabled():      # a direct call: the staging of an earlier call with this layout, rebound
+            return builder_cache.call(self, bound, lambda: self._stage(bound))
+        return self._stage(bound)
+
+    def cache_info(self):
+        """(hits, misses, currsize, maxsize) of this builder's direct calls (builder_cache.py)."""
+        from .cache import CacheInfo, MAXSIZE, cache_for
+        c = cache_for(self, create=False)
+        return c.info() if c is not None else CacheInfo(0, 0, 0, MAXSIZE)
+
+    def clear_cache(self):
+        """Forget the graphs staged for this builder's direct calls: the next call stages again."""
+        from .cache import clear
+        clear(self)
+
+    def _stage(self, bound):
+        """Stage, close and (outside a transform) build the graph of one call."""
         names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
         ctx = _BuildContext(self, names)
         stagers = CONTEXT.graph_stagers
@@ -418,15 +436,8 @@ class Builder:
             ret._close()              # a transform stages it: the outermost call lowers what it makes
         else:
             ret.build()
-        ret.unread_args = {k: v for k, v in bound.arguments.items()
-                           if staging.is_array(v) and k not in ret._input_names}
-        for k, v in bound.arguments.items():       # tree arguments: bind takes them leaf by leaf
-            if isinstance(v, (tuple, list, dict)):
-                leaves, tree = tree_flatten(v, is_leaf=staging.is_array)
-                if any(staging.is_array(x) for x in leaves):
-                    at = {id(e.array): i for i, e in enumerate(ret._trace.input_planes)}
-                    ret._tree_args[k] = (tree, [None if not staging.is_array(x) else (at.get(id(x)), x)
-                                                for x in leaves])
+        from .builder_cache import finish
+        finish(ret, bound)
         return ret
 
     def _bind(self, args, kwargs):

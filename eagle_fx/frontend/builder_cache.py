@@ -1,0 +1,171 @@
+"""A builder called directly, again: its staged graph is reused, as jax.jit reuses a trace.
+
+`g = model(x)` stages model's graph, fuses and lowers it. A later call with the same layout
+(cache.graph_key: shapes, dtypes, strides, writeability, overlaps, the static Python values and
+the backend `use_backend` asks for) takes the closed Program kept from the first and makes a NEW
+Graph of it, bound to that call's arrays (the caller's arrays themselves, as a fresh build binds
+them) and lowered: each call has its own graph, so two graphs alive at once share no buffer and a
+Mutable argument is written in the caller's array. Python floats stay static here (a builder
+called directly reads them as numbers); transforms trace them.
+
+What a Graph made this way could not reproduce exactly is not kept, and such a builder stages at
+every call as before: a record=True graph, one on a mesh, buffers or block results handed out as
+arrays, host nodes (their functions may hold the first call's arrays), attributes the builder set
+on the graph, a result leaf that is not a plane the graph computed, an array that is no argument
+(one the builder made while it staged, np.random or np.arange, or the copy staging takes of a
+global array: a new call must see its new values), an empty array argument, arguments of another
+library (jax.Array, CuPy). The staging reads the builder's
+globals and closures by name: once one is rebound (a kernel redefined), the next call stages again.
+
+`builder.cache_info()` counts hits and misses; `builder.clear_cache()` forgets the builder's graphs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hawk_fx.context import CONTEXT
+from hawk_fx.tree import tree_flatten, tree_unflatten
+
+from .. import ir
+from ..ir.analysis import prog_params
+from . import cache, staging
+
+# what a Graph's __init__ and a builder call set on it: anything else the builder set makes it uncached
+_PLAIN = frozenset(("_record", "_backend", "_mesh", "_trace", "_result_tree", "_has_result", "_program",
+                    "_input_names", "unread_args", "_tree_args", "made_by", "_exe", "_backend_used", "_worker",
+                    "_worker_error", "_generation", "_views", "_closed_src", "_result_flat"))
+ENABLED = True      # False: every direct builder call stages afresh (the cache's off switch)
+_STACKS = ("building", "deferring", "transforming", "graph_stagers", "builder_sources", "host_nodes",
+           "kernel_traces", "recording", "abstract", "eager_runs", "staging_disabled", "guards", "lazy_compile")
+
+
+class BuilderEntry:
+    """What one layout of a direct builder call keeps: the Program (shared, read only), per input
+    plane its name and where its array is (cache._planes_in), the arguments it writes and the Var
+    each ends as, the result tree, the graph's backend= option, and what staging read by name."""
+
+    __slots__ = ("program", "planes", "where", "written", "tree", "n_results", "n", "backend", "names", "accesses",
+                 "waits")
+
+    def __init__(self, g, where, names):
+        t = g.trace
+        self.program, self.where, self.names = g._program, where, names
+        self.planes = [(e.name, e.origin) for e in t.input_planes]
+        self.written = {i: t.root.current[e] for i, (e, v) in enumerate(zip(t.input_planes, g._program.inputs))
+                        if t.root.current.get(e, v) is not v}
+        self.tree, self.n_results, self.n = g._result_flat[1], len(g._result_flat[0]), t.n
+        self.backend = g._backend
+        # the nodes' order and the branches' waits, as to_dot draws them: without the planes they
+        # touched, which would keep the first call's arrays alive
+        light = {id(a): staging.Access(a.seq, a.branch, a.info, (), (), a.what) for a in t.accesses}
+        self.accesses = list(light.values())
+        self.waits = [staging.Wait(w.branch, w.seq_at, light.get(id(w.writer)) or
+                                   staging.Access(w.writer.seq, w.writer.branch, w.writer.info, (), (), w.writer.what))
+                      for w in t.waits]
+
+
+def enabled() -> bool:
+    """A direct call from plain code: not nested in a builder, a transform's staging, or an eager run."""
+    if not ENABLED:
+        return False
+    for kind in _STACKS:
+        if getattr(CONTEXT, kind):
+            return False
+    return True
+
+
+def call(builder, bound, stage):
+    """The Graph of `builder` on these bound arguments: a new one from the cached staging of this
+    layout, or `stage()`'s (a fresh build), kept for the next call when it can be reproduced."""
+    values = tuple(bound.arguments.values())
+    key, leaves, _ = cache.graph_key(values)
+    if key is None:
+        return stage()
+    key = (tuple(bound.arguments), key)
+    c = cache.cache_for(builder)
+    e = c.entries.get(key)
+    if e is not None and not cache.unchanged(e.names):
+        c.entries.pop_if(key, e)
+        e = None
+    if e is not None:
+        c.hits += 1
+        return _graph_of(builder, e, leaves, bound)
+    g = stage()
+    where = _reproducible(g, leaves)
+    names = cache.names_read(builder) if where is not None else ()
+    if where is not None and all(k is not None or any(a is obj for _, _, obj in names) for k, a, _ in where):
+        c.store(key, BuilderEntry(g, where, names))
+    else:
+        c.misses += 1
+    return g
+
+
+def _reproducible(g, leaves):
+    """cache._planes_in of a freshly built graph when a Graph made from its Program is the same
+    graph on new arrays; else None (not kept). The caller keeps it only when each array that is
+    no argument is one the builder reaches by name (checked at each call): one it made while
+    staging (np.random, the copy staging takes of a global array) could differ next time."""
+    from ..graph import Graph
+    t = g.trace
+    if (type(g) is not Graph or g._record or g._mesh is not None or not g.is_built or t.buffers or t.pinned
+            or g._views or not _PLAIN.issuperset(vars(g)) or _has_host_nodes(g._program)):
+        return None
+    if not all(isinstance(e, staging.Extern) and isinstance(e.array, np.ndarray) for e in t.input_planes) \
+            or any(type(x) is np.ndarray and not x.size for x in leaves):   # an empty array has no address to find
+        return None
+    if g._has_result:
+        outs = g._program.outputs
+        hs, _ = g._result_flat
+        if not all(isinstance(h, staging.Plane) and h.graph is g and h.var is outs[k] for k, h in enumerate(hs)):
+            return None
+    where = cache._planes_in(g._own_closed(), leaves)
+    return where
+
+
+def _has_host_nodes(prog) -> bool:
+    for e in prog.eqns:
+        if e.prim is ir.opaque_p or any(_has_host_nodes(p) for p in prog_params(e)):
+            return True
+    return False
+
+
+def _graph_of(builder, e, leaves, bound):
+    """A new Graph running `e`'s Program on the call's arrays, set up as a fresh build leaves it."""
+    from ..graph import Graph
+    g = Graph(backend=e.backend)
+    t = g.trace
+    planes = []
+    for (name, origin), (k, a, strides) in zip(e.planes, e.where):
+        if k is not None:
+            x = leaves[k]
+            a = x if (a == x.shape and strides == x.strides) else cache._seen_as(x, a, strides)
+        planes.append(staging.Extern(a, name, origin))
+    t.input_planes, t.n = planes, e.n
+    t.accesses, t.waits = e.accesses, e.waits
+    t.externs = {id(p.array): p for p in planes}
+    t.arg_names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
+    t.root.current.update((planes[i], v) for i, v in e.written.items())
+    g._program = e.program
+    if e.tree is not None:
+        handles = [staging.Plane(g, v.aval, var=v) for v in e.program.outputs[:e.n_results]]
+        for h in handles:
+            t.handles.add(h)
+        g.result = tree_unflatten(e.tree, handles)
+        g._result_flat = (handles, e.tree)
+    g._input_names = {p.name: i for i, p in enumerate(planes) if p.name}
+    g.made_by = builder
+    g.build()
+    finish(g, bound)
+    return g
+
+
+def finish(g, bound):
+    """What a builder call records on its graph after the build: the array arguments no node
+    reads (bindable all the same), and each tree argument's leaves, for bind."""
+    g.unread_args = {k: v for k, v in bound.arguments.items() if staging.is_array(v) and k not in g._input_names}
+    for k, v in bound.arguments.items():
+        if isinstance(v, (tuple, list, dict)):
+            leaves, tree = tree_flatten(v, is_leaf=staging.is_array)
+            if any(staging.is_array(x) for x in leaves):
+                at = {id(e.array): i for i, e in enumerate(g.trace.input_planes)}
+                g._tree_args[k] = (tree, [None if not staging.is_array(x) else (at.get(id(x)), x) for x in leaves])
