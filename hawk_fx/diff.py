@@ -614,6 +614,9 @@ def vjp(kernel, wrt=None):
 
     def f(*args, cotangent):
         values = kernel.bind_arguments(args, {})
+        # a Python float to differentiate is a one-cell array: as a weak constant it would get none
+        promoted = {k for k, (nm, v) in enumerate(zip(names, values)) if nm in wrt and type(v) is float}
+        values = [np.array([v]) if k in promoted else v for k, v in enumerate(values)]
         layout, n = kernel.layout_of(values)
         spec = kernel.specialize(layout)
         leaves = match_tree(cotangent, spec.tree)      # dicts by key: their order is not the return's
@@ -629,10 +632,12 @@ def vjp(kernel, wrt=None):
         cts = kernel_vjp(spec)([np.asarray(v) if isinstance(v, np.ndarray) else v for v in values],
                                [None if c is None else np.asarray(c) for c in leaves], n)
         out = {}
-        for name, g, v in zip(names, cts, values):
+        for k, (name, g, v) in enumerate(zip(names, cts, values)):
             if name in wrt:
                 # a copy: a passed-through gradient is the caller's cotangent array itself
                 out[name] = np.zeros(np.shape(v)) if g is None else (np.array(g).reshape(np.shape(v)) if np.ndim(v) else g.sum())
+                if k in promoted:
+                    out[name] = np.asarray(out[name]).reshape(())          # a float's gradient: 0-d, as in JAX
         return out
     return f
 
