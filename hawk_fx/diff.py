@@ -616,7 +616,10 @@ def vjp(kernel, wrt=None):
         values = kernel.bind_arguments(args, {})
         # a Python float to differentiate is a one-cell array: as a weak constant it would get none
         promoted = {k for k, (nm, v) in enumerate(zip(names, values)) if nm in wrt and type(v) is float}
-        values = [np.array([v]) if k in promoted else v for k, v in enumerate(values)]
+        if promoted:                # weakly typed, as in JAX: the floating dtype of the array arguments
+            floats = [np.asarray(v).dtype for v in values if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
+            weak = np.result_type(*floats) if floats else np.float64
+            values = [np.array([v], weak) if k in promoted else v for k, v in enumerate(values)]
         layout, n = kernel.layout_of(values)
         spec = kernel.specialize(layout)
         leaves = match_tree(cotangent, spec.tree)      # dicts by key: their order is not the return's
