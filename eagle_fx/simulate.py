@@ -17,6 +17,7 @@ import numpy as np
 
 import hawk_fx as hawk
 import hawk_fx.math as hm
+from hawk_fx.caches import LRU
 from hawk_fx.kernel import Kernel
 from hawk_fx.roles import Int32, Mutable, Param, Role, Scalar, Terminated, TerminatedRole
 from hawk_fx.tree import tree_flatten, tree_unflatten
@@ -401,9 +402,9 @@ def _event_time(steps: Scalar, tau: Scalar, crossed: Scalar, h: Param):
     return hm.where(crossed, (steps - 1) * h + tau, _NAN)
 
 
-_KEEPERS: dict = {}
-_COPIERS: dict = {}
-_CHOOSERS: dict = {}
+_KEEPERS = LRU("simulate's keep kernels", 64)       # (shape, dtype) -> the kernel
+_COPIERS = LRU("simulate's copy kernels", 64)
+_CHOOSERS = LRU("simulate's choose kernels", 64)
 
 
 def _chooser(shape, dtype) -> Kernel:

@@ -23,6 +23,7 @@ The frames, who pushes them and what the innermost one means:
     backends          eagle_fx.use_backend: the backend graphs built now run on
     staging_disabled  eagle_fx.disable_staging blocks (True / False)
     eager_runs        eagle_fx builders running as plain Python
+    plain_sums        hawk_fx.emit.jax: sums traced as jnp.sum (transposable), not the compensated reduce
 
 Two per-thread maps sit beside the stacks: `batch_full` (vmap: an instance array's batched array,
 by id) and `scratch` (buffers a kernel's NumPy body reuses; not staging, but per thread for the
@@ -34,7 +35,7 @@ import threading
 
 STACKS = ("kernel_traces", "graph_stagers", "builder_sources", "host_nodes", "building", "deferring",
           "transforming", "abstract", "lazy_compile", "guards", "recording", "backends", "staging_disabled",
-          "eager_runs")
+          "eager_runs", "plain_sums")
 
 
 class Context(threading.local):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .caches import LRU
 from .core import SAMPLE, AVal, abstract_eval, eager_impl
 from .prims import _prim, broadcast_kind
 from .emit import numpy as np_emit
@@ -242,7 +243,7 @@ class _JnpMath:
         return {"where": jnp.where, "minimum": jnp.minimum, "maximum": jnp.maximum}.get(name) or getattr(jnp, name)
 
 
-_jax_fns: dict = {}
+_jax_fns = LRU("random numbers' JAX functions", 64)
 
 
 def _jax_implicit_gamma():

@@ -121,7 +121,9 @@ def test_no_module_keeps_per_thread_state_of_its_own():
             found.append(rel)
         found += [f"{rel}: {m}" for m in re.findall(r"^_\w+\s*(?::[^=\n]*)?=\s*(?:\{\}|dict\(\)|OrderedDict\(\))",
                                                    text, flags=re.M)]
-    assert found == []
+    # registries, not caches: forgetting an entry would lose what the user declared
+    registries = {"hawk_fx/tree.py: _REGISTERED: dict = {}"}       # user classes registered as tree nodes
+    assert [f for f in found if f not in registries] == []
 
 
 def test_clear_caches_empties_every_registered_cache_and_answers_stay_numpys():

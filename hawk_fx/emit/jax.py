@@ -10,13 +10,11 @@ Importing this module turns on `jax_enable_x64`: float64 planes stay float64, as
 """
 from __future__ import annotations
 
-import contextlib
-import threading
-
 import numpy as np
 
 from .. import prims, tables
 from ..accurate import two_sum
+from ..context import CONTEXT
 from ..core import SAMPLE, Literal, RuleTable
 
 JAX_EXTRA = "pip install 'eagle_fx[jax]'"
@@ -165,22 +163,10 @@ def _compensated_sum(x):
     return (s + c)[..., None]
 
 
-class _Sums(threading.local):
-    compensated = True
-
-
-SUMS = _Sums()
-
-
-@contextlib.contextmanager
 def plain_sums():
     """Kernels traced inside sum with jnp.sum, not the compensated reduce: JAX can transpose a plain
     sum, and a tangent map must be transposable for reverse mode (eagle_fx.to_jax's tangent rule)."""
-    before, SUMS.compensated = SUMS.compensated, False
-    try:
-        yield
-    finally:
-        SUMS.compensated = before
+    return CONTEXT.enter(plain_sums=True)
 
 
 def _reduction_rule(name):
@@ -189,7 +175,7 @@ def _reduction_rule(name):
         x = jnp.asarray(x)
         if x.ndim == 0:
             x = x.reshape(1)
-        if name in ("sum", "mean") and jnp.issubdtype(x.dtype, jnp.floating) and SUMS.compensated:
+        if name in ("sum", "mean") and jnp.issubdtype(x.dtype, jnp.floating) and not CONTEXT.plain_sums:
             total = _compensated_sum(x)
             return _cast(total if name == "sum" else total / x.shape[-1], aval)
         return _cast(getattr(jnp, name)(x, axis=-1, keepdims=True), aval)
