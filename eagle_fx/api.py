@@ -43,6 +43,7 @@ from .graph import Graph
 from .frontend.guards import ValueReadError, guarding, other_values, release, where
 from .frontend.staging import Plane
 from .transforms.program import TransformError, dce
+from .staged_results import merge, staged_result
 
 
 
@@ -76,7 +77,7 @@ class Transformed(cache.Cached):
             _refuse_jax_arrays(self.__name__, args)
         if CONTEXT.transforming:
             args = release(args)
-            return Graph.from_closed(self.closed(*args), lazy=True)      # for the outer transform: lowered only if run
+            return staged_result(self.closed(*args))      # for the outer transform: lowered only if run
         if not self._values:              # a graph (vmap of a builder): staged once per layout, bound to these arrays
             return cache.graph_call(self._sig, args, self.closed, Graph.from_closed)
         restore = None
@@ -154,6 +155,8 @@ def _stage(f, args, api):
     else:
         other = _restage(f, args, api)       # first, so what the function leaves behind is from its real staging
         g = _call_plain(f, args, api)
+        if not isinstance(g, (Graph, Closed)):
+            g = merge(g, api, name_of(f)) or g        # a tree of transforms' results: (y, t), jvp(...)[1]
     if not isinstance(g, Graph) and isinstance(g, (np.ndarray, np.generic, float, int, Plane)):
         what = "ndarray" if isinstance(g, np.ndarray) else "a graph's result" if isinstance(g, Plane) else \
             type(g).__name__
@@ -325,7 +328,7 @@ class Staged:
     def __init__(self, f, args, api):
         self.api, self.f, self.fname, self.args = api, f, name_of(f), args
         self.g = g = stage(f, args, api)        # a Closed
-        if any(e.params.get("batch") for e in g.program.eqns):
+        if api != "eagle_fx.jvp" and any(e.params.get("batch") for e in g.program.eqns):
             raise TransformError(f"{api}: {self.fname} is batched (made by vmap or a Jacobian); differentiate "
                                  "first, then batch: eagle_fx.vmap(eagle_fx.grad(f)); for second derivatives use "
                                  "eagle_fx.hessian(f), eagle_fx.jacfwd(eagle_fx.jacrev(f)) or "
@@ -406,14 +409,6 @@ def graph_of(s: Staged, prog, outputs, extra_planes):
     return s.graph(dce(prog.replace(outputs=leaves)), extra_planes, tree, len(leaves))
 
 
-def select_result(g, k):
-    """A closed Program over g's inputs whose result is part k of g's result tuple (a jvp graph's tangent)."""
-    c = closed_of(g)
-    leaves, tree = c.result_vars()
-    start = sum(t.num_leaves for t in tree.children[:k])
-    part = tree.children[k]
-    outs = leaves[start:start + part.num_leaves]
-    return c.derive(dce(c.program.replace(outputs=outs)), c.planes, part, len(outs))
 
 
 def arg_names(f, n):

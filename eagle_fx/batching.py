@@ -19,6 +19,7 @@ from . import ir
 from .frontend.building import Builder
 from .api import Transformed, is_array, name_of, sig, stage
 from .frontend.staging import Extern
+from .staged_results import lead_view
 from .transforms.program import written_inputs
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
 
@@ -103,7 +104,7 @@ def _batch(f, args, axes, out_axes, api, name):
             if a.shape == (1,) and a.dtype == np.uint32:
                 raise ValueError(f"{api}({name}): {at} is a one-cell array of shape {a.shape}; its only "
                                  "axis is the cell, not a batch: give it in_axes None, or stack B cells as (B, 1)")
-            a = np.moveaxis(a, ax, 0)
+            a = a if ax % a.ndim == 0 else np.moveaxis(a, ax, 0)    # the argument itself where it can: derivatives follow it
             if B is None:
                 B, first = a.shape[0], at
             elif a.shape[0] != B:
@@ -136,7 +137,7 @@ def _batch(f, args, axes, out_axes, api, name):
             eqns.append(Eqn(batch_broadcast_p, [outs[j]], [v], {"size": B}))
             outs[j] = v
     bprog = bprog.replace(eqns=eqns, outputs=outs)
-    return g.derive(bprog, planes, tree, nres)
+    return g.derive(bprog, planes, tree, nres, [lead_view(v, 1) for v in g.views] if g.views else None)
 
 
 def _stage_instance(f, split, b, api):

@@ -26,6 +26,7 @@ from .frontend.staging import Extern
 from .transforms.jvp_graph import jvp_graph
 from .transforms.program import TransformError, ct_aval, is_float
 from .transforms.vjp_graph import vjp_graph
+from .staged_results import staged_result
 
 
 def _is_scalar_float(x):
@@ -77,7 +78,7 @@ def jvp(f, primals, tangents):
     names = arg_names(f, len(primals))
     primals, tangents = _check_tangents(primals, tangents, names, api)
     if CONTEXT.transforming:                     # for the outer transform: lowered only if run
-        return Graph.from_closed(_jvp_graph(f, primals, tangents, names, api), lazy=True)
+        return staged_result(_jvp_graph(f, primals, tangents, names, api))
     with cache.staged(sig("jvp", f), (primals, tangents), lambda p, t: _jvp_graph(f, p, t, names, api),
                       Graph.from_closed) as e:
         return run(e.graph)
@@ -135,7 +136,10 @@ def _jvp_graph(f, primals, tangents, names, api):
             outs.append(z)
     jp = jp.replace(eqns=eqns)
     t_planes = [Extern(tangent_of(a), f"t_{names[a[0]]}") for a, fl in zip(s.arg_of, flags) if fl]
-    return graph_of(s, jp, (tree_unflatten(s.tree, outs[:k]), tree_unflatten(s.tree, outs[k:])), t_planes)
+    c = graph_of(s, jp, (tree_unflatten(s.tree, outs[:k]), tree_unflatten(s.tree, outs[k:])), t_planes)
+    if s.g.views:                     # a tangent is seen as its primal is (a Jacobian's axes)
+        c.views = list(s.g.views) * 2
+    return c
 
 
 # ---------------------------------------------------------------------------------------------

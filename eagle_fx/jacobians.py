@@ -16,7 +16,7 @@ from hawk_fx.core import Var
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from .api import (Staged, Transformed, argnums_checked, float_array, graph_of, is_array, name_of, refuse_no_float,
-                  select_result, sig)
+                  sig)
 from .batching import vmap
 from .derivatives import _grad_trees, jvp, promote, seed_planes, vjp_program
 from .transforms.program import ct_aval
@@ -139,7 +139,7 @@ def _jacobian(f, argnums, api, forward):
         out = _one_result(Staged(f, args, api)).shape
         if forward:
             def one(*ts):
-                return select_result(jvp(f, args, x.tangents(args, ts)), 1)
+                return jvp(f, args, x.tangents(args, ts))[1]
             c = vmap(one, in_axes=0).closed(*x.basis())
             v = c.result_vars()[0][0]                  # (size, *out): row i is d result / d (flat x)_i
             views = [_forward_view(x.offset[j], x.leaves[j].size, out, x.leaves[j].shape) for j in x.floats]
@@ -164,12 +164,23 @@ def _jacobian(f, argnums, api, forward):
     return t
 
 
+def _lead_aware(fn):
+    """Mark a view that reads only an instance's trailing axes: a batch axis in front is kept (vmap
+    of a Jacobian), see staged_results.lead_view."""
+    fn.lead_aware = True
+    return fn
+
+
 def _forward_view(off, size, out_shape, in_shape):
-    return lambda j: np.moveaxis(j[off:off + size], 0, -1).reshape(out_shape + in_shape)
+    def view(j):
+        lead = j.shape[:j.ndim - 1 - len(out_shape)]
+        t = np.moveaxis(j[(slice(None),) * len(lead) + (slice(off, off + size),)], len(lead), -1)
+        return t.reshape(lead + out_shape + in_shape)
+    return _lead_aware(view)
 
 
 def _reverse_view(out_shape, in_shape):
-    return lambda j: j.reshape(out_shape + in_shape)
+    return _lead_aware(lambda j: j.reshape(j.shape[:j.ndim - 1 - len(in_shape)] + out_shape + in_shape))
 
 
 def _second(f, a, b, api, squeeze):
@@ -190,7 +201,7 @@ def _second(f, a, b, api, squeeze):
                 prog = vjp_program(s2, xa.wrt(), api)
                 return graph_of(s2, prog, _grad_trees(s2, prog, [xa.k], xa.wrt())[0], seed_planes(s2, [ct]))
             vjp_row = Transformed(f"vjp({name_of(f)})", row)
-            return select_result(jvp(vjp_row, args, xb.tangents(args, ts)), 1)
+            return jvp(vjp_row, args, xb.tangents(args, ts))[1]
         c = vmap(one, in_axes=0).closed(cts, *tans)
         rows = c.result_vars()[0]                      # per floating leaf of x_a: (m * nb, *leaf shape)
         lead = () if squeeze and m == 1 else out
@@ -219,9 +230,10 @@ def _second(f, a, b, api, squeeze):
 
 def _second_view(m, nb, off, size, lead, a_shape, b_shape):
     def view(t):
-        t = t.reshape((m, nb, int(np.prod(a_shape))))[:, off:off + size]        # [j, i, k]: d(J[j, k]) / d x_b[i]
-        return np.swapaxes(t, 1, 2).reshape(lead + a_shape + b_shape)
-    return view
+        first = t.shape[:t.ndim - 1 - len(a_shape)]           # a batch axis in front (vmap of a Hessian)
+        t = t.reshape(first + (m, nb, int(np.prod(a_shape))))[..., off:off + size, :]   # [j, i, k]: d(J[j, k]) / d x_b[i]
+        return np.swapaxes(t, -1, -2).reshape(first + lead + a_shape + b_shape)
+    return _lead_aware(view)
 
 
 def _prepare(a, b=None):
