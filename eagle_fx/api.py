@@ -328,11 +328,6 @@ class Staged:
     def __init__(self, f, args, api):
         self.api, self.f, self.fname, self.args = api, f, name_of(f), args
         self.g = g = stage(f, args, api)        # a Closed
-        if api != "eagle_fx.jvp" and any(e.params.get("batch") for e in g.program.eqns):
-            raise TransformError(f"{api}: {self.fname} is batched (made by vmap or a Jacobian); differentiate "
-                                 "first, then batch: eagle_fx.vmap(eagle_fx.grad(f)); for second derivatives use "
-                                 "eagle_fx.hessian(f), eagle_fx.jacfwd(eagle_fx.jacrev(f)) or "
-                                 "eagle_fx.jvp(eagle_fx.grad(f), ...)")
         leaves, self.tree = g.result_vars()
         if not leaves:
             raise TypeError(f"{api}: {self.fname} declares no result (g.result = ...); transforms act on results")
@@ -356,6 +351,15 @@ class Staged:
                 if hit is not None:
                     self.view_of[hit] = e
         self.n = g.n
+
+    def refuse_batched(self):
+        """Reverse mode takes no batched program (one made by vmap or a Jacobian): say what to write."""
+        if any(e.params.get("batch") for e in self.g.program.eqns):
+            raise TransformError(f"{self.api}: {where(self.f)} is batched (made by vmap or a Jacobian, {self.fname}); "
+                                 f"reverse mode over a batched program is not supported: take this derivative "
+                                 "inside the batch (eagle_fx.vmap(eagle_fx.grad(f)), eagle_fx.vmap(eagle_fx.jacrev(f))) "
+                                 "or in forward mode (eagle_fx.jacfwd, eagle_fx.jvp: eagle_fx.jacfwd(eagle_fx.jacrev(f)) "
+                                 "is the Hessian)")
 
     def refuse_made(self, wrt):
         """An array a plain function computed in Python from a differentiated argument (u.sum(),

@@ -118,9 +118,6 @@ def _batch(f, args, axes, out_axes, api, name):
         raise ValueError(f"{api}({name}): no argument is batched; give at least one array an in_axes of 0")
     g, full = _stage_instance(f, split, 0, api)
     prog = g.program
-    if any(e.params.get("batch") for e in prog.eqns):
-        raise VmapError(f"{api}({name}): the function returns a graph another vmap made; batch nested vmaps as "
-                        "eagle_fx.vmap(eagle_fx.vmap(f, ...), ...), or reshape both axes into one, (B1 * B2, ...)")
     flags, planes = _batched_planes(f, split, g, full, B, api, name)
     bprog, out_flags = batch_program(prog, flags, B)
     leaves, tree = g.result_vars()

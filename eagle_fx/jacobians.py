@@ -19,6 +19,7 @@ from .api import (Staged, Transformed, argnums_checked, float_array, graph_of, i
                   sig)
 from .batching import vmap
 from .derivatives import _grad_trees, jvp, promote, seed_planes, vjp_program
+from .staged_results import then
 from .transforms.program import ct_aval
 
 
@@ -136,18 +137,20 @@ def _reshaped(c, tree, outputs, views):
 def _jacobian(f, argnums, api, forward):
     def make(*args):
         x = _Arg(args, argnums, api)
-        out = _one_result(Staged(f, args, api)).shape
+        s0 = Staged(f, args, api)
+        out = _one_result(s0).shape
+        seen = s0.g.views[0] if s0.g.views else None        # f's result has a view (a Jacobian's): kept
         if forward:
             def one(*ts):
                 return jvp(f, args, x.tangents(args, ts))[1]
             c = vmap(one, in_axes=0).closed(*x.basis())
             v = c.result_vars()[0][0]                  # (size, *out): row i is d result / d (flat x)_i
-            views = [_forward_view(x.offset[j], x.leaves[j].size, out, x.leaves[j].shape) for j in x.floats]
+            views = [then(_forward_view(x.offset[j], x.leaves[j].size, out, x.leaves[j].shape), seen, len(out),
+                          x.leaves[j].ndim) for j in x.floats]
             tree = tree_unflatten(x.tree, [v if j in x.floats else None for j in range(len(x.leaves))])
             leaves, tree = tree_flatten(tree, is_leaf=lambda u: isinstance(u, Var))
             return _reshaped(c, tree, leaves, views)
         m = int(np.prod(out))
-        s0 = Staged(f, args, api)
         basis = np.eye(m, dtype=ct_aval(s0.results[0].aval).dtype).reshape((m,) + out)
 
         def one(ct):
@@ -155,7 +158,7 @@ def _jacobian(f, argnums, api, forward):
             prog = vjp_program(s2, x.wrt(), api)
             return graph_of(s2, prog, _grad_trees(s2, prog, [x.k], x.wrt())[0], seed_planes(s2, [ct]))
         c = vmap(Transformed(f"vjp({name_of(f)})", one), in_axes=0).closed(basis)
-        c.views = [_reverse_view(out, x.leaves[j].shape) for j in x.floats]
+        c.views = [then(_reverse_view(out, x.leaves[j].shape), seen, len(out), x.leaves[j].ndim) for j in x.floats]
         return c
     t = Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, sig=sig(api, f, argnums),
                     prepare=_prepare(argnums))

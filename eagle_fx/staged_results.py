@@ -103,3 +103,20 @@ def lead_view(view, k):
         parts = [view(x) for x in a.reshape((-1,) + a.shape[k:])]
         return np.stack(parts).reshape(lead + parts[0].shape) if parts else a
     return each
+
+
+def then(view, inner, raw_nd, k):
+    """`view` (lead-aware, giving arrays (..., *raw, *tail) with k tail axes), then `inner`, the
+    view of the (*raw) part (the result's own view, when a Jacobian is taken of a Jacobian)."""
+    if inner is None:
+        return view
+
+    def fn(a):
+        t = view(a) if view is not None else a
+        nd = t.ndim
+        L = nd - raw_nd - k
+        t = np.moveaxis(t, list(range(nd - k, nd)), list(range(L, L + k)))       # (*lead, *tail, *raw)
+        t = lead_view(inner, L + k)(t)
+        return np.moveaxis(t, list(range(L, L + k)), list(range(t.ndim - k, t.ndim)))
+    fn.lead_aware = True
+    return fn

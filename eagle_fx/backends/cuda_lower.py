@@ -1157,10 +1157,12 @@ class _Lowering(SlotPlanner):
         self._broadcast(chain, self.slots[out], self.buf(atom), atom.aval, aval, "spread")
         return self.slots[out]
 
-    def _broadcast(self, chain, dst, src, src_aval, dst_aval, label):
-        """eagle_strided_copy of src over the leading axes of dst it lacks (NumPy's broadcasting)."""
+    def _broadcast(self, chain, dst, src, src_aval, dst_aval, label, axis=0):
+        """eagle_strided_copy of src over the leading axes of dst it lacks (NumPy's broadcasting);
+        axis > 0: over that axis of dst (an inner batch axis under an outer one)."""
         shape, item = tuple(dst.shape), dst_aval.dtype.itemsize
-        sshape = (1,) * (len(shape) - len(src.shape)) + tuple(src.shape)
+        sshape = (1,) * (len(shape) - len(src.shape)) + tuple(src.shape) if not axis else \
+            tuple(src.shape[:axis]) + (1,) + tuple(src.shape[axis:])
         sstr = [0 if d == 1 and t != 1 else st for d, t, st in zip(sshape, shape, _c_strides(sshape, item))]
         self._strided(chain, dst, src, dst_aval, (shape, sstr, 0), (shape, list(_c_strides(shape, item)), 0), label)
 
@@ -1172,7 +1174,7 @@ class _Lowering(SlotPlanner):
             if isinstance(x, Literal):
                 chain.memcpy(out, self.const(x.value, aval.dtype, tuple(out.shape)), label="constant")
             else:
-                self._broadcast(chain, out, self.buf(x), x.aval, aval, "batch_broadcast")
+                self._broadcast(chain, out, self.buf(x), x.aval, aval, "batch_broadcast", e.params.get("axis", 0))
             return
         src = self.buf(x)
         rows = min(int(src.shape[0]), int(out.shape[0]))

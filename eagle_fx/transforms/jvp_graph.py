@@ -71,6 +71,7 @@ def _call(e, env, tan, eqns, ts):
              for a, v in zip(params, spec.prog.inputs)]
     ins = [_read(a, env) for a in params] + [tan[a] for a, f in zip(params, flags) if f]
     jspec = jvp_spec(spec, flags)
+    jspec.__dict__.setdefault("primal_split", (len(params), len(e.outputs)))   # vmap: primals read no tangent
     if e.params.get("batch"):            # a batched call (vmap): a tangent is batched where its primal is
         fl = tuple(e.params["in_batched"][:len(params)])
         outs = eqns.bind(ir.call_p, ins, {"kernel": jspec.kernel, "spec": jspec, "n": n, "inplace": (),

@@ -1,0 +1,184 @@
+"""Every pair (and a sample of triples) of grad, value_and_grad, vjp, jvp, vmap, jacfwd, jacrev and
+hessian over one program with a capped loop (its guard read from the data), a counted loop and a
+`match`, against JAX on the same math in float64: the capped loop unrolled to its cap with
+jnp.where freezing finished turns, the counted loop a Python loop, the match a Python branch.
+
+A composition JAX refuses (grad of a function whose result is not one value) is refused here too.
+Our programs are one-sample (x has shape (1,): "one value"), where JAX's x is a scalar: results
+are compared leaf by leaf in value and size, and the tree of the result must be JAX's."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import eagle_fx as ef
+import hawk_fx as hawk
+from hawk_fx import Param, Scalar, UInt32
+from hawk_fx import math as hm
+from hawk_fx.tree import tree_flatten
+
+jax = pytest.importorskip("jax")
+jax.config.update("jax_enable_x64", True)
+jnp = jax.numpy
+
+CAP, LIM = 6, 0.5
+
+
+@hawk.kernel
+def big(x: Scalar, lim: Param) -> UInt32:
+    return hm.uint32(hawk.sum(hm.abs(x) > lim))
+
+
+@hawk.kernel
+def shrink(x: Scalar) -> Scalar:
+    return 0.6 * x + 0.1 * hm.sin(x)
+
+
+@hawk.kernel
+def step(x: Scalar, a: Param) -> Scalar:
+    return a * x + 0.1 * hm.tanh(x)
+
+
+@hawk.kernel
+def wob(x: Scalar) -> Scalar:
+    return hm.sin(x) * x
+
+
+@hawk.kernel
+def score(x: Scalar) -> Scalar:
+    return hawk.sum(x * x + 0.3 * x)
+
+
+@ef.Graph.builder
+def prog(x, a, n, sel):
+    g = ef.Graph()
+    flag = big(x, LIM)
+    for _ in range(CAP):                 # a capped loop: its guard is read from the data
+        if not flag:
+            break
+        x = shrink(x)
+        flag = big(x, LIM)
+    for _ in range(n):                   # a counted loop: n is a cell
+        x = step(x, a)
+    match sel:
+        case 0:
+            x = wob(x)
+        case _:
+            x = step(x, 0.7)
+    g.result = score(x)
+    return g
+
+
+A = np.array([1.1])
+N, SEL = 2, 0
+
+
+def jprog(s, a=1.1, n=N, sel=SEL):
+    """The same math in JAX on a scalar."""
+    run = jnp.abs(s) > LIM
+    for _ in range(CAP):
+        s = jnp.where(run, 0.6 * s + 0.1 * jnp.sin(s), s)
+        run = run & (jnp.abs(s) > LIM)
+    for _ in range(n):
+        s = a * s + 0.1 * jnp.tanh(s)
+    s = jnp.sin(s) * s if sel == 0 else 0.7 * s + 0.1 * jnp.tanh(s)
+    return s * s + 0.3 * s
+
+
+def base(lib):
+    if lib is ef:
+        n, sel = np.array([N], np.uint32), np.array([SEL], np.uint32)
+        return lambda x: prog(x, A, n, sel)
+    return jprog
+
+
+INNER = ["grad", "value_and_grad", "jvp", "vmap", "jacfwd", "jacrev", "hessian"]
+OUTER = INNER + ["vjp"]
+
+
+def wrap(lib, name, fn):
+    """Transform `name` of fn (one argument) as a function of one argument; inner results that are
+    trees are indexed, as a user of JAX would."""
+    if name == "value_and_grad":
+        return lambda x: lib.value_and_grad(fn)(x)[1]
+    if name == "jvp":
+        return lambda x: lib.jvp(fn, (x,), (np.ones(np.shape(x)) * 0.7,))[1]
+    return getattr(lib, name)(fn)
+
+
+def outer(lib, name, fn, x):
+    """The outermost transform, its whole result (a vjp: the result and the pullback of ones)."""
+    if name == "value_and_grad":
+        return lib.value_and_grad(fn)(x)
+    if name == "jvp":
+        return lib.jvp(fn, (x,), (np.ones(np.shape(x)) * 0.7,))
+    if name == "vjp":
+        y, pb = lib.vjp(fn, x)
+        return y, pb(np.ones(np.shape(y)))
+    return getattr(lib, name)(fn)(x)
+
+
+X0 = 1.3                               # three turns of the capped loop
+XS = np.array([1.3, 0.3, -0.8])        # per instance: three, none, two turns
+
+
+def inputs(chain):
+    """Our x and JAX's for a chain of transforms: one batch axis per vmap."""
+    k = chain.count("vmap")
+    if k == 0:
+        return np.array([X0]), np.float64(X0)
+    xs = XS if k == 1 else np.outer([1.0, 0.7], XS)
+    return xs[..., None].copy(), xs.copy()
+
+
+def compose(lib, chain, x):
+    fn = base(lib)
+    for name in reversed(chain[1:]):
+        fn = wrap(lib, name, fn)
+    return outer(lib, chain[0], fn, x)
+
+
+def check(chain):
+    ours_x, jax_x = inputs(chain)
+    try:
+        want = compose(jax, chain, jax_x)
+    except (TypeError, ValueError) as e:            # JAX refuses it (a result that is not one value)
+        with pytest.raises((TypeError, ValueError)):
+            compose(ef, chain, ours_x)
+        return str(e)
+    keep = ours_x.copy()
+    got = compose(ef, chain, ours_x)
+    g_leaves, g_tree = tree_flatten(got)
+    w_leaves, w_tree = tree_flatten(jax.tree_util.tree_map(np.asarray, want))
+    assert str(g_tree) == str(w_tree), f"result tree {g_tree}, JAX's {w_tree}"
+    for g, w in zip(g_leaves, w_leaves):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.size == w.size, f"{g.shape} vs JAX's {w.shape}"
+        np.testing.assert_allclose(g.reshape(w.shape), w, rtol=1e-9, atol=1e-11)
+    np.testing.assert_array_equal(ours_x, keep)
+    return None
+
+
+PAIRS = list(itertools.product(OUTER, INNER))
+
+
+@pytest.mark.parametrize("o,i", PAIRS, ids=[f"{o}-{i}" for o, i in PAIRS])
+def test_pair(o, i):
+    check([o, i])
+
+
+TRIPLES = list(itertools.product(OUTER, INNER, INNER))
+SAMPLED = [TRIPLES[k] for k in np.random.default_rng(23).choice(len(TRIPLES), 12, replace=False)]
+
+
+@pytest.mark.parametrize("t", SAMPLED, ids=["-".join(t) for t in SAMPLED])
+def test_sampled_triple(t):
+    check(list(t))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("t", TRIPLES, ids=["-".join(t) for t in TRIPLES])
+def test_triple(t):
+    check(list(t))
