@@ -352,15 +352,6 @@ class Staged:
                     self.view_of[hit] = e
         self.n = g.n
 
-    def refuse_batched(self):
-        """Reverse mode takes no batched program (one made by vmap or a Jacobian): say what to write."""
-        if any(e.params.get("batch") for e in self.g.program.eqns):
-            raise TransformError(f"{self.api}: {where(self.f)} is batched (made by vmap or a Jacobian, {self.fname}); "
-                                 f"reverse mode over a batched program is not supported: take this derivative "
-                                 "inside the batch (eagle_fx.vmap(eagle_fx.grad(f)), eagle_fx.vmap(eagle_fx.jacrev(f))) "
-                                 "or in forward mode (eagle_fx.jacfwd, eagle_fx.jvp: eagle_fx.jacfwd(eagle_fx.jacrev(f)) "
-                                 "is the Hessian)")
-
     def refuse_made(self, wrt):
         """An array a plain function computed in Python from a differentiated argument (u.sum(),
         u * 2, np.array(u)) is a constant to the graph: the derivative through it would be lost.

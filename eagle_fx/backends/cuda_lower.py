@@ -1335,3 +1335,12 @@ cuda_rules[ir.cell_inc_p] = _Lowering._gen_cell_count
 cuda_rules[ir.cell_rev_p] = _Lowering._gen_cell_count
 cuda_rules[ir.revolve_p] = _Lowering._gen_revolve
 cuda_rules[batch_broadcast_p] = _Lowering._gen_batch_broadcast
+
+
+@cuda_rules.refuse(ir.batch_sum_p)
+def _batch_sum(lw, chain, e, outs):
+    """Reverse mode over a batched program (grad of a Jacobian, jacrev of a vmap) sums a shared
+    value's cotangent over the instances: not lowered to CUDA yet (NumPy and JAX run it)."""
+    raise NotImplementedError(f"eagle_fx CUDA lowering: reverse mode over a batched program ({e.info.where}) sums "
+                              "over the batch, which the CUDA lowering does not do yet; run it on the NumPy or JAX "
+                              "backend, or take the derivative inside the batch (eagle_fx.vmap(eagle_fx.grad(f)))")

@@ -529,6 +529,11 @@ def _gen_broadcast(exe, g, d, e, outs):
     g.emit(d, _copy(f"b{outs[0]}", src, e.outputs[0].aval))
 
 
+@numpy_rules.register(ir.batch_sum_p)
+def _gen_batch_sum(exe, g, d, e, outs):
+    g.emit(d, f"np.sum({exe.b(e.inputs[0])}, axis={e.params.get('axis', 0)}, out=b{outs[0]})")
+
+
 # -- control flow --------------------------------------------------------------------------------------
 
 @numpy_rules.register(ir.cond_p)

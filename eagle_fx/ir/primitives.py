@@ -332,3 +332,15 @@ def _broadcast_abstract(x, *, size, axis=0):
 
 pp_params_rules[batch_broadcast_p] = lambda params: {"size": params["size"],
                                                      **({"axis": params["axis"]} if params.get("axis") else {})}
+
+# reverse mode over a batched program: the cotangent of a value every instance shares is the sum of
+# the instances' (the transpose of batch_broadcast); axis: the batch axis summed
+batch_sum_p = Primitive("batch_sum")
+
+
+@abstract_eval.register(batch_sum_p)
+def _batch_sum_abstract(x, *, axis=0):
+    return [plane_aval(x.shape[:axis] + x.shape[axis + 1:], x.dtype)]
+
+
+pp_params_rules[batch_sum_p] = lambda params: {"axis": params["axis"]} if params.get("axis") else {}

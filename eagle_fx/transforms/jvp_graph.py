@@ -217,6 +217,7 @@ def _read_tangent(e, env, tan, eqns):
 
 
 @jvp_rules.register(batch_broadcast_p)
+@jvp_rules.register(ir.batch_sum_p)
 @_linear
 def _broadcast_tangent(e, env, tan, eqns):
-    return eqns.bind(batch_broadcast_p, [tan[e.inputs[0]]], e.params)[0]
+    return eqns.bind(e.prim, [tan[e.inputs[0]]], e.params)[0]

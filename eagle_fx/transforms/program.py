@@ -65,13 +65,6 @@ def _host_node(e, api):
                          "function you differentiate")
 
 
-@_untransformable.register(ir.call_p)
-def _batched_call(e, api):
-    if e.params.get("batch") and api != "eagle_fx.jvp":      # forward mode carries the batch through
-        raise TransformError(f"{api}: the program is batched (made by vmap); reverse mode over it is not supported: "
-                             "take this derivative inside the batch (eagle_fx.vmap(eagle_fx.grad(f))) or in forward mode")
-
-
 def _name(fn):
     return getattr(fn, "__name__", type(fn).__name__)
 

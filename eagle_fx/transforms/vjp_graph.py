@@ -106,7 +106,15 @@ class _Vjp:
         values = [_read(a, env) if r or not self.in_loop or isinstance(a, Literal) else eqns.zeros(a.aval)
                   for a, r in zip(params, kernel_vjp(spec).reads)]
         kept = self.kept.get(e)
-        if kept is not None:        # the backward reading the forward's residuals; the plain one kept aside
+        if e.params.get("batch"):   # a batched call (vmap): its vjp over the same batch, shared inputs' cts summed
+            fl = tuple(e.params["in_batched"][:len(params)])
+            spec_b = vjp_spec(spec)
+            grads = eqns.bind(ir.call_p, values + seeds, {"kernel": spec_b.kernel, "spec": spec_b, "n": n, "inplace": (),
+                                                          "batch": e.params["batch"],
+                                                          "in_batched": fl + (True,) * len(seeds)}, e.info)
+            grads = iter([g if b else eqns.bind(ir.batch_sum_p, [g], {"axis": 0})[0]
+                          for g, b in zip(grads, [b for b, w in zip(fl, kernel_vjp(spec).wrt) if w])])
+        elif kept is not None:      # the backward reading the forward's residuals; the plain one kept aside
             sp = split_kernel(spec)
             with_res = [_read(a, env) if r or not self.in_loop or isinstance(a, Literal) else eqns.zeros(a.aval)
                         for a, r in zip(params, sp.reads)]
@@ -120,7 +128,17 @@ class _Vjp:
             if w:
                 _accumulate(ct, a, next(grads), eqns)
 
+    def refuse_masked(self, e):
+        """A device if or loop a vmap runs per instance (its predicate or guard differs by instance)."""
+        if e.params.get("masked"):
+            raise TransformError(f"{self.api}: the device {'loop' if e.prim is ir.while_p else 'condition'} at "
+                                 f"{e.info.where} runs per instance in a batched program (its guard differs by "
+                                 "instance); reverse mode over it is not supported: take the derivative inside the "
+                                 "batch (eagle_fx.vmap(eagle_fx.jacrev(f)) rather than eagle_fx.jacrev(eagle_fx.vmap(f))), "
+                                 "or in forward mode (eagle_fx.jacfwd)")
+
     def branches(self, e, cts, env, ct, eqns):
+        self.refuse_masked(e)
         ops = e.inputs[1:]
         op_wrt = [isinstance(a, Var) and is_float(a.aval) for a in ops]
         arms = []
@@ -156,6 +174,7 @@ class _Vjp:
 
     def forward_loop(self, e, env, eqns):
         """The loop, also stacking each turn's carries (unless checkpointed) and counting its turns."""
+        self.refuse_masked(e)
         body, cond = e.params["body"], e.params["cond"]
         w = ir.WhileOperands(e)
         consts, init = w.consts, w.carries
@@ -240,7 +259,7 @@ def _forward_loop(v, e, env, eqns, saved):
 
 @forward_rules.register(ir.call_p)
 def _forward_call(v, e, env, eqns, saved):
-    if not e.params.get("inplace") and split_kernel(e.params["spec"]):
+    if not e.params.get("inplace") and not e.params.get("batch") and split_kernel(e.params["spec"]):
         v.forward_call(e, env, eqns)
     else:
         copy_eqn(e, env, eqns)
@@ -260,10 +279,27 @@ def _opaque(v, e, cts, env, ct, eqns, saved):
     refuse_untransformable(e, v.api)
 
 
-@vjp_rules.refuse(ir.revolve_p, ir.stack_push_p, ir.stack_read_p, batch_broadcast_p)
+@vjp_rules.register(batch_broadcast_p)
+def _broadcast_transpose(v, e, cts, env, ct, eqns, saved):
+    """A value spread over a batch: its cotangent is the sum of the instances'."""
+    if ir.is_stack(e.outputs[0].aval):
+        raise TransformError(f"{v.api}: reverse mode over a batched program's stack of saved loop turns is not "
+                             "supported: take this derivative inside the batch (eagle_fx.vmap(eagle_fx.grad(f)))")
+    _accumulate(ct, e.inputs[0], eqns.bind(ir.batch_sum_p, [cts[0]], {"axis": e.params.get("axis", 0)})[0], eqns)
+
+
+@vjp_rules.register(ir.batch_sum_p)
+def _sum_transpose(v, e, cts, env, ct, eqns, saved):
+    """A sum over a batch: its cotangent spread over the instances."""
+    a = e.inputs[0]
+    axis = e.params.get("axis", 0)
+    _accumulate(ct, a, eqns.bind(batch_broadcast_p, [cts[0]], {"size": a.aval.shape[axis], "axis": axis})[0], eqns)
+
+
+@vjp_rules.refuse(ir.revolve_p, ir.stack_push_p, ir.stack_read_p)
 def _no_reverse(v, e, cts, env, ct, eqns, saved):
-    """A reverse pass (revolve, stacks of saved turns) or a batched program: reverse mode over it is
-    not supported (the loops that hold one are refused with what to do instead, in _Vjp._cap)."""
+    """A reverse pass (revolve, stacks of saved turns): reverse mode over it is not supported (the
+    loops that hold one are refused with what to do instead, in _Vjp._cap)."""
     raise NotImplementedError(f"{v.api}: no reverse rule for primitive '{e.prim}'")
 
 

@@ -179,6 +179,14 @@ class _Batcher:
                             "unbatched function at both levels (eagle_fx.vmap(eagle_fx.vmap(f)))")
         self.copy(e, atoms, [True], env, flags, eqns, dict(e.params, axis=e.params.get("axis", 0) + 1))
 
+    @batch_rules.register(ir.batch_sum_p)
+    def sum_again(self, e, atoms, fl, env, flags, eqns):
+        """Another vmap's sum over its batch, under this one: the axis after the outer batch's."""
+        if not fl[0]:
+            self.copy(e, atoms, [False], env, flags, eqns)
+            return
+        self.copy(e, atoms, [True], env, flags, eqns, dict(e.params, axis=e.params.get("axis", 0) + 1))
+
     def refuse_masked(self, e, fl):
         """A construct another vmap made per instance (a masked cond or loop, a stack of each
         instance's turns) taking values of this vmap's batch: not supported."""
