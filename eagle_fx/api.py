@@ -44,6 +44,7 @@ from .frontend.guards import ValueReadError, guarding, other_values, release, wh
 from .frontend.staging import Plane
 from .transforms.program import TransformError, dce
 from .staged_results import merge, staged_result
+from .transforms.reverse_again import holds_reverse, recomputing, reversible
 
 
 
@@ -351,6 +352,13 @@ class Staged:
                 if hit is not None:
                     self.view_of[hit] = e
         self.n = g.n
+
+    def reversible(self):
+        """Staged again with reversible reverse passes when it holds a reverse pass through a
+        loop, for reverse mode over it (transforms/reverse_again.py)."""
+        if not recomputing() and holds_reverse(self.g.program):
+            with reversible():
+                self.__init__(self.f, self.args, self.api)
 
     def refuse_made(self, wrt):
         """An array a plain function computed in Python from a differentiated argument (u.sum(),

@@ -149,6 +149,7 @@ def vjp_program(s: Staged, wrt, api, checkpoints=None):
     """The vjp Program of the staged graph: (inputs, a cotangent per float result) -> (results, a
     cotangent per (argument, leaf) in `wrt`, zeros for one the graph does not read). checkpoints=K:
     each device loop keeps at most K of its states and recomputes the others (binomial schedule)."""
+    s.reversible()
     s.refuse_views(wrt)
     s.refuse_made(wrt)
     want = set(wrt)

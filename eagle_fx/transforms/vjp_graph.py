@@ -25,6 +25,7 @@ from hawk_fx.diff import kernel_vjp, vjp_spec
 from .. import ir
 from . import structure
 from .kernel_residuals import split_kernel
+from .reverse_again import recomputing
 from .vmap import batch_broadcast_p
 from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, inline, is_float, \
     refuse_untransformable
@@ -56,6 +57,7 @@ def vjp_graph(prog: Program, wrt, capacity, api=API, checkpoints=None) -> Progra
 class _Vjp:
     def __init__(self, capacity, api, checkpoints=None):
         self.capacity, self.api, self.checkpoints = capacity, api, checkpoints
+        self.recompute = recomputing() and not checkpoints    # reversible: turns recomputed, no stacks (reverse_again.py)
         self.alias: dict = {}       # a sub-program's input -> the outer atom it reads (for trip counts)
         self.in_loop = 0            # > 0: building the vjp of a loop body (its values come from saved turns)
         self.top: set = set()       # the inputs of the outermost Program
@@ -161,8 +163,12 @@ class _Vjp:
             raise TransformError(f"{self.api}: the program already holds a reverse pass through a device loop; "
                                  "reverse mode over it again is not supported: take the outer derivative in "
                                  "forward mode (eagle_fx.jvp(eagle_fx.grad(f), ...): a Hessian-vector product)")
-        if self.checkpoints:
+        if self.checkpoints or self.recompute:
             return None             # no stack of turns: a checkpointed loop keeps K states, whatever its length
+        return self._bound(e)
+
+    def _bound(self, e):
+        """The most turns loop `e` runs, where known: its cap, or its trip count's capacity."""
         if e.params["cap"] is not None:
             return e.params["cap"]
         if e.params["counted"]:
@@ -179,7 +185,7 @@ class _Vjp:
         w = ir.WhileOperands(e)
         consts, init = w.consts, w.carries
         cap = self._cap(e)
-        stack_avals = [] if self.checkpoints else [ir.stack_aval(cap, a.aval.shape, a.aval.dtype) for a in init]
+        stack_avals = [] if self.checkpoints or self.recompute else [ir.stack_aval(cap, a.aval.shape, a.aval.dtype) for a in init]
         b_ins = [Var(v.aval, v.hint) for v in body.inputs]
         stacks = [Var(a) for a in stack_avals]
         turns = Var(ir.U32_CELL)
@@ -201,6 +207,8 @@ class _Vjp:
     def loop(self, e, cts, env, ct, eqns, saved):
         if self.checkpoints:
             return self.revolve(e, cts, env, ct, eqns, saved[1])
+        if self.recompute:
+            return self.recomputed(e, cts, env, ct, eqns, saved[1])
         stacks, turns = saved
         w = self._loop_parts(e)
         # the backward body: (turn, consts, turns, stacks, carry cts, const ct sums) -> (carry cts, sums)
@@ -215,6 +223,26 @@ class _Vjp:
         inputs = [turns] + [_read(a, env) for a in w.consts] + [turns] + list(stacks) + w.seeds(cts, eqns)
         params = {"body": r_body, "cond": None, "cap": None, "counted": True,
                   "n_consts": w.nc + 1 + len(stacks), "inplace": ()}
+        w.accumulate(eqns.bind(ir.while_p, inputs, params, e.info), ct, eqns)
+
+    def recomputed(self, e, cts, env, ct, eqns, turns):
+        """The backward as a counted loop whose turn t runs the body again from the loop's entry
+        to turn turns - 1 - t (a counted loop), then its vjp: plain loops, reversible again."""
+        w = self._loop_parts(e)
+        r_turn, r_turns = Var(ir.U32_CELL), Var(ir.U32_CELL)
+        r_consts = [Var(a.aval) for a in w.consts]
+        r_init = [Var(a.aval) for a in w.init]
+        b = Eqns()
+        idx = b.bind(ir.cell_rev_p, [r_turns, r_turn], {})[0]
+        again = {"body": copy_program(e.params["body"]), "cond": None, "cap": self._bound(e), "counted": True,
+                 "n_consts": w.nc, "inplace": ()}
+        carries = b.bind(ir.while_p, [idx] + r_consts + r_init, again, e.info)
+        body_cts = w.body_cts(b, idx, r_consts, carries)
+        r_body = dce(Program([r_turn] + r_consts + [r_turns] + r_init + w.r_cts + w.r_sums, b, body_cts))
+        inputs = [turns] + [_read(a, env) for a in w.consts] + [turns] + [_read(a, env) for a in w.init] \
+            + w.seeds(cts, eqns)
+        params = {"body": r_body, "cond": None, "cap": None, "counted": True,
+                  "n_consts": w.nc + 1 + len(w.init), "inplace": ()}
         w.accumulate(eqns.bind(ir.while_p, inputs, params, e.info), ct, eqns)
 
     def revolve(self, e, cts, env, ct, eqns, turns):
