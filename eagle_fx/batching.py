@@ -20,6 +20,7 @@ from .frontend.building import Builder
 from .api import Transformed, is_array, name_of, sig, stage
 from .frontend.staging import Extern
 from .staged_results import lead_view
+from .transforms.reverse_again import holds_reverse, recomputing, reversible
 from .transforms.program import written_inputs
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
 
@@ -117,6 +118,9 @@ def _batch(f, args, axes, out_axes, api, name):
     if B is None:
         raise ValueError(f"{api}({name}): no argument is batched; give at least one array an in_axes of 0")
     g, full = _stage_instance(f, split, 0, api)
+    if not recomputing() and holds_reverse(g.program) and any(e.params.get("batch") for e in g.program.eqns):
+        with reversible():       # a batched stack of saved turns is not batched again: turns recomputed instead
+            g, full = _stage_instance(f, split, 0, api)
     prog = g.program
     flags, planes = _batched_planes(f, split, g, full, B, api, name)
     bprog, out_flags = batch_program(prog, flags, B)
