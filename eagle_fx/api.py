@@ -43,6 +43,7 @@ from .graph import Graph
 from .frontend.guards import ValueReadError, guarding, other_values, release, where
 from .frontend.staging import Plane
 from .transforms.program import TransformError, dce
+from . import seams
 from .staged_results import merge, staged_result
 from .transforms.reverse_again import holds_reverse, recomputing, reversible
 
@@ -141,7 +142,7 @@ def stage(f, args, api):
     lowered), a transformed function makes it, a plain function must return a Graph (it calls a
     builder or a transform inside: a lambda around jvp). Transforms stage even inside
     disable_staging(), as JAX's grad and vmap run under disable_jit."""
-    with CONTEXT.enter(deferring=True), disable_staging(False):
+    with CONTEXT.enter(deferring=True), disable_staging(False), seams.staging(api):
         return _stage(f, args, api)
 
 
@@ -426,11 +427,13 @@ def arg_names(f, n):
     return names + [str(k) for k in range(len(names), n)]
 
 
-def refuse_no_float(api, name, arg):
+def refuse_no_float(api, name, arg, at=None):
     """Argument `name`, picked by argnums, holds no floating array: it has no derivative. Integer
-    inputs have none, as jax.grad says (it requires inexact inputs)."""
+    inputs have none, as jax.grad says (it requires inexact inputs). `at`: the user's function."""
     ints = [x for x in tree_flatten(arg, is_leaf=is_array)[0]
             if isinstance(x, (int, np.integer, np.ndarray)) and np.asarray(x).dtype.kind in "biu"]
+    if at is not None:
+        api = f"{api}: {at}"
     if ints:
         raise TypeError(f"{api}: argument {name} holds no floating array, only integer values "
                         f"({np.asarray(ints[0]).dtype}); integer inputs have no derivative (as in JAX, a derivative "

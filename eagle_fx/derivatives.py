@@ -27,6 +27,8 @@ from .transforms.jvp_graph import jvp_graph
 from .transforms.program import TransformError, ct_aval, is_float
 from .transforms.vjp_graph import vjp_graph
 from .staged_results import staged_result
+from . import seams
+from .frontend.guards import where
 
 
 def _is_scalar_float(x):
@@ -185,6 +187,15 @@ def _grad_trees(s, prog, ks, wrt):
     return tuple(tree_unflatten(s.arg_trees[k], [gvars.get((k, j)) for j in range(len(s.leaves[k]))]) for k in ks)
 
 
+def _looks_like_aux(s):
+    """A result (value, aux): a pair whose first part is one floating value."""
+    t = s.tree
+    if t.kind not in ("tuple", "list") or len(t.children) != 2 or t.children[0].num_leaves != 1 or len(s.results) < 2:
+        return False
+    v = s.results[0]
+    return int(np.prod(v.aval.shape)) == 1 and is_float(v.aval)
+
+
 def _split_aux(s, has_aux, api):
     """(the number of primal result leaves, the aux tree or None) of a has_aux function."""
     if not has_aux:
@@ -295,10 +306,17 @@ def _new_gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
         for k in ks:
             here = [(k, j) for j, x in enumerate(s.leaves[k]) if float_array(x)]
             if not here:
-                refuse_no_float(api, arg_names(f, len(args))[k], args[k])
+                refuse_no_float(seams.composition(api, name_of(f)), arg_names(f, len(args))[k], args[k],
+                                where(getattr(f, "fn", None) or f))
             wrt += here
         n_out, aux_tree = _split_aux(s, has_aux, api)
         v = s.results[0]
+        if not has_aux and _looks_like_aux(s):
+            fn = api.split('.')[-1]
+            raise TypeError(f"{seams.composition(api, s.fname)}: {where(getattr(f, 'fn', None) or f)} returns a pair "
+                            f"whose first part is one value, (value, aux), and {fn} needs one value. Pass has_aux=True: eagle_fx.{fn}({s.fname}, "
+                            f"has_aux=True) returns " + ("((value, aux), gradient)" if with_value else
+                                                          "(gradient, aux)") + "; or return the value alone")
         if n_out != 1 or int(np.prod(v.aval.shape)) != 1 or not is_float(v.aval):
             shapes = [r.aval.shape for r in s.results[:n_out]]
             raise TypeError(f"{api}: {s.fname} returns {shapes}; {api.split('.')[-1]} needs one value (a one-cell "
