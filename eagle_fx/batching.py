@@ -120,7 +120,7 @@ def _batch(f, args, axes, out_axes, api, name):
     g, full = _stage_instance(f, split, 0, api)
     if not recomputing() and holds_reverse(g.program) and any(e.params.get("batch") for e in g.program.eqns):
         with reversible():       # a batched stack of saved turns is not batched again: turns recomputed instead
-            g, full = _stage_instance(f, split, 0, api)
+            return _batch(f, args, axes, out_axes, api, name)
     prog = g.program
     flags, planes = _batched_planes(f, split, g, full, B, api, name)
     bprog, out_flags = batch_program(prog, flags, B)
