@@ -301,6 +301,10 @@ def _gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
 def _new_gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
     def make(*args):
         ks, multi = argnums_of(argnums, len(args), api)
+        for k in ks:                 # before staging: an integer argument may not even stage (an arm's dtype)
+            if not any(float_array(x) for x in tree_flatten(args[k], is_leaf=is_array)[0]):
+                refuse_no_float(seams.composition(api, name_of(f)), arg_names(f, len(args))[k], args[k],
+                                where(getattr(f, "fn", None) or f))
         s = Staged(f, args, api)
         wrt = []
         for k in ks:
