@@ -198,6 +198,12 @@ def check(chain, against_jax=False):
         assert "eagle_fx.vmap(eagle_fx.jac" in str(info.value)
         np.testing.assert_array_equal(ours_x, keep)
         return "refused"
+    if _per_instance_batched_again(chain):
+        # a per-instance loop of an inner vmap under a second batch (not vmap(vmap(f)) itself): refused
+        with pytest.raises(ValueError, match="per instance|a view of argument"):
+            compose(ef, chain, ours_x)
+        np.testing.assert_array_equal(ours_x, keep)
+        return "refused"
     got = compose(ef, chain, ours_x)
     g_leaves, g_tree = tree_flatten(got)
     w_leaves, w_tree = tree_flatten(want)
@@ -218,6 +224,11 @@ def _per_instance_under_derivative(chain):
     below it, whose capped loop then runs per instance (XS's instances run different turns)."""
     first = chain.index("vmap") if "vmap" in chain else None
     return first is not None and any(t in ("jacfwd", "jacrev", "hessian", "vjp") for t in chain[:first])
+
+
+def _per_instance_batched_again(chain):
+    """Two vmaps, the inner one's loop per instance, under anything but vmap(vmap(f)) itself."""
+    return chain.count("vmap") >= 2 and chain[:2] != ["vmap", "vmap"] or chain.count("vmap") >= 3
 
 
 PAIRS = list(itertools.product(OUTER, INNER))
