@@ -19,8 +19,9 @@ result tree), and only the outermost call lowers one, once: builders staged insi
 close their graphs without lowering them. A transformed function, called, replays a cached graph
 for the arguments' layout and returns copies of its result (eagle_fx/frontend/cache.py); `.graph(*args)`
 gives a new Graph (bind, launch and result work on it). vmap of a builder is a builder: it returns
-the Graph. Inside a function handed to a transform (vmap(lambda x, t: eagle_fx.jvp(f, (x,), (t,)))),
-transformed functions and jvp return Graphs lowered only if run, for the outer transform to take.
+the Graph. Inside a function handed to a transform (vmap(lambda x, t: eagle_fx.jvp(f, (x,), (t,))[1])),
+transformed functions and jvp return their result's tree with a Graph lowered only if run at each
+leaf (staged_results.py), for the outer transform to take.
 """
 from __future__ import annotations
 
