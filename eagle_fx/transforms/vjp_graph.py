@@ -234,14 +234,17 @@ class _Vjp:
         r_init = [Var(a.aval) for a in w.init]
         b = Eqns()
         idx = b.bind(ir.cell_rev_p, [r_turns, r_turn], {})[0]
-        again = {"body": copy_program(e.params["body"]), "cond": None, "cap": self._bound(e), "counted": True,
+        # a capped loop's cap bounds both loops (static sizes for their reverse on JAX); a counted
+        # loop's trip count is read at replay, so no bound is set from the one seen at build
+        cap = e.params["cap"]
+        again = {"body": copy_program(e.params["body"]), "cond": None, "cap": cap, "counted": True,
                  "n_consts": w.nc, "inplace": ()}
         carries = b.bind(ir.while_p, [idx] + r_consts + r_init, again, e.info)
         body_cts = w.body_cts(b, idx, r_consts, carries)
         r_body = dce(Program([r_turn] + r_consts + [r_turns] + r_init + w.r_cts + w.r_sums, b, body_cts))
         inputs = [turns] + [_read(a, env) for a in w.consts] + [turns] + [_read(a, env) for a in w.init] \
             + w.seeds(cts, eqns)
-        params = {"body": r_body, "cond": None, "cap": None, "counted": True,
+        params = {"body": r_body, "cond": None, "cap": cap, "counted": True,
                   "n_consts": w.nc + 1 + len(w.init), "inplace": ()}
         w.accumulate(eqns.bind(ir.while_p, inputs, params, e.info), ct, eqns)
 
