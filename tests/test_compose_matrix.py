@@ -261,3 +261,17 @@ def test_sampled_triple(t):
 @pytest.mark.parametrize("t", TRIPLES, ids=["-".join(t) for t in TRIPLES])
 def test_triple(t):
     check(list(t))
+
+
+ON_CUDA = [["vmap", "jacfwd"], ["jacfwd", "jacfwd"], ["grad", "grad"], ["jvp", "vmap"]]
+
+
+@pytest.mark.parametrize("chain", ON_CUDA, ids=["-".join(c) for c in ON_CUDA])
+def test_compositions_on_the_cuda_lowering(chain):
+    """The same checks with the CUDA lowering on the fake device (an inner batch spread over an
+    outer one, reverse over reverse); reverse over a batched program is refused there."""
+    from eagle_fx.backends.select import use_backend
+    with use_backend("fake-cuda"):
+        check(chain)
+        with pytest.raises(NotImplementedError, match="sums over the batch"):
+            compose(ef, ["grad", "jacfwd"], inputs(["grad"])[0])

@@ -1341,6 +1341,6 @@ cuda_rules[batch_broadcast_p] = _Lowering._gen_batch_broadcast
 def _batch_sum(lw, chain, e, outs):
     """Reverse mode over a batched program (grad of a Jacobian, jacrev of a vmap) sums a shared
     value's cotangent over the instances: not lowered to CUDA yet (NumPy and JAX run it)."""
-    raise NotImplementedError(f"eagle_fx CUDA lowering: reverse mode over a batched program ({e.info.where}) sums "
-                              "over the batch, which the CUDA lowering does not do yet; run it on the NumPy or JAX "
+    raise NotImplementedError("eagle_fx CUDA lowering: reverse mode over a batched program" +
+                              (f" ({e.info.where})" if e.info.where else "") + " sums over the batch, which the CUDA lowering does not do yet; run it on the NumPy or JAX "
                               "backend, or take the derivative inside the batch (eagle_fx.vmap(eagle_fx.grad(f)))")
