@@ -433,14 +433,16 @@ def refuse_no_float(api, name, arg, at=None):
     inputs have none, as jax.grad says (it requires inexact inputs). `at`: the user's function."""
     ints = [x for x in tree_flatten(arg, is_leaf=is_array)[0]
             if isinstance(x, (int, np.integer, np.ndarray)) and np.asarray(x).dtype.kind in "biu"]
-    if at is not None:
-        api = f"{api}: {at}"
+    head, tail = api, ""
+    if at is not None:                       # api: the composition as written; at: the user's function
+        head, tail = api[api.rfind("eagle_fx."):].split("(")[0], f" (in {api}, at {at})"
     if ints:
-        raise TypeError(f"{api}: argument {name} holds no floating array, only integer values "
+        raise TypeError(f"{head}: argument {name} holds no floating array, only integer values "
                         f"({np.asarray(ints[0]).dtype}); integer inputs have no derivative (as in JAX, a derivative "
-                        "needs floating inputs): pass a float array (x.astype(np.float64)), or pick another argnums")
-    raise TypeError(f"{api}: argument {name} is {type(arg).__name__} and holds no floating array; it has no "
-                    "derivative: pass a float array (or a tree of them), or pick another argnums")
+                        f"needs floating inputs): pass a float array (x.astype(np.float64)), or pick another argnums"
+                        f"{tail}")
+    raise TypeError(f"{head}: argument {name} is {type(arg).__name__} and holds no floating array; it has no "
+                    f"derivative: pass a float array (or a tree of them), or pick another argnums{tail}")
 
 
 def argnums_checked(argnums, api):

@@ -323,10 +323,14 @@ def _new_gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
                                                           "(gradient, aux)") + "; or return the value alone")
         if n_out != 1 or int(np.prod(v.aval.shape)) != 1 or not is_float(v.aval):
             shapes = [r.aval.shape for r in s.results[:n_out]]
-            raise TypeError(f"{api}: {s.fname} returns {shapes}; {api.split('.')[-1]} needs one value (a one-cell "
+            jac = getattr(f, "__name__", "").startswith(("jacrev(", "jacfwd(", "hessian("))
+            raise TypeError(f"{api}: {s.fname} returns {shapes}" + (", a Jacobian" if jac else "") +
+                            f"; {api.split('.')[-1]} needs one value (a one-cell "
                             "float result, e.g. from hawk.sum)" + (", then the aux tree: g.result = (value, aux)"
                                                                     if has_aux else "") +
-                            "; for other results use eagle_fx.vjp or eagle_fx.jacrev")
+                            ("; for second derivatives use eagle_fx.hessian(f), eagle_fx.jacfwd(eagle_fx.jacrev(f)) "
+                             "or eagle_fx.jacrev(eagle_fx.jacrev(f))" if jac else
+                             "; for other results use eagle_fx.vjp or eagle_fx.jacrev"))
         prog = vjp_program(s, wrt, api, checkpoints)
         grads = _grad_trees(s, prog, ks, wrt)
         grads = grads if multi else grads[0]
