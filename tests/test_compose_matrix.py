@@ -275,3 +275,27 @@ def test_compositions_on_the_cuda_lowering(chain):
         check(chain)
         with pytest.raises(NotImplementedError, match="sums over the batch"):
             compose(ef, ["grad", "jacfwd"], inputs(["grad"])[0])
+
+
+def test_derivatives_of_a_vmap_with_a_shared_condition_match_jax():
+    """jacfwd, jacrev and vjp of vmap(f) where the if and the loop count are shared (cells with
+    in_axes None): the loops stay unmasked and reverse mode sums nothing it should not."""
+    from tour_kernels import cell, loss
+
+    def jloss(x):
+        x = jnp.sin(x) * x
+        x = jax.lax.fori_loop(0, 3, lambda i, v: 1.1 * v + 0.1 * jnp.tanh(v), x)
+        return jnp.sum(x * x)
+    xs = np.random.default_rng(3).normal(size=(3, 4))
+    keep = xs.copy()
+    batched = ef.vmap(loss, in_axes=(0, None, None))
+    for name in ("jacfwd", "jacrev"):
+        got = getattr(ef, name)(batched)(xs, cell(1), cell(3))
+        want = np.asarray(getattr(jax, name)(jax.vmap(jloss))(xs))
+        assert np.size(got) == want.size
+        np.testing.assert_allclose(np.reshape(got, want.shape), want, rtol=1e-10, atol=1e-12)
+    y, pullback = ef.vjp(batched, xs, cell(1), cell(3))
+    ct = np.arange(3.0).reshape(3, 1)
+    _, jpb = jax.vjp(jax.vmap(jloss), xs)
+    np.testing.assert_allclose(pullback(ct)[0], np.asarray(jpb(ct.ravel())[0]), rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(xs, keep)
