@@ -19,8 +19,9 @@ result tree), and only the outermost call lowers one, once: builders staged insi
 close their graphs without lowering them. A transformed function, called, replays a cached graph
 for the arguments' layout and returns copies of its result (eagle_fx/frontend/cache.py); `.graph(*args)`
 gives a new Graph (bind, launch and result work on it). vmap of a builder is a builder: it returns
-the Graph. Inside a function handed to a transform (vmap(lambda x, t: eagle_fx.jvp(f, (x,), (t,)))),
-transformed functions and jvp return Graphs lowered only if run, for the outer transform to take.
+the Graph. Inside a function handed to a transform (vmap(lambda x, t: eagle_fx.jvp(f, (x,), (t,))[1])),
+transformed functions and jvp return their result's tree with a Graph lowered only if run at each
+leaf (staged_results.py), for the outer transform to take.
 """
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ from .graph import Graph
 from .frontend.guards import ValueReadError, guarding, other_values, release, where
 from .frontend.staging import Plane
 from .transforms.program import TransformError, dce
+from . import seams
+from .staged_results import merge, staged_result
+from .transforms.reverse_again import holds_reverse, recomputing, reversible
 
 
 
@@ -82,7 +86,7 @@ class Transformed(cache.Cached):
             return fn(*arrays)
         if CONTEXT.transforming:
             args = release(args)
-            return Graph.from_closed(self.closed(*args), lazy=True)      # for the outer transform: lowered only if run
+            return staged_result(self.closed(*args))      # for the outer transform: lowered only if run
         if not self._values:              # a graph (vmap of a builder): staged once per layout, bound to these arrays
             args, traced = self._traced(args)
             with traced_hint(self.__name__, traced):
@@ -215,7 +219,7 @@ def stage(f, args, api):
     lowered), a transformed function makes it, a plain function must return a Graph (it calls a
     builder or a transform inside: a lambda around jvp). Transforms stage even inside
     disable_staging(), as JAX's grad and vmap run under disable_jit."""
-    with CONTEXT.enter(deferring=True), disable_staging(False):
+    with CONTEXT.enter(deferring=True), disable_staging(False), seams.staging(api):
         return _stage(f, args, api)
 
 
@@ -230,6 +234,8 @@ def _stage(f, args, api):
     else:
         other = _restage(f, args, api)       # first, so what the function leaves behind is from its real staging
         g = _call_plain(f, args, api)
+        if not isinstance(g, (Graph, Closed)):
+            g = merge(g, api, name_of(f)) or g        # a tree of transforms' results: (y, t), jvp(...)[1]
     if not isinstance(g, Graph) and isinstance(g, (np.ndarray, np.generic, float, int, Plane)):
         what = "ndarray" if isinstance(g, np.ndarray) else "a graph's result" if isinstance(g, Plane) else \
             type(g).__name__
@@ -401,11 +407,6 @@ class Staged:
     def __init__(self, f, args, api):
         self.api, self.f, self.fname, self.args = api, f, name_of(f), args
         self.g = g = stage(f, args, api)        # a Closed
-        if any(e.params.get("batch") for e in g.program.eqns):
-            raise TransformError(f"{api}: {self.fname} is batched (made by vmap or a Jacobian); differentiate "
-                                 "first, then batch: eagle_fx.vmap(eagle_fx.grad(f)); for second derivatives use "
-                                 "eagle_fx.hessian(f), eagle_fx.jacfwd(eagle_fx.jacrev(f)) or "
-                                 "eagle_fx.jvp(eagle_fx.grad(f), ...)")
         leaves, self.tree = g.result_vars()
         if not leaves:
             raise TypeError(f"{api}: {self.fname} declares no result (g.result = ...); transforms act on results")
@@ -429,6 +430,13 @@ class Staged:
                 if hit is not None:
                     self.view_of[hit] = e
         self.n = g.n
+
+    def reversible(self):
+        """Staged again with reversible reverse passes when it holds a reverse pass through a
+        loop, for reverse mode over it (transforms/reverse_again.py)."""
+        if not recomputing() and holds_reverse(self.g.program):
+            with reversible():
+                self.__init__(self.f, self.args, self.api)
 
     def refuse_made(self, wrt):
         """An array a plain function computed in Python from a differentiated argument (u.sum(),
@@ -482,14 +490,6 @@ def graph_of(s: Staged, prog, outputs, extra_planes):
     return s.graph(dce(prog.replace(outputs=leaves)), extra_planes, tree, len(leaves))
 
 
-def select_result(g, k):
-    """A closed Program over g's inputs whose result is part k of g's result tuple (a jvp graph's tangent)."""
-    c = closed_of(g)
-    leaves, tree = c.result_vars()
-    start = sum(t.num_leaves for t in tree.children[:k])
-    part = tree.children[k]
-    outs = leaves[start:start + part.num_leaves]
-    return c.derive(dce(c.program.replace(outputs=outs)), c.planes, part, len(outs))
 
 
 def arg_names(f, n):
@@ -504,17 +504,21 @@ def arg_names(f, n):
     return names + [str(k) for k in range(len(names), n)]
 
 
-def refuse_no_float(api, name, arg):
+def refuse_no_float(api, name, arg, at=None):
     """Argument `name`, picked by argnums, holds no floating array: it has no derivative. Integer
-    inputs have none, as jax.grad says (it requires inexact inputs)."""
+    inputs have none, as jax.grad says (it requires inexact inputs). `at`: the user's function."""
     ints = [x for x in tree_flatten(arg, is_leaf=is_array)[0]
             if isinstance(x, (int, np.integer, np.ndarray)) and np.asarray(x).dtype.kind in "biu"]
+    head, tail = api, ""
+    if at is not None:                       # api: the composition as written; at: the user's function
+        head, tail = api[api.rfind("eagle_fx."):].split("(")[0], f" (in {api}, at {at})"
     if ints:
-        raise TypeError(f"{api}: argument {name} holds no floating array, only integer values "
+        raise TypeError(f"{head}: argument {name} holds no floating array, only integer values "
                         f"({np.asarray(ints[0]).dtype}); integer inputs have no derivative (as in JAX, a derivative "
-                        "needs floating inputs): pass a float array (x.astype(np.float64)), or pick another argnums")
-    raise TypeError(f"{api}: argument {name} is {type(arg).__name__} and holds no floating array; it has no "
-                    "derivative: pass a float array (or a tree of them), or pick another argnums")
+                        f"needs floating inputs): pass a float array (x.astype(np.float64)), or pick another argnums"
+                        f"{tail}")
+    raise TypeError(f"{head}: argument {name} is {type(arg).__name__} and holds no floating array; it has no "
+                    f"derivative: pass a float array (or a tree of them), or pick another argnums{tail}")
 
 
 def argnums_checked(argnums, api):

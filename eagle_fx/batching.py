@@ -19,6 +19,8 @@ from . import ir
 from .frontend.building import Builder
 from .api import Transformed, is_array, name_of, sig, stage
 from .frontend.staging import Extern
+from .staged_results import lead_view
+from .transforms.reverse_again import holds_reverse, recomputing, reversible
 from .transforms.program import written_inputs
 from .transforms.vmap import VmapError, batch_broadcast_p, batch_program
 
@@ -107,7 +109,7 @@ def _batch(f, args, axes, out_axes, api, name):
             if a.shape == (1,) and a.dtype == np.uint32:
                 raise ValueError(f"{api}({name}): {at} is a one-cell array of shape {a.shape}; its only "
                                  "axis is the cell, not a batch: give it in_axes None, or stack B cells as (B, 1)")
-            a = np.moveaxis(a, ax, 0)
+            a = a if ax % a.ndim == 0 else np.moveaxis(a, ax, 0)    # the argument itself where it can: derivatives follow it
             if B is None:
                 B, first = a.shape[0], at
             elif a.shape[0] != B:
@@ -120,10 +122,10 @@ def _batch(f, args, axes, out_axes, api, name):
     if B is None:
         raise ValueError(f"{api}({name}): no argument is batched; give at least one array an in_axes of 0")
     g, full = _stage_instance(f, split, 0, api)
+    if not recomputing() and holds_reverse(g.program) and any(e.params.get("batch") for e in g.program.eqns):
+        with reversible():       # a batched stack of saved turns is not batched again: turns recomputed instead
+            return _batch(f, args, axes, out_axes, api, name)
     prog = g.program
-    if any(e.params.get("batch") for e in prog.eqns):
-        raise VmapError(f"{api}({name}): the function returns a graph another vmap made; batch nested vmaps as "
-                        "eagle_fx.vmap(eagle_fx.vmap(f, ...), ...), or reshape both axes into one, (B1 * B2, ...)")
     flags, planes = _batched_planes(f, split, g, full, B, api, name)
     bprog, out_flags = batch_program(prog, flags, B)
     leaves, tree = g.result_vars()
@@ -140,7 +142,7 @@ def _batch(f, args, axes, out_axes, api, name):
             eqns.append(Eqn(batch_broadcast_p, [outs[j]], [v], {"size": B}))
             outs[j] = v
     bprog = bprog.replace(eqns=eqns, outputs=outs)
-    return g.derive(bprog, planes, tree, nres)
+    return g.derive(bprog, planes, tree, nres, [lead_view(v, 1) for v in g.views] if g.views else None)
 
 
 def _stage_instance(f, split, b, api):

@@ -27,6 +27,9 @@ from .frontend.staging import Extern
 from .transforms.jvp_graph import jvp_graph
 from .transforms.program import TransformError, ct_aval, is_float
 from .transforms.vjp_graph import vjp_graph
+from .staged_results import staged_result
+from . import seams
+from .frontend.guards import where
 
 
 def _is_scalar_float(x):
@@ -82,7 +85,7 @@ def jvp(f, primals, tangents):
     names = arg_names(f, len(primals))
     primals, tangents = _check_tangents(primals, tangents, names, api)
     if CONTEXT.transforming:                     # for the outer transform: lowered only if run
-        return Graph.from_closed(_jvp_graph(f, primals, tangents, names, api), lazy=True)
+        return staged_result(_jvp_graph(f, primals, tangents, names, api))
     primals, traced = cache.traced_floats(primals, cache.static_of(f), api)
     with traced_hint(api, traced), cache.staged(sig("jvp", f), (primals, tangents),
                                                 lambda p, t: _jvp_graph(f, p, t, names, api), Graph.from_closed) as e:
@@ -141,7 +144,10 @@ def _jvp_graph(f, primals, tangents, names, api):
             outs.append(z)
     jp = jp.replace(eqns=eqns)
     t_planes = [Extern(tangent_of(a), f"t_{names[a[0]]}") for a, fl in zip(s.arg_of, flags) if fl]
-    return graph_of(s, jp, (tree_unflatten(s.tree, outs[:k]), tree_unflatten(s.tree, outs[k:])), t_planes)
+    c = graph_of(s, jp, (tree_unflatten(s.tree, outs[:k]), tree_unflatten(s.tree, outs[k:])), t_planes)
+    if s.g.views:                     # a tangent is seen as its primal is (a Jacobian's axes)
+        c.views = list(s.g.views) * 2
+    return c
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,6 +157,7 @@ def vjp_program(s: Staged, wrt, api, checkpoints=None):
     """The vjp Program of the staged graph: (inputs, a cotangent per float result) -> (results, a
     cotangent per (argument, leaf) in `wrt`, zeros for one the graph does not read). checkpoints=K:
     each device loop keeps at most K of its states and recomputes the others (binomial schedule)."""
+    s.reversible()
     s.refuse_views(wrt)
     s.refuse_made(wrt)
     want = set(wrt)
@@ -184,6 +191,15 @@ def _grad_trees(s, prog, ks, wrt):
     """Per argument in ks, its tree of gradient Vars (None at leaves that are not floating arrays)."""
     gvars = dict(zip(wrt, prog.outputs[len(s.results):]))
     return tuple(tree_unflatten(s.arg_trees[k], [gvars.get((k, j)) for j in range(len(s.leaves[k]))]) for k in ks)
+
+
+def _looks_like_aux(s):
+    """A result (value, aux): a pair whose first part is one floating value."""
+    t = s.tree
+    if t.kind not in ("tuple", "list") or len(t.children) != 2 or t.children[0].num_leaves != 1 or len(s.results) < 2:
+        return False
+    v = s.results[0]
+    return int(np.prod(v.aval.shape)) == 1 and is_float(v.aval)
 
 
 def _split_aux(s, has_aux, api):
@@ -293,21 +309,36 @@ def _gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
 def _new_gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
     def make(*args):
         ks, multi = argnums_of(argnums, len(args), api)
+        for k in ks:                 # before staging: an integer argument may not even stage (an arm's dtype)
+            if not any(float_array(x) for x in tree_flatten(args[k], is_leaf=is_array)[0]):
+                refuse_no_float(seams.composition(api, name_of(f)), arg_names(f, len(args))[k], args[k],
+                                where(getattr(f, "fn", None) or f))
         s = Staged(f, args, api)
         wrt = []
         for k in ks:
             here = [(k, j) for j, x in enumerate(s.leaves[k]) if float_array(x)]
             if not here:
-                refuse_no_float(api, arg_names(f, len(args))[k], args[k])
+                refuse_no_float(seams.composition(api, name_of(f)), arg_names(f, len(args))[k], args[k],
+                                where(getattr(f, "fn", None) or f))
             wrt += here
         n_out, aux_tree = _split_aux(s, has_aux, api)
         v = s.results[0]
+        if not has_aux and _looks_like_aux(s):
+            fn = api.split('.')[-1]
+            raise TypeError(f"{seams.composition(api, s.fname)}: {where(getattr(f, 'fn', None) or f)} returns a pair "
+                            f"whose first part is one value, (value, aux), and {fn} needs one value. Pass has_aux=True: eagle_fx.{fn}({s.fname}, "
+                            f"has_aux=True) returns " + ("((value, aux), gradient)" if with_value else
+                                                          "(gradient, aux)") + "; or return the value alone")
         if n_out != 1 or int(np.prod(v.aval.shape)) != 1 or not is_float(v.aval):
             shapes = [r.aval.shape for r in s.results[:n_out]]
-            raise TypeError(f"{api}: {s.fname} returns {shapes}; {api.split('.')[-1]} needs one value (a one-cell "
+            jac = getattr(f, "__name__", "").startswith(("jacrev(", "jacfwd(", "hessian("))
+            raise TypeError(f"{api}: {s.fname} returns {shapes}" + (", a Jacobian" if jac else "") +
+                            f"; {api.split('.')[-1]} needs one value (a one-cell "
                             "float result, e.g. from hawk.sum)" + (", then the aux tree: g.result = (value, aux)"
                                                                     if has_aux else "") +
-                            "; for other results use eagle_fx.vjp or eagle_fx.jacrev")
+                            ("; for second derivatives use eagle_fx.hessian(f), eagle_fx.jacfwd(eagle_fx.jacrev(f)) "
+                             "or eagle_fx.jacrev(eagle_fx.jacrev(f))" if jac else
+                             "; for other results use eagle_fx.vjp or eagle_fx.jacrev"))
         prog = vjp_program(s, wrt, api, checkpoints)
         grads = _grad_trees(s, prog, ks, wrt)
         grads = grads if multi else grads[0]

@@ -16,9 +16,10 @@ from hawk_fx.core import Var
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from .api import (Staged, Transformed, argnums_checked, float_array, graph_of, is_array, name_of, refuse_no_float,
-                  select_result, sig)
+                  sig)
 from .batching import vmap
 from .derivatives import _grad_trees, jvp, promote, seed_planes, vjp_program
+from .staged_results import then
 from .transforms.program import ct_aval
 
 
@@ -136,18 +137,20 @@ def _reshaped(c, tree, outputs, views):
 def _jacobian(f, argnums, api, forward):
     def make(*args):
         x = _Arg(args, argnums, api)
-        out = _one_result(Staged(f, args, api)).shape
+        s0 = Staged(f, args, api)
+        out = _one_result(s0).shape
+        seen = s0.g.views[0] if s0.g.views else None        # f's result has a view (a Jacobian's): kept
         if forward:
             def one(*ts):
-                return select_result(jvp(f, args, x.tangents(args, ts)), 1)
+                return jvp(f, args, x.tangents(args, ts))[1]
             c = vmap(one, in_axes=0).closed(*x.basis())
             v = c.result_vars()[0][0]                  # (size, *out): row i is d result / d (flat x)_i
-            views = [_forward_view(x.offset[j], x.leaves[j].size, out, x.leaves[j].shape) for j in x.floats]
+            views = [then(_forward_view(x.offset[j], x.leaves[j].size, out, x.leaves[j].shape), seen, len(out),
+                          x.leaves[j].ndim) for j in x.floats]
             tree = tree_unflatten(x.tree, [v if j in x.floats else None for j in range(len(x.leaves))])
             leaves, tree = tree_flatten(tree, is_leaf=lambda u: isinstance(u, Var))
             return _reshaped(c, tree, leaves, views)
         m = int(np.prod(out))
-        s0 = Staged(f, args, api)
         basis = np.eye(m, dtype=ct_aval(s0.results[0].aval).dtype).reshape((m,) + out)
 
         def one(ct):
@@ -155,7 +158,7 @@ def _jacobian(f, argnums, api, forward):
             prog = vjp_program(s2, x.wrt(), api)
             return graph_of(s2, prog, _grad_trees(s2, prog, [x.k], x.wrt())[0], seed_planes(s2, [ct]))
         c = vmap(Transformed(f"vjp({name_of(f)})", one), in_axes=0).closed(basis)
-        c.views = [_reverse_view(out, x.leaves[j].shape) for j in x.floats]
+        c.views = [then(_reverse_view(out, x.leaves[j].shape), seen, len(out), x.leaves[j].ndim) for j in x.floats]
         return c
     t = Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, sig=sig(api, f, argnums),
                     prepare=_prepare(argnums))
@@ -164,12 +167,23 @@ def _jacobian(f, argnums, api, forward):
     return t
 
 
+def _lead_aware(fn):
+    """Mark a view that reads only an instance's trailing axes: a batch axis in front is kept (vmap
+    of a Jacobian), see staged_results.lead_view."""
+    fn.lead_aware = True
+    return fn
+
+
 def _forward_view(off, size, out_shape, in_shape):
-    return lambda j: np.moveaxis(j[off:off + size], 0, -1).reshape(out_shape + in_shape)
+    def view(j):
+        lead = j.shape[:j.ndim - 1 - len(out_shape)]
+        t = np.moveaxis(j[(slice(None),) * len(lead) + (slice(off, off + size),)], len(lead), -1)
+        return t.reshape(lead + out_shape + in_shape)
+    return _lead_aware(view)
 
 
 def _reverse_view(out_shape, in_shape):
-    return lambda j: j.reshape(out_shape + in_shape)
+    return _lead_aware(lambda j: j.reshape(j.shape[:j.ndim - 1 - len(in_shape)] + out_shape + in_shape))
 
 
 def _second(f, a, b, api, squeeze):
@@ -190,7 +204,7 @@ def _second(f, a, b, api, squeeze):
                 prog = vjp_program(s2, xa.wrt(), api)
                 return graph_of(s2, prog, _grad_trees(s2, prog, [xa.k], xa.wrt())[0], seed_planes(s2, [ct]))
             vjp_row = Transformed(f"vjp({name_of(f)})", row)
-            return select_result(jvp(vjp_row, args, xb.tangents(args, ts)), 1)
+            return jvp(vjp_row, args, xb.tangents(args, ts))[1]
         c = vmap(one, in_axes=0).closed(cts, *tans)
         rows = c.result_vars()[0]                      # per floating leaf of x_a: (m * nb, *leaf shape)
         lead = () if squeeze and m == 1 else out
@@ -219,9 +233,10 @@ def _second(f, a, b, api, squeeze):
 
 def _second_view(m, nb, off, size, lead, a_shape, b_shape):
     def view(t):
-        t = t.reshape((m, nb, int(np.prod(a_shape))))[:, off:off + size]        # [j, i, k]: d(J[j, k]) / d x_b[i]
-        return np.swapaxes(t, 1, 2).reshape(lead + a_shape + b_shape)
-    return view
+        first = t.shape[:t.ndim - 1 - len(a_shape)]           # a batch axis in front (vmap of a Hessian)
+        t = t.reshape(first + (m, nb, int(np.prod(a_shape))))[..., off:off + size, :]   # [j, i, k]: d(J[j, k]) / d x_b[i]
+        return np.swapaxes(t, -1, -2).reshape(first + lead + a_shape + b_shape)
+    return _lead_aware(view)
 
 
 def _prepare(a, b=None):

@@ -80,7 +80,9 @@ def test_the_refusals_that_are_meant():
     assert ir.opaque_p in jvp_graph.jvp_rules.refused and ir.revolve_p in jvp_graph.jvp_rules.refused
     assert ir.opaque_p in vjp_graph.vjp_rules.refused and ir.stack_read_p in vjp_graph.vjp_rules.refused
     assert ir.revolve_p in jax_lower.graph_rules.refused
-    assert vmap.batch_broadcast_p in vmap.batch_rules.refused
+    assert ir.batch_sum_p in cuda_lower.cuda_rules.refused
+    # vmap batches a batched program again (a Jacobian's, another vmap's): batch_broadcast has a rule
+    assert vmap.batch_broadcast_p in vmap.batch_rules and vmap.batch_broadcast_p not in vmap.batch_rules.refused
 
 
 @pytest.mark.parametrize("table", _tables(), ids=lambda t: t.rule)

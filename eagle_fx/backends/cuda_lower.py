@@ -1157,10 +1157,12 @@ class _Lowering(SlotPlanner):
         self._broadcast(chain, self.slots[out], self.buf(atom), atom.aval, aval, "spread")
         return self.slots[out]
 
-    def _broadcast(self, chain, dst, src, src_aval, dst_aval, label):
-        """eagle_strided_copy of src over the leading axes of dst it lacks (NumPy's broadcasting)."""
+    def _broadcast(self, chain, dst, src, src_aval, dst_aval, label, axis=0):
+        """eagle_strided_copy of src over the leading axes of dst it lacks (NumPy's broadcasting);
+        axis > 0: over that axis of dst (an inner batch axis under an outer one)."""
         shape, item = tuple(dst.shape), dst_aval.dtype.itemsize
-        sshape = (1,) * (len(shape) - len(src.shape)) + tuple(src.shape)
+        sshape = (1,) * (len(shape) - len(src.shape)) + tuple(src.shape) if not axis else \
+            tuple(src.shape[:axis]) + (1,) + tuple(src.shape[axis:])
         sstr = [0 if d == 1 and t != 1 else st for d, t, st in zip(sshape, shape, _c_strides(sshape, item))]
         self._strided(chain, dst, src, dst_aval, (shape, sstr, 0), (shape, list(_c_strides(shape, item)), 0), label)
 
@@ -1172,7 +1174,7 @@ class _Lowering(SlotPlanner):
             if isinstance(x, Literal):
                 chain.memcpy(out, self.const(x.value, aval.dtype, tuple(out.shape)), label="constant")
             else:
-                self._broadcast(chain, out, self.buf(x), x.aval, aval, "batch_broadcast")
+                self._broadcast(chain, out, self.buf(x), x.aval, aval, "batch_broadcast", e.params.get("axis", 0))
             return
         src = self.buf(x)
         rows = min(int(src.shape[0]), int(out.shape[0]))
@@ -1333,3 +1335,12 @@ cuda_rules[ir.cell_inc_p] = _Lowering._gen_cell_count
 cuda_rules[ir.cell_rev_p] = _Lowering._gen_cell_count
 cuda_rules[ir.revolve_p] = _Lowering._gen_revolve
 cuda_rules[batch_broadcast_p] = _Lowering._gen_batch_broadcast
+
+
+@cuda_rules.refuse(ir.batch_sum_p)
+def _batch_sum(lw, chain, e, outs):
+    """Reverse mode over a batched program (grad of a Jacobian, jacrev of a vmap) sums a shared
+    value's cotangent over the instances: not lowered to CUDA yet (NumPy and JAX run it)."""
+    raise NotImplementedError("eagle_fx CUDA lowering: reverse mode over a batched program" +
+                              (f" ({e.info.where})" if e.info.where else "") + " sums over the batch, which the CUDA lowering does not do yet; run it on the NumPy or JAX "
+                              "backend, or take the derivative inside the batch (eagle_fx.vmap(eagle_fx.grad(f)))")

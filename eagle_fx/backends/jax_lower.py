@@ -171,7 +171,10 @@ def _cell(fn):
 graph_rules[ir.cell_not_p] = _cell(lambda jnp, a: ~a)
 graph_rules[ir.cell_and_p] = _cell(lambda jnp, a, b: a & b)
 graph_rules[ir.cell_or_p] = _cell(lambda jnp, a, b: a | b)
-graph_rules[ir.batch_broadcast_p] = lambda lw, e, ins: [fit(ins[0], e.outputs[0].aval)]
+graph_rules[ir.batch_sum_p] = lambda lw, e, ins: [fit(_jnp().sum(_jnp().asarray(ins[0]), axis=e.params.get("axis", 0)),
+                                                        e.outputs[0].aval)]
+graph_rules[ir.batch_broadcast_p] = lambda lw, e, ins: [fit(_jnp().expand_dims(ins[0], e.params["axis"])
+                                                              if e.params.get("axis") else ins[0], e.outputs[0].aval)]
 
 
 # -- control flow ----------------------------------------------------------------------------------

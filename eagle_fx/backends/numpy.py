@@ -524,7 +524,15 @@ numpy_rules[ir.cell_or_p] = _cell(
 
 @numpy_rules.register(ir.batch_broadcast_p)
 def _gen_broadcast(exe, g, d, e, outs):
-    g.emit(d, _copy(f"b{outs[0]}", exe.b(e.inputs[0]), e.outputs[0].aval))
+    src = exe.b(e.inputs[0])
+    if e.params.get("axis"):              # an inner batch axis under an outer one
+        src = f"np.expand_dims({src}, {e.params['axis']})"
+    g.emit(d, _copy(f"b{outs[0]}", src, e.outputs[0].aval))
+
+
+@numpy_rules.register(ir.batch_sum_p)
+def _gen_batch_sum(exe, g, d, e, outs):
+    g.emit(d, f"np.sum({exe.b(e.inputs[0])}, axis={e.params.get('axis', 0)}, out=b{outs[0]})")
 
 
 # -- control flow --------------------------------------------------------------------------------------

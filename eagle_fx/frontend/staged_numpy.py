@@ -19,7 +19,7 @@ from hawk_fx.caches import LRU
 from hawk_fx.context import CONTEXT
 from hawk_fx.emit.jax import is_jax_array
 
-from .. import ir
+from .. import ir, seams
 from . import views
 
 # NumPy ufunc -> the hawk_fx.math function of the same meaning
@@ -325,12 +325,18 @@ class NdarrayProtocol:
         except views.IndexRefusal as e:
             raise IndexError(f"eagle.Graph.builder {self._where()}: {e}") from None
         if not isinstance(index[-1], range):
-            cell = ("; a one-cell uint32 array is itself a device condition: `if c:`, `while c:`"
-                    if ir.is_cond_cell(self.aval) else "")
+            if ir.is_cond_cell(self.aval):
+                outer = seams.inside()
+                raise IndexError(f"eagle.Graph.builder {self._where()}" + (f" (staged by {' inside '.join(outer[::-1])})"
+                                                                            if outer else "") +
+                                 f": [{idx!r}] reads the value of a cell (a one-cell uint32 array), which the graph "
+                                 "knows only at replay; `int(n[0])` as a loop count would freeze it at build. The cell "
+                                 "is itself the count and the condition: write `for _ in range(n):` (a device counted "
+                                 "loop that reads n at every replay), `if c:`, `while c:`")
             raise IndexError(f"eagle.Graph.builder {self._where()}: an integer index on the last axis of a plane of "
                              f"shape {self.aval.shape}; the last axis is the sample axis: keep it with a slice "
                              "(x[..., k:k+1] is sample k as a one-sample plane), or read per-sample values in a "
-                             f"kernel{cell}")
+                             "kernel")
         return self._view(index, idx)
 
     def _view(self, index, idx):

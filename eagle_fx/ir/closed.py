@@ -19,7 +19,7 @@ Recording = namedtuple("Recording", "written labelled shown checkpoints")
 
 class Closed:
     __slots__ = ("program", "planes", "tree", "n_results", "n", "backend", "mesh", "views", "record", "made", "extra",
-                 "tree_args", "keep", "recording", "transformed")
+                 "tree_args", "keep", "recording", "transformed", "part_of")
 
     def __init__(self, program, planes, tree, n_results, n, backend=None, mesh=None, views=None, record=False):
         self.program, self.planes, self.tree = program, list(planes), tree
@@ -33,6 +33,7 @@ class Closed:
         self.recording = None          # a record=True graph's Recording: lowered to its vjp's forward half
         self.transformed = True        # runs where transforms run: NumPy, or 'jax' (False: a builder's own
         #                                graph, whose backend=None is chosen by its arrays and use_backend)
+        self.part_of = None            # (closed, j): leaf j of that one's result, handed out inside a transform
 
     def derive(self, program, planes, tree, n_results, views=None):
         """A closed Program a transform made from this one: the same sample count, backend and

@@ -324,8 +324,23 @@ def batched_aval(aval, B):
 
 
 @abstract_eval.register(batch_broadcast_p)
-def _broadcast_abstract(x, *, size):
+def _broadcast_abstract(x, *, size, axis=0):
+    if axis:          # an inner batch axis under an outer one (vmap of a batched program): (B2, *x) -> (B2, B1, *x)
+        return [plane_aval(x.shape[:axis] + (size,) + x.shape[axis:], x.dtype)]
     return [batched_aval(x, size)]
 
 
-pp_params_rules[batch_broadcast_p] = lambda params: {"size": params["size"]}
+pp_params_rules[batch_broadcast_p] = lambda params: {"size": params["size"],
+                                                     **({"axis": params["axis"]} if params.get("axis") else {})}
+
+# reverse mode over a batched program: the cotangent of a value every instance shares is the sum of
+# the instances' (the transpose of batch_broadcast); axis: the batch axis summed
+batch_sum_p = Primitive("batch_sum")
+
+
+@abstract_eval.register(batch_sum_p)
+def _batch_sum_abstract(x, *, axis=0):
+    return [plane_aval(x.shape[:axis] + x.shape[axis + 1:], x.dtype)]
+
+
+pp_params_rules[batch_sum_p] = lambda params: {"axis": params["axis"]} if params.get("axis") else {}

@@ -69,8 +69,16 @@ def _call(e, env, tan, eqns, ts):
     params = e.inputs[:len(e.params["kernel"].param_names)]
     flags = [isinstance(a, Var) and a in tan and is_float(v.aval) and not v.aval.weak
              for a, v in zip(params, spec.prog.inputs)]
-    outs = eqns.call(jvp_spec(spec, flags), [_read(a, env) for a in params] + [tan[a] for a, f in zip(params, flags) if f],
-                     n, e.info)
+    ins = [_read(a, env) for a in params] + [tan[a] for a, f in zip(params, flags) if f]
+    jspec = jvp_spec(spec, flags)
+    jspec.__dict__.setdefault("primal_split", (len(params), len(e.outputs)))   # vmap: primals read no tangent
+    if e.params.get("batch"):            # a batched call (vmap): a tangent is batched where its primal is
+        fl = tuple(e.params["in_batched"][:len(params)])
+        outs = eqns.bind(ir.call_p, ins, {"kernel": jspec.kernel, "spec": jspec, "n": n, "inplace": (),
+                                          "batch": e.params["batch"],
+                                          "in_batched": fl + tuple(b for b, f in zip(fl, flags) if f)}, e.info)
+    else:
+        outs = eqns.call(jspec, ins, n, e.info)
     k = len(e.outputs)
     for v, o, t in zip(e.outputs, outs[:k], outs[k:]):
         env[v] = o
@@ -209,6 +217,7 @@ def _read_tangent(e, env, tan, eqns):
 
 
 @jvp_rules.register(batch_broadcast_p)
+@jvp_rules.register(ir.batch_sum_p)
 @_linear
 def _broadcast_tangent(e, env, tan, eqns):
-    return eqns.bind(batch_broadcast_p, [tan[e.inputs[0]]], e.params)[0]
+    return eqns.bind(e.prim, [tan[e.inputs[0]]], e.params)[0]

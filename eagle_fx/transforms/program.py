@@ -65,13 +65,6 @@ def _host_node(e, api):
                          "function you differentiate")
 
 
-@_untransformable.register(ir.call_p)
-def _batched_call(e, api):
-    if e.params.get("batch"):
-        raise TransformError(f"{api}: the program is batched (made by vmap); differentiate first, then batch: "
-                             "eagle_fx.vmap(eagle_fx.grad(f))")
-
-
 def _name(fn):
     return getattr(fn, "__name__", type(fn).__name__)
 

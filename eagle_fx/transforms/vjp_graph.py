@@ -25,6 +25,7 @@ from hawk_fx.diff import kernel_vjp, vjp_spec
 from .. import ir
 from . import structure
 from .kernel_residuals import split_kernel
+from .reverse_again import recomputing
 from .vmap import batch_broadcast_p
 from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, inline, is_float, \
     refuse_untransformable
@@ -56,6 +57,7 @@ def vjp_graph(prog: Program, wrt, capacity, api=API, checkpoints=None) -> Progra
 class _Vjp:
     def __init__(self, capacity, api, checkpoints=None):
         self.capacity, self.api, self.checkpoints = capacity, api, checkpoints
+        self.recompute = recomputing() and not checkpoints    # reversible: turns recomputed, no stacks (reverse_again.py)
         self.alias: dict = {}       # a sub-program's input -> the outer atom it reads (for trip counts)
         self.in_loop = 0            # > 0: building the vjp of a loop body (its values come from saved turns)
         self.top: set = set()       # the inputs of the outermost Program
@@ -106,7 +108,15 @@ class _Vjp:
         values = [_read(a, env) if r or not self.in_loop or isinstance(a, Literal) else eqns.zeros(a.aval)
                   for a, r in zip(params, kernel_vjp(spec).reads)]
         kept = self.kept.get(e)
-        if kept is not None:        # the backward reading the forward's residuals; the plain one kept aside
+        if e.params.get("batch"):   # a batched call (vmap): its vjp over the same batch, shared inputs' cts summed
+            fl = tuple(e.params["in_batched"][:len(params)])
+            spec_b = vjp_spec(spec)
+            grads = eqns.bind(ir.call_p, values + seeds, {"kernel": spec_b.kernel, "spec": spec_b, "n": n, "inplace": (),
+                                                          "batch": e.params["batch"],
+                                                          "in_batched": fl + (True,) * len(seeds)}, e.info)
+            grads = iter([g if b else eqns.bind(ir.batch_sum_p, [g], {"axis": 0})[0]
+                          for g, b in zip(grads, [b for b, w in zip(fl, kernel_vjp(spec).wrt) if w])])
+        elif kept is not None:      # the backward reading the forward's residuals; the plain one kept aside
             sp = split_kernel(spec)
             with_res = [_read(a, env) if r or not self.in_loop or isinstance(a, Literal) else eqns.zeros(a.aval)
                         for a, r in zip(params, sp.reads)]
@@ -120,7 +130,17 @@ class _Vjp:
             if w:
                 _accumulate(ct, a, next(grads), eqns)
 
+    def refuse_masked(self, e):
+        """A device if or loop a vmap runs per instance (its predicate or guard differs by instance)."""
+        if e.params.get("masked"):
+            raise TransformError(f"{self.api}: the device {'loop' if e.prim is ir.while_p else 'condition'} at "
+                                 f"{e.info.where} runs per instance in a batched program (its guard differs by "
+                                 "instance); reverse mode over it is not supported: take the derivative inside the "
+                                 "batch (eagle_fx.vmap(eagle_fx.jacrev(f)) rather than eagle_fx.jacrev(eagle_fx.vmap(f))), "
+                                 "or in forward mode (eagle_fx.jacfwd)")
+
     def branches(self, e, cts, env, ct, eqns):
+        self.refuse_masked(e)
         ops = e.inputs[1:]
         op_wrt = [isinstance(a, Var) and is_float(a.aval) for a in ops]
         arms = []
@@ -143,8 +163,12 @@ class _Vjp:
             raise TransformError(f"{self.api}: the program already holds a reverse pass through a device loop; "
                                  "reverse mode over it again is not supported: take the outer derivative in "
                                  "forward mode (eagle_fx.jvp(eagle_fx.grad(f), ...): a Hessian-vector product)")
-        if self.checkpoints:
+        if self.checkpoints or self.recompute:
             return None             # no stack of turns: a checkpointed loop keeps K states, whatever its length
+        return self._bound(e)
+
+    def _bound(self, e):
+        """The most turns loop `e` runs, where known: its cap, or its trip count's capacity."""
         if e.params["cap"] is not None:
             return e.params["cap"]
         if e.params["counted"]:
@@ -156,11 +180,12 @@ class _Vjp:
 
     def forward_loop(self, e, env, eqns):
         """The loop, also stacking each turn's carries (unless checkpointed) and counting its turns."""
+        self.refuse_masked(e)
         body, cond = e.params["body"], e.params["cond"]
         w = ir.WhileOperands(e)
         consts, init = w.consts, w.carries
         cap = self._cap(e)
-        stack_avals = [] if self.checkpoints else [ir.stack_aval(cap, a.aval.shape, a.aval.dtype) for a in init]
+        stack_avals = [] if self.checkpoints or self.recompute else [ir.stack_aval(cap, a.aval.shape, a.aval.dtype) for a in init]
         b_ins = [Var(v.aval, v.hint) for v in body.inputs]
         stacks = [Var(a) for a in stack_avals]
         turns = Var(ir.U32_CELL)
@@ -182,6 +207,8 @@ class _Vjp:
     def loop(self, e, cts, env, ct, eqns, saved):
         if self.checkpoints:
             return self.revolve(e, cts, env, ct, eqns, saved[1])
+        if self.recompute:
+            return self.recomputed(e, cts, env, ct, eqns, saved[1])
         stacks, turns = saved
         w = self._loop_parts(e)
         # the backward body: (turn, consts, turns, stacks, carry cts, const ct sums) -> (carry cts, sums)
@@ -196,6 +223,29 @@ class _Vjp:
         inputs = [turns] + [_read(a, env) for a in w.consts] + [turns] + list(stacks) + w.seeds(cts, eqns)
         params = {"body": r_body, "cond": None, "cap": None, "counted": True,
                   "n_consts": w.nc + 1 + len(stacks), "inplace": ()}
+        w.accumulate(eqns.bind(ir.while_p, inputs, params, e.info), ct, eqns)
+
+    def recomputed(self, e, cts, env, ct, eqns, turns):
+        """The backward as a counted loop whose turn t runs the body again from the loop's entry
+        to turn turns - 1 - t (a counted loop), then its vjp: plain loops, reversible again."""
+        w = self._loop_parts(e)
+        r_turn, r_turns = Var(ir.U32_CELL), Var(ir.U32_CELL)
+        r_consts = [Var(a.aval) for a in w.consts]
+        r_init = [Var(a.aval) for a in w.init]
+        b = Eqns()
+        idx = b.bind(ir.cell_rev_p, [r_turns, r_turn], {})[0]
+        # a capped loop's cap bounds both loops (static sizes for their reverse on JAX); a counted
+        # loop's trip count is read at replay, so no bound is set from the one seen at build
+        cap = e.params["cap"]
+        again = {"body": copy_program(e.params["body"]), "cond": None, "cap": cap, "counted": True,
+                 "n_consts": w.nc, "inplace": ()}
+        carries = b.bind(ir.while_p, [idx] + r_consts + r_init, again, e.info)
+        body_cts = w.body_cts(b, idx, r_consts, carries)
+        r_body = dce(Program([r_turn] + r_consts + [r_turns] + r_init + w.r_cts + w.r_sums, b, body_cts))
+        inputs = [turns] + [_read(a, env) for a in w.consts] + [turns] + [_read(a, env) for a in w.init] \
+            + w.seeds(cts, eqns)
+        params = {"body": r_body, "cond": None, "cap": cap, "counted": True,
+                  "n_consts": w.nc + 1 + len(w.init), "inplace": ()}
         w.accumulate(eqns.bind(ir.while_p, inputs, params, e.info), ct, eqns)
 
     def revolve(self, e, cts, env, ct, eqns, turns):
@@ -240,7 +290,7 @@ def _forward_loop(v, e, env, eqns, saved):
 
 @forward_rules.register(ir.call_p)
 def _forward_call(v, e, env, eqns, saved):
-    if not e.params.get("inplace") and split_kernel(e.params["spec"]):
+    if not e.params.get("inplace") and not e.params.get("batch") and split_kernel(e.params["spec"]):
         v.forward_call(e, env, eqns)
     else:
         copy_eqn(e, env, eqns)
@@ -260,10 +310,27 @@ def _opaque(v, e, cts, env, ct, eqns, saved):
     refuse_untransformable(e, v.api)
 
 
-@vjp_rules.refuse(ir.revolve_p, ir.stack_push_p, ir.stack_read_p, batch_broadcast_p)
+@vjp_rules.register(batch_broadcast_p)
+def _broadcast_transpose(v, e, cts, env, ct, eqns, saved):
+    """A value spread over a batch: its cotangent is the sum of the instances'."""
+    if ir.is_stack(e.outputs[0].aval):
+        raise TransformError(f"{v.api}: reverse mode over a batched program's stack of saved loop turns is not "
+                             "supported: take this derivative inside the batch (eagle_fx.vmap(eagle_fx.grad(f)))")
+    _accumulate(ct, e.inputs[0], eqns.bind(ir.batch_sum_p, [cts[0]], {"axis": e.params.get("axis", 0)})[0], eqns)
+
+
+@vjp_rules.register(ir.batch_sum_p)
+def _sum_transpose(v, e, cts, env, ct, eqns, saved):
+    """A sum over a batch: its cotangent spread over the instances."""
+    a = e.inputs[0]
+    axis = e.params.get("axis", 0)
+    _accumulate(ct, a, eqns.bind(batch_broadcast_p, [cts[0]], {"size": a.aval.shape[axis], "axis": axis})[0], eqns)
+
+
+@vjp_rules.refuse(ir.revolve_p, ir.stack_push_p, ir.stack_read_p)
 def _no_reverse(v, e, cts, env, ct, eqns, saved):
-    """A reverse pass (revolve, stacks of saved turns) or a batched program: reverse mode over it is
-    not supported (the loops that hold one are refused with what to do instead, in _Vjp._cap)."""
+    """A reverse pass (revolve, stacks of saved turns): reverse mode over it is not supported (the
+    loops that hold one are refused with what to do instead, in _Vjp._cap)."""
     raise NotImplementedError(f"{v.api}: no reverse rule for primitive '{e.prim}'")
 
 

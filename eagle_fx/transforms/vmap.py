@@ -16,7 +16,9 @@ Rules, one per primitive:
 """
 from __future__ import annotations
 
-from hawk_fx.core import Eqn, Literal, Program, RuleTable, Var
+import numpy as np
+
+from hawk_fx.core import Eqn, Literal, Program, RuleTable, Var, abstract_eval
 
 from .. import ir
 from . import structure
@@ -101,6 +103,10 @@ class _Batcher:
 
     @batch_rules.register(ir.stack_read_p)
     def stack_read(self, e, atoms, fl, env, flags, eqns):
+        if e.params.get("batched") or e.params.get("turn_batched"):       # another vmap's stack
+            if any(fl):
+                self.refuse_masked(e, fl)
+            return self.copy(e, atoms, [False], env, flags, eqns)
         params = dict(e.params, batched=fl[0], turn_batched=fl[1])
         self.copy(e, atoms, [any(fl)], env, flags, eqns, params)
 
@@ -109,6 +115,14 @@ class _Batcher:
         if not any(fl):
             self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
             return
+        if e.params.get("batch"):
+            return self.inner_batched_call(e, atoms, fl, env, flags, eqns)
+        shared = _shared_outputs(e, fl)
+        if shared:           # results no batched input reaches (a jvp kernel's primal, a guard): one unbatched call
+            stand_in = [_bind(eqns, ir.zeros_p, [], {"aval": v.aval}, e.info) if f else a
+                        for a, f, v in zip(atoms, fl, e.inputs)]
+            one = [Var(v.aval, v.hint) for v in e.outputs]
+            eqns.append(Eqn(e.prim, stand_in, one, e.params, e.info))
         kernel = e.params["kernel"]
         for j, i in e.params["inplace"]:
             if not fl[i]:
@@ -118,9 +132,76 @@ class _Batcher:
                                 "(in_axes=0), so each instance has its own")
         params = dict(e.params, batch=(self.B,), in_batched=tuple(fl))
         self.copy(e, atoms, [True] * len(e.outputs), env, flags, eqns, params)
+        for j in shared:
+            env[e.outputs[j]], flags[e.outputs[j]] = one[j], False
+
+    def inner_batched_call(self, e, atoms, fl, env, flags, eqns):
+        """A call another vmap batched (B1 instances) under this one (B2): one call over the B2 * B1
+        instances, outer-major. A value of both batches (B2, B1, ...) is seen as (B2 * B1, ...); one
+        of one batch only is spread over the other first; the results are seen as (B2, B1, ...)."""
+        inner = tuple(e.params["batch"])
+        B1 = int(np.prod(inner))
+        if e.params["inplace"]:
+            raise VmapError(f"eagle_fx.vmap: kernel {e.params['kernel'].name} ({e.info.where}) writes in place inside "
+                            "a batched program that is batched again; transform the function that does not write "
+                            "its arguments (a derivative's graph is functional), or batch both levels with "
+                            "eagle_fx.vmap(eagle_fx.vmap(f))")
+        new_atoms, new_ib = [], []
+        for a, o, i in zip(atoms, fl, e.params["in_batched"]):
+            if not (o or i):
+                new_atoms.append(a)
+                new_ib.append(False)
+                continue
+            if not o:                                  # (B1, ...) -> (B2, B1, ...)
+                a = self.broadcast(a, eqns)
+            elif not i:                                # (B2, ...) -> (B2, B1, ...)
+                a = _bind(eqns, batch_broadcast_p, [a], {"size": B1, "axis": 1}, e.info)
+            new_atoms.append(_bind(eqns, ir.reshape_p, [a], {"shape": (self.B * B1,) + a.aval.shape[1 + len(inner):]},
+                                   e.info))
+            new_ib.append(True)
+        params = dict(e.params, batch=(self.B * B1,), in_batched=tuple(new_ib))
+        outs = abstract_eval[ir.call_p](*[a.aval for a in new_atoms], **params)
+        flat = [Var(a) for a in outs]
+        eqns.append(Eqn(ir.call_p, new_atoms, flat, params, e.info))
+        for v, o in zip(e.outputs, flat):
+            nv = _bind(eqns, ir.reshape_p, [o], {"shape": (self.B,) + inner + o.aval.shape[1:]}, e.info)
+            nv.hint = v.hint
+            env[v], flags[v] = nv, True
+
+    @batch_rules.register(batch_broadcast_p)
+    def broadcast_again(self, e, atoms, fl, env, flags, eqns):
+        """Another vmap's spread under this one: (B2, ...) spread over the inner axis, after the outer."""
+        if not fl[0]:
+            self.copy(e, atoms, [False], env, flags, eqns)
+            return
+        if ir.is_stack(e.outputs[0].aval):
+            raise VmapError("eagle_fx.vmap: a batched program's stack of saved loop turns is batched again; batch the "
+                            "unbatched function at both levels (eagle_fx.vmap(eagle_fx.vmap(f)))")
+        self.copy(e, atoms, [True], env, flags, eqns, dict(e.params, axis=e.params.get("axis", 0) + 1))
+
+    @batch_rules.register(ir.batch_sum_p)
+    def sum_again(self, e, atoms, fl, env, flags, eqns):
+        """Another vmap's sum over its batch, under this one: the axis after the outer batch's."""
+        if not fl[0]:
+            self.copy(e, atoms, [False], env, flags, eqns)
+            return
+        self.copy(e, atoms, [True], env, flags, eqns, dict(e.params, axis=e.params.get("axis", 0) + 1))
+
+    def refuse_masked(self, e, fl):
+        """A construct another vmap made per instance (a masked cond or loop, a stack of each
+        instance's turns) taking values of this vmap's batch: not supported."""
+        raise VmapError(f"eagle_fx.vmap: a device {'loop' if e.prim in (ir.while_p, ir.revolve_p) else 'condition'} "
+                        f"({e.info.where}) that an inner vmap runs per instance (its guard or predicate differs by "
+                        "instance) takes values of an outer batch (a Jacobian's basis, or a second vmap); "
+                        "transform in the other order: eagle_fx.vmap(eagle_fx.jacfwd(f)) rather than "
+                        "eagle_fx.jacfwd(eagle_fx.vmap(f)), or eagle_fx.vmap(eagle_fx.vmap(f)) of the unbatched f")
 
     @batch_rules.register(ir.stack_push_p)
     def push(self, e, atoms, fl, env, flags, eqns):
+        if e.params.get("batched"):                # another vmap's stack
+            if any(fl):
+                self.refuse_masked(e, fl)
+            return self.copy(e, atoms, [False], env, flags, eqns)
         stack_b, turn_b, value_b = fl
         if turn_b:
             raise VmapError("eagle_fx.vmap: a per-instance turn for a stack of saved loop turns; the turns of a "
@@ -155,6 +236,10 @@ class _Batcher:
     @batch_rules.register(ir.cond_p)
     @batch_rules.register(ir.switch_p)
     def branches(self, e, atoms, fl, env, flags, eqns):
+        if e.params.get("masked"):               # another vmap's per-instance construct
+            if any(fl):
+                self.refuse_masked(e, fl)
+            return self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
         pred_b, op_flags = fl[0], fl[1:]
         arms = e.params["branches"]
         trial = [self.program(a, op_flags)[1] for a in arms]
@@ -169,6 +254,10 @@ class _Batcher:
 
     @batch_rules.register(ir.while_p)
     def loop(self, e, atoms, fl, env, flags, eqns):
+        if e.params.get("masked"):               # another vmap's per-instance construct
+            if any(fl):
+                self.refuse_masked(e, fl)
+            return self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
         body, cond = e.params["body"], e.params["cond"]
         w = ir.WhileOperands(e, fl)
         trip_b = w.trip if w.head else False
@@ -207,6 +296,8 @@ class _Batcher:
         if not any(fl):
             self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
             return
+        if e.params.get("masked") or any(q.params.get("batch") for q in e.params["forward"].eqns):
+            self.refuse_masked(e, fl)
         fwd, bwd = e.params["forward"], e.params["backward"]
         w = ir.WhileOperands(e, fl)
         const_f = w.consts
@@ -222,12 +313,41 @@ class _Batcher:
         self.copy(e, atoms, [True] * len(e.outputs), env, flags, eqns, params)
 
 
-# -- refusals ---------------------------------------------------------------------------------------
+def _shared_outputs(e, fl):
+    """Indices of the results of call `e` that no batched input reaches (by the kernel's Program),
+    when some others are reached; empty when the call writes in place or every result is reached."""
+    spec = e.params["spec"]
+    prog = spec.prog
+    if e.params["inplace"] or len(prog.outputs) != len(e.outputs) or len(prog.inputs) > len(fl):
+        return []
+    split = spec.__dict__.get("primal_split")      # a jvp body: its primal results read no tangent
+    if split is not None and not any(fl[:split[0]]) and any(fl[split[0]:len(prog.inputs)]):
+        return list(range(split[1]))
+    dep = {v for v, f in zip(prog.inputs, fl) if f}
+    for q in prog.eqns:
+        if any(a in dep for a in _read_vars(q)):
+            dep.update(q.outputs)
+    out = [j for j, o in enumerate(prog.outputs) if o not in dep]
+    return out if len(out) < len(prog.outputs) else []
 
-@batch_rules.refuse(batch_broadcast_p)
-def _batched_twice(b, e, atoms, fl, env, flags, eqns):
-    """A program vmap already batched: batching it again is not supported."""
-    raise NotImplementedError(f"no batching rule for primitive '{e.prim}'")
+
+def _read_vars(q):
+    """The Vars an equation reads, those its sub-programs read included."""
+    out = [a for a in q.inputs if isinstance(a, Var)]
+    for p in q.params.values():
+        subs = [p] if isinstance(p, Program) else [x for x in p if isinstance(x, Program)] if isinstance(p, tuple) else []
+        for sub in subs:
+            for r in sub.eqns:
+                out += _read_vars(r)
+            out += [a for a in sub.outputs if isinstance(a, Var)]
+    return out
+
+
+def _bind(eqns, prim, inputs, params, info):
+    """Append prim(inputs) with its output type inferred; its one output."""
+    out = Var(abstract_eval[prim](*[a.aval for a in inputs], **params)[0])
+    eqns.append(Eqn(prim, list(inputs), [out], params, info))
+    return out
 
 
 def batch_program(prog: Program, in_flags, B: int):
