@@ -45,6 +45,10 @@ class custom_jvp:
         return rule
 
     def __call__(self, *args):
+        if CONTEXT.kernel_traces:
+            raise TypeError(f"hawk_fx.custom_jvp({self.name}): called inside another kernel's body, where its rule "
+                            "would not be seen by that kernel's derivatives; call it from an eagle_fx builder (its "
+                            "transforms use the rule), or call the plain kernel's function in the body")
         if CONTEXT.graph_stagers and STAGER:
             if self.rule is None:
                 raise TypeError(f"hawk_fx.custom_jvp({self.name}): no rule yet; define it with @{self.name}.defjvp")

@@ -274,3 +274,20 @@ def test_a_kernel_level_rule_is_used_by_every_transform():
         @softplus.defjvp
         def short(x: Scalar):
             return x
+
+
+def test_a_kernel_level_rule_called_inside_another_kernel_is_refused_naming_both():
+    @hawk.custom_jvp
+    @hawk.kernel
+    def passthrough(x: Scalar) -> Scalar:
+        return x * 1.0
+
+    @passthrough.defjvp
+    def passthrough_jvp(x: Scalar, t: Scalar):
+        return x * 1.0, 0.5 * t
+
+    @hawk.kernel
+    def outer(x: Scalar) -> Scalar:
+        return passthrough(x) * 2.0
+    with pytest.raises(TypeError, match=r"outer:.*custom_jvp\(passthrough\): called inside another kernel's body"):
+        outer(np.linspace(0.0, 1.0, 3))
