@@ -2,34 +2,18 @@
 the composition the user wrote (eagle_fx.vmap(eagle_fx.grad(f))) as well as the line."""
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-
-_state = threading.local()
+from hawk_fx.context import CONTEXT
 
 
-def _stack():
-    s = getattr(_state, "stack", None)
-    if s is None:
-        s = _state.stack = []
-    return s
-
-
-@contextmanager
 def staging(api):
     """Transform `api` is staging a function: refusals raised meanwhile name it."""
-    s = _stack()
-    s.append(api)
-    try:
-        yield
-    finally:
-        s.pop()
+    return CONTEXT.enter(transform_apis=api)
 
 
 def composition(api, fname):
     """`api` of `fname` as written, with the transforms staging it around it: vmap(grad(f))."""
     names = []
-    for a in _stack() + [api]:
+    for a in CONTEXT.transform_apis + [api]:
         if a and (not names or names[-1] != a):
             names.append(a)
     return "".join(f"{a}(" for a in names) + fname + ")" * len(names)
@@ -37,4 +21,4 @@ def composition(api, fname):
 
 def inside():
     """The transforms staging now, outermost first (empty outside any)."""
-    return list(_stack())
+    return list(CONTEXT.transform_apis)

@@ -24,6 +24,8 @@ The frames, who pushes them and what the innermost one means:
     staging_disabled  eagle_fx.disable_staging blocks (True / False)
     eager_runs        eagle_fx builders running as plain Python
     plain_sums        hawk_fx.emit.jax: sums traced as jnp.sum (transposable), not the compensated reduce
+    transform_apis    eagle_fx transforms staging now (their API names): refusals name the composition
+    reversible        eagle_fx reverse passes being built to recompute their turns (reverse over reverse)
 
 Two per-thread maps sit beside the stacks: `batch_full` (vmap: an instance array's batched array,
 by id) and `scratch` (buffers a kernel's NumPy body reuses; not staging, but per thread for the
@@ -35,7 +37,7 @@ import threading
 
 STACKS = ("kernel_traces", "graph_stagers", "builder_sources", "host_nodes", "building", "deferring",
           "transforming", "abstract", "lazy_compile", "guards", "recording", "backends", "staging_disabled",
-          "eager_runs", "plain_sums")
+          "eager_runs", "plain_sums", "transform_apis", "reversible")
 
 
 class Context(threading.local):

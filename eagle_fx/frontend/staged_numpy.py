@@ -329,10 +329,11 @@ class NdarrayProtocol:
                 outer = seams.inside()
                 raise IndexError(f"eagle.Graph.builder {self._where()}" + (f" (staged by {' inside '.join(outer[::-1])})"
                                                                             if outer else "") +
-                                 f": [{idx!r}] reads the value of a cell (a one-cell uint32 array), which the graph "
-                                 "knows only at replay; `int(n[0])` as a loop count would freeze it at build. The cell "
-                                 "is itself the count and the condition: write `for _ in range(n):` (a device counted "
-                                 "loop that reads n at every replay), `if c:`, `while c:`")
+                                 f": [{idx!r}] reads the value of a cell (a one-cell uint32 array: its one entry "
+                                 "is on the sample axis), which the graph knows only at replay; `int(n[0])` as a loop "
+                                 "count would freeze it at build. The cell is itself a device condition: `if c:`, "
+                                 "`while c:`, and a count: write `for _ in range(n):` (a device counted loop that "
+                                 "reads n at every replay)")
             raise IndexError(f"eagle.Graph.builder {self._where()}: an integer index on the last axis of a plane of "
                              f"shape {self.aval.shape}; the last axis is the sample axis: keep it with a slice "
                              "(x[..., k:k+1] is sample k as a one-sample plane), or read per-sample values in a "

@@ -10,26 +10,17 @@ takes (loops in loops), at the cost of O(turns^2) body evaluations in that inner
 """
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
+from hawk_fx.context import CONTEXT
 
 from .. import ir
 
-_state = threading.local()
-
-
 def recomputing() -> bool:
     """Are reverse passes being built reversible (recomputing their turns)?"""
-    return getattr(_state, "depth", 0) > 0
+    return bool(CONTEXT.reversible)
 
 
-@contextmanager
 def reversible():
-    _state.depth = getattr(_state, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _state.depth -= 1
+    return CONTEXT.enter(reversible=True)
 
 
 def holds_reverse(prog) -> bool:
