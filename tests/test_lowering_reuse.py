@@ -95,3 +95,22 @@ def test_the_plan_memo_lives_as_long_as_its_program_and_clear_caches_forgets_it(
     del chain
     gc.collect()
     assert len(fusion._BY_PROGRAM) < before
+
+
+def test_a_fresh_build_fuses_anew_and_still_reuses_fused_bodies_by_wiring():
+    """With the builder cache off each build stages a new Program: its plan is fused again (no
+    per-Program hit), and the memo of fused bodies by wiring still gives the same body."""
+    from eagle_fx.frontend import builder_cache
+    from eagle_fx import ir
+    chain = _builder(["dbl", "inc", "dbl"])
+    x = np.linspace(-1.0, 1.0, 5)
+    builder_cache.ENABLED = False
+    try:
+        g1, g2 = chain(x, np.zeros(5)), chain(x, np.zeros(5))
+    finally:
+        builder_cache.ENABLED = True
+    assert g1._program is not g2._program and g1._exe.plan is not g2._exe.plan
+    calls = [[e for e in g._exe.plan.eqns if e.prim is ir.call_p] for g in (g1, g2)]
+    assert calls[0][0].params["spec"] is calls[1][0].params["spec"]
+    g1(), g2()
+    np.testing.assert_array_equal(np.asarray(g2.result), _oracle(["dbl", "inc", "dbl"], x))
