@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-from hawk_fx.caches import LRU
+from hawk_fx.caches import LRU, WeakMemo
 from hawk_fx.core import Literal, Program, RuleTable, Var
 
 from hawk_fx.emit.numpy import NumpyKernel, overlapping_inputs
@@ -50,6 +50,7 @@ def _shared(x, batch, kernel):
 
 
 _CODE = LRU("numpy replay code", 1024)     # replay source -> its code object (a graph lowered again)
+_VIEWABLE = WeakMemo()                      # fused plan -> its slices that may be views (read only)
 OWN_SCRATCH_BYTES = 1 << 18    # a kernel's scratch up to this size at the graph's n is the graph's own
 
 
@@ -119,7 +120,9 @@ class NumpyExecutable(SlotPlanner):
         self._bind_inputs(prog, input_arrays, keep)
         self._init_pool()
         self.views: list = []           # (slot, input slot, index): slices read straight from a caller's array
-        self.viewable = _viewable_slices(self.plan)
+        self.viewable = _VIEWABLE.get(self.plan)
+        if self.viewable is None:
+            self.viewable = _VIEWABLE[self.plan] = frozenset(_viewable_slices(self.plan))
         self._lock = threading.Lock()
         self._scratch: dict = {}        # (kernel, n) -> its (S, U), or None (_own_scratch)
         g = _Gen(self)
