@@ -10,7 +10,8 @@
    oscillators (a counted device loop of 25 steps), `eagle_fx.grad(loss, argnums=(0, 1))` per step,
    against `jax.jit(jax.grad(...))` of the same loss in this process (skipped without JAX).
 3. Building W-chain (20 kernel calls) again with the same layout, against the same build with the
-   memo of fused kernel bodies cleared before each (as every build ran before the memo).
+   memos of fused kernel bodies and of plans fused per Program cleared before each (as every build
+   ran before the memos).
 4. A cached call per entry point at n = 8 (L-chain: a builder, vmap of it over 4 instances, jvp,
    grad, grad of a plain function calling it), new values at every call, against one replay of
    its prebuilt graph plus a copy of the result, and against jax.jit of the same function in JAX
@@ -128,7 +129,8 @@ def rebuild_speedup():
     w_chain(x)
 
     def cold():
-        fusion._FUSED.clear()
+        fusion._FUSED.clear()           # the fused bodies and the plans fused per Program
+        fusion._BY_PROGRAM.clear()
         w_chain(x)
     return median_ratio(cold, lambda: w_chain(x), 5, REPEAT)
 

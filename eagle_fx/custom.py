@@ -31,6 +31,7 @@ the custom function's, less any eagle_fx.Graph among them.
 from __future__ import annotations
 
 from hawk_fx import custom as _hawk_custom
+from hawk_fx.caches import WeakMemo
 from hawk_fx.core import Eqn, Literal, Program, Var
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
@@ -346,10 +347,21 @@ def _custom_batch(self, e, atoms, fl, env, flags, eqns):
 
 # -- lowering: every backend runs the body, inlined --------------------------------------------
 
+_INLINED = WeakMemo()       # Program -> its inlined one (None: itself)
+
+
 def inline_custom(prog: Program) -> Program:
-    """`prog` with each custom equation replaced by its body (in sub-programs too)."""
-    if not _has_custom(prog):
-        return prog
+    """`prog` with each custom equation replaced by its body (in sub-programs too); made once per
+    Program, so a graph lowered again from the same Program lowers the same one (and hits the
+    memo of its fused plan)."""
+    try:
+        hit = _INLINED[prog]
+    except KeyError:
+        hit = _INLINED[prog] = _inline_custom(prog) if _has_custom(prog) else None
+    return prog if hit is None else hit
+
+
+def _inline_custom(prog: Program) -> Program:
     eqns = []
     for e in prog.eqns:
         e = _inline_params(e)

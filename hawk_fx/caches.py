@@ -85,6 +85,15 @@ def register_memo(memo):
     return memo
 
 
+class WeakMemo(weakref.WeakKeyDictionary):
+    """A memo keyed weakly by an object (a Program): an entry lives as long as its key, and
+    clear_all forgets them all as it forgets the LRUs."""
+
+    def __init__(self):
+        super().__init__()
+        _CLEARERS.append(self.clear)
+
+
 def clear_all():
     """Forget every cached entry of every registered cache."""
     for cache in list(_REGISTRY):

@@ -134,7 +134,7 @@ class Eqn:
 class Program:
     """A closed, typed, immutable list of equations: the unit every interpreter consumes."""
 
-    __slots__ = ("inputs", "eqns", "outputs")
+    __slots__ = ("inputs", "eqns", "outputs", "__weakref__")    # weak: lowering memoises per Program
 
     def __init__(self, inputs, eqns, outputs):
         self.inputs = tuple(inputs)

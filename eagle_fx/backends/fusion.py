@@ -15,7 +15,7 @@ writes in place ends a fusion. Batched calls (vmap) fuse with batched calls of t
 from __future__ import annotations
 
 from hawk_fx import prims
-from hawk_fx.caches import LRU
+from hawk_fx.caches import LRU, WeakMemo
 from hawk_fx.core import Eqn, Literal, Program, RuleTable, Var
 from hawk_fx.kernel import BodySpec
 
@@ -199,6 +199,21 @@ def fuse(prog: Program, keep: set, barriers=frozenset()) -> Program:
     if chain is not None:
         out.append(chain.eqn(last_read))
     return prog.replace(eqns=out)
+
+
+_BY_PROGRAM = WeakMemo()       # Program -> {frozenset(keep): its fused plan}
+
+
+def fused(prog: Program, keep) -> Program:
+    """fuse(prog, keep), made once per Program and set of kept values: a builder called again reuses
+    its Program, and the graphs lowered from it share this read-only plan (each its own buffers)."""
+    key = frozenset(keep)
+    plans = _BY_PROGRAM.get(prog)
+    hit = None if plans is None else plans.get(key)
+    if hit is None:
+        hit = fuse(prog, set(key))
+        _BY_PROGRAM.setdefault(prog, {})[key] = hit     # two threads racing both make the same plan
+    return hit
 
 
 def _fuse_inside(e, keep, barriers):

@@ -17,6 +17,7 @@ import threading
 
 import numpy as np
 
+from hawk_fx.caches import LRU, WeakMemo
 from hawk_fx.core import Literal, Program, RuleTable, Var
 
 from hawk_fx.emit.numpy import NumpyKernel, overlapping_inputs
@@ -24,7 +25,7 @@ from hawk_fx.emit.numpy import NumpyKernel, overlapping_inputs
 from .. import ir
 from ..ir.analysis import direct_outputs
 from ..transforms import checkpoint
-from .fusion import fuse
+from .fusion import fused
 from .memory import SlotPlanner
 from .numpy_stack import Stack
 
@@ -48,6 +49,8 @@ def _shared(x, batch, kernel):
     return np.broadcast_to(x, x.shape[:-2] + tuple(batch) + x.shape[-1:]) if kernel.has_reduction else x
 
 
+_CODE = LRU("numpy replay code", 1024)     # replay source -> its code object (a graph lowered again)
+_VIEWABLE = WeakMemo()                      # fused plan -> its slices that may be views (read only)
 OWN_SCRATCH_BYTES = 1 << 18    # a kernel's scratch up to this size at the graph's n is the graph's own
 
 
@@ -108,7 +111,7 @@ class NumpyExecutable(SlotPlanner):
     def __init__(self, prog: Program, input_arrays, keep: set, n: int):
         self.prog = prog                # the Program as staged (other backends and tools read it)
         # what runs: fused calls
-        self.plan = fuse(prog, set(keep))
+        self.plan = fused(prog, keep)
         self.n = n
         self.slots: list[np.ndarray] = []
         self.slot_of: dict[Var, int] = {}
@@ -117,14 +120,18 @@ class NumpyExecutable(SlotPlanner):
         self._bind_inputs(prog, input_arrays, keep)
         self._init_pool()
         self.views: list = []           # (slot, input slot, index): slices read straight from a caller's array
-        self.viewable = _viewable_slices(self.plan)
+        self.viewable = _VIEWABLE.get(self.plan)
+        if self.viewable is None:
+            self.viewable = _VIEWABLE[self.plan] = frozenset(_viewable_slices(self.plan))
         self._lock = threading.Lock()
         self._scratch: dict = {}        # (kernel, n) -> its (S, U), or None (_own_scratch)
         g = _Gen(self)
         self._gen_top(g)
         body = g.lines or ["pass"]
         self.source = "def replay(times):\n    for _ in range(times):\n" + "\n".join("        " + ln for ln in body) + "\n"
-        self._code = compile(self.source, "<eagle graph>", "exec")
+        self._code = _CODE.get(self.source)
+        if self._code is None:
+            self._code = _CODE[self.source] = compile(self.source, "<eagle graph>", "exec")
         self._link()
 
     # -- slots (the planner: backends/memory.py) -----------------------------------------------
