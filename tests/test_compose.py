@@ -551,12 +551,16 @@ def test_vjp_and_grad_of_a_builder_writing_its_arguments_leave_them_untouched():
     assert flag[0] == 1
 
 
-def test_reverse_mode_over_a_reverse_pass_through_a_loop_agrees_with_forward_over_reverse():
+def test_reverse_mode_over_a_reverse_pass_through_a_loop_agrees_with_forward_over_reverse(backend_heavy):
     x, n = np.array([0.4]), cell(3)
     def jl(v):
         return jnp.sum(lax.fori_loop(0, 3, lambda i, u: 1.1 * u + 0.1 * jnp.tanh(u), v) ** 2)
     want = np.asarray(jax.hessian(jl)(x))[0]
-    np.testing.assert_allclose(ef.grad(ef.grad(loss))(x, cell(0), n), want, rtol=RTOL)
+    if backend_heavy == "jax":      # a counted loop's reversible reverse pass has no static bound for XLA
+        with pytest.raises(ValueError, match="no bound on its turns"):
+            ef.grad(ef.grad(loss))(x, cell(0), n)
+    else:
+        np.testing.assert_allclose(ef.grad(ef.grad(loss))(x, cell(0), n), want, rtol=RTOL)
     # forward over reverse takes it too: the second derivative, against JAX
     _, hv = ef.jvp(ef.grad(loss), (x, cell(0), n), (np.ones(1), None, None))
     np.testing.assert_allclose(hv, want, rtol=RTOL)

@@ -122,7 +122,7 @@ def refuse_overlap(arrays, pairs, names, api="eagle.Graph(backend='jax')"):
     compute with the old values."""
     for i, k in sorted(pairs):
         a, b = arrays[i], arrays[k]
-        if a is not b and np.may_share_memory(a, b) and np.shares_memory(a, b):
+        if np.may_share_memory(a, b) and np.shares_memory(a, b):      # one array passed twice too
             raise ValueError(f"{api}: {_arg(names, i)} is written and shares memory with {_arg(names, k)}, which "
                              "is read after the write; JAX arrays do not alias, so the write would not be seen "
                              "through it: pass a copy of one (np.array(..., copy=True)) or build on the NumPy "
