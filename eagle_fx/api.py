@@ -467,8 +467,19 @@ class Staged:
     def refuse_views(self, wrt):
         """Derivatives follow the arrays passed to kernels; a view of a differentiated argument made
         in the builder's Python would get no derivative: refuse it rather than answer 0."""
+        nested = self.g.merged_by
         for a in wrt:
             e = self.view_of.get(a)
+            if nested is not None and a not in self.arg_of:    # reshaped, or a copy (repeated, an axis moved)
+                names = arg_names(self.f, len(self.args))
+                who = f"{nested} is" if self.fname == nested else f"{where(self.f)} calls {nested},"
+                raise TransformError(
+                    f"{self.api}: {who} a nested vmap: it hands its graph argument {names[a[0]]} of shape "
+                    f"{self.leaves[a[0]][a[1]].shape} as one batch, its two batch axes merged into one (a reshape "
+                    "or a copy of it), and derivatives follow the arrays given to kernels, not that array. Take the "
+                    "derivative inside the batches (eagle_fx.vmap(eagle_fx.vmap(eagle_fx.jacfwd(f))), or jacrev, "
+                    "grad: each instance's), or merge the axes yourself and batch once: differentiate "
+                    "eagle_fx.vmap(f) at x.reshape(B2 * B1, ...)")
             if e is not None:
                 names = arg_names(self.f, len(self.args))
                 raise TransformError(f"{self.api}: {where(self.f)} passes a kernel a view of argument {names[a[0]]} "

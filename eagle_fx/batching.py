@@ -286,6 +286,7 @@ def _nested(f, args, outer_axes, out_axes, api, name):
                             "it at both levels, outer axis first, in a C-contiguous array "
                             "(np.ascontiguousarray(np.moveaxis(...))) and read the writes from that array")
     g.views = [(B2, B1) + v.aval.shape[1:] for v in g.result_vars()[0]]
+    g.merged_by = f"vmap({name})"
     return g
 
 

@@ -16,7 +16,7 @@ import typing
 import numpy as np
 
 from hawk_fx.context import CONTEXT
-from hawk_fx.tree import tree_flatten, tree_unflatten
+from hawk_fx.tree import TreeDef, make_node, node_children, tree_flatten, tree_unflatten
 
 from . import eager, staging
 from .autograph import convert_builder
@@ -73,8 +73,9 @@ class _BuildContext:
 
 
 def _wrap_arrays(value, planes: dict, make):
-    """`value` with each array in it (and in tuples, lists and dicts of them) replaced by its staged
-    plane, made once per array by `make` and kept in `planes` (id(array) -> plane)."""
+    """`value` with each array in it (and in the tree nodes holding them: tuples, lists, dicts,
+    NamedTuples, dataclasses, registered classes) replaced by its staged plane, made once per array
+    by `make` and kept in `planes` (id(array) -> plane)."""
     if staging.is_array(value):
         p = planes.get(id(value))
         if p is None:
@@ -84,6 +85,12 @@ def _wrap_arrays(value, planes: dict, make):
         return type(value)(_wrap_arrays(v, planes, make) for v in value)
     if type(value) is dict:
         return {k: _wrap_arrays(v, planes, make) for k, v in value.items()}
+    node = node_children(value)       # a NamedTuple, dataclass or registered class: its arrays are staged too
+    if node is not None:
+        kind, meta, kids = node
+        new = [_wrap_arrays(v, planes, make) for v in kids]
+        if any(n is not v for n, v in zip(new, kids)):
+            return make_node(TreeDef(kind, meta), new)
     return value
 
 

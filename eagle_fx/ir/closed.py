@@ -19,7 +19,7 @@ Recording = namedtuple("Recording", "written labelled shown checkpoints")
 
 class Closed:
     __slots__ = ("program", "planes", "tree", "n_results", "n", "backend", "mesh", "views", "record", "made", "extra",
-                 "tree_args", "keep", "recording", "transformed", "part_of")
+                 "tree_args", "keep", "recording", "transformed", "part_of", "merged_by")
 
     def __init__(self, program, planes, tree, n_results, n, backend=None, mesh=None, views=None, record=False):
         self.program, self.planes, self.tree = program, list(planes), tree
@@ -34,12 +34,13 @@ class Closed:
         self.transformed = True        # runs where transforms run: NumPy, or 'jax' (False: a builder's own
         #                                graph, whose backend=None is chosen by its arrays and use_backend)
         self.part_of = None            # (closed, j): leaf j of that one's result, handed out inside a transform
+        self.merged_by = None          # the nested vmap whose planes hold its arguments reshaped (B2 * B1, ...)
 
     def derive(self, program, planes, tree, n_results, views=None):
         """A closed Program a transform made from this one: the same sample count, backend and
         argument names, its planes (in this one's order, then any it adds), its result."""
         c = Closed(program, planes, tree, n_results, self.n, self.backend, self.mesh, views)
-        c.tree_args = self.tree_args
+        c.tree_args, c.merged_by = self.tree_args, self.merged_by
         return c
 
     @property
