@@ -1,6 +1,5 @@
-"""A cached graph is replayed only where a fresh staging would make the same one (issue 20, items
-2, 3, 4 and 10): a kernel or global rebound after staging, arguments that share memory, static
-Python values that are equal but not the same (0.0 and -0.0, 1 and True, NaN), and the backend
+"""A cached graph is replayed only where a fresh staging would make the same one: a kernel or
+global rebound after staging, arguments that share memory, static Python values that are equal but not the same (0.0 and -0.0, 1 and True, NaN), and the backend
 use_backend asks for. Every expected value is computed here with NumPy or JAX, or is what a
 fresh, uncached call does (a refusal); none is read from an earlier call."""
 import math
@@ -47,7 +46,7 @@ def mul(a: Scalar, b: Scalar) -> Scalar:
     return a * b
 
 
-# -- item 2: a kernel (or block, or global) rebound after staging --------------------------------
+# -- a kernel (or block, or global) rebound after staging --------------------------------
 
 @hawk.kernel
 def model(x: Scalar) -> Scalar:
@@ -186,7 +185,7 @@ def test_to_jax_sees_a_redefined_kernel():
         model = old
 
 
-# -- item 3: arguments that share memory ---------------------------------------------------------
+# -- arguments that share memory ---------------------------------------------------------
 
 @ef.Graph.builder
 def acc3(x, m):
@@ -267,7 +266,7 @@ def test_a_derivative_takes_overlapping_written_arguments_as_values():
     np.testing.assert_array_equal(A, np.arange(1.0, 8.0))          # the caller's arrays are not written
 
 
-# -- item 4: static Python values equal by == but not the same ------------------------------------
+# -- static Python values equal by == but not the same ------------------------------------
 
 def code_of(a):
     """A number that depends on a static's type and bits, as a builder may compute in Python."""
@@ -307,7 +306,7 @@ def test_to_jax_keys_minus_zero_apart():
         np.testing.assert_allclose(jax.grad(lambda x: f(x, a)[0])(X5), sum_sq(code_of(a), X5)[1], rtol=1e-13)
 
 
-# -- item 10: the backend use_backend asks for ---------------------------------------------------
+# -- the backend use_backend asks for ---------------------------------------------------
 
 def test_a_jax_refusal_is_not_bypassed_by_a_numpy_entry():
     pytest.importorskip("jax")

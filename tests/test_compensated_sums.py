@@ -1,5 +1,5 @@
 """Sums over samples worth trusting: hawk.sum and hawk.mean against math.fsum, on every backend,
-forward and in the cotangent sums of the reverse (issue 20).
+forward and in the cotangent sums of the reverse.
 
 Bounds (u: the unit roundoff of the result's dtype, S: the exact sum, from math.fsum):
   numpy  |got - S| <= 2u|S|(1 + 3u)           (hawk_fx/accurate.py: under 1.5 ulps, any input)

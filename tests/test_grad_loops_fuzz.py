@@ -39,7 +39,7 @@ N = 3                                   # samples per plane
 RTOL = 1e-6
 
 
-# -- the regression: a + exp(b) in a counted loop (issue 20, item 1) ---------------------------------
+# -- the regression: a + exp(b) in a counted loop ---------------------------------
 
 @hawk.kernel
 def shift(a: Scalar, b: Scalar) -> Scalar:

@@ -1,4 +1,4 @@
-"""Kernels that do what they say (issue 20, items 9, 12, 13, 14): a reserved role refused, not
+"""Kernels that do what they say: a reserved role refused, not
 ignored; JAX's derivative conventions at special points; float32 kept with Python numbers;
 sharded jax.Arrays with uncommitted cells; NumPy's operators on staged planes.
 

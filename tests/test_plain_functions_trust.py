@@ -1,4 +1,4 @@
-"""Plain functions handed to transforms (issue 20, items 6, 7, 11, 12): every answer equals an
+"""Plain functions handed to transforms: every answer equals an
 independent oracle (jax.grad / jax.vmap of the same math in jax.numpy, or a Python loop calling the
 builder on each instance), or the call is refused with a message naming the API, the function and
 its line, and what to write instead. Never a silent wrong answer."""
