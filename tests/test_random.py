@@ -76,7 +76,7 @@ def test_cipher_matches_jax_threefry_on_random_words():
         np.testing.assert_array_equal(cipher(one, ctr), want1)
 
 
-def test_emitted_cuda_computes_the_same_words(tmp_path):
+def test_emitted_cuda_computes_the_same_words(tmp_path, nvrtc):
     """The emitted CUDA C, compiled for the host (the CUDA emitter tests' emulation), against the KAT."""
     import shutil
     emu = pytest.importorskip("test_cuda_emit")
@@ -602,7 +602,7 @@ def test_jax_grad_through_a_kernel_draw():
 
 
 @pytest.mark.slow
-def test_every_draw_and_the_gamma_derivative_compile_with_nvrtc():
+def test_every_draw_and_the_gamma_derivative_compile_with_nvrtc(nvrtc):
     from hawk_fx.emit import cuda
     ins = _draws_inputs(8)
     spec = draws_all.specialize(draws_all.layout_of(list(ins))[0])
