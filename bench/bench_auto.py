@@ -21,44 +21,13 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
-from jax import lax  # noqa: E402
 
 import eagle_fx as eagle  # noqa: E402
 from eagle_fx.backends.select import use_backend  # noqa: E402
 from eagle_fx.frontend.cache import clear_caches  # noqa: E402
 from eagle_fx.backends import tiered  # noqa: E402
+from bench_jax import hand_chain, hand_fork, hand_loop  # noqa: E402  (the hand-written jax.jit workloads)
 from workloads import l_chain, w_chain, w_fork, w_loop, w_trans  # noqa: E402
-
-
-@jax.jit
-def hand_chain(x):
-    for _ in range(10):
-        x = 2.0 * x + 1.0
-    return x
-
-
-@jax.jit
-def hand_loop(x, flag):
-    def test(s):
-        t, x, f = s
-        return (t < 50) & (f[0] != 0)
-
-    def step(s):
-        t, x, f = s
-        x = 0.5 * x + 1.0
-        return t + 1, x, jnp.sum(x < 1e9).astype(jnp.uint32).reshape(1)
-    _, x, f = lax.while_loop(test, step, (0, x, flag))
-    return x, f
-
-
-@jax.jit
-def hand_fork(x):
-    a = 2.0 * (2.0 * x + 1.0) + 1.0
-    b = 2.0 * (2.0 * (x + 1.0) + 1.0)
-    c = x
-    for _ in range(4):
-        c = 0.5 * c + 1.0
-    return a, b, c
 
 
 @jax.jit
