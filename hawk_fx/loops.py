@@ -24,14 +24,15 @@ from __future__ import annotations
 import ast
 import itertools
 import math
+import warnings
 
 import numpy as np
 
 from . import prims
 from .core import SAMPLE, UNIFORM, AVal, Literal, Program, Tracer, Var, abstract_eval, eager_impl, eval_program
 from .emit.numpy import NumpyKernel, numpy_emit, several_results
-from .source import assigned_names
-from .trace import UNDEF, KernelTrace, TraceError, as_aval, current_kernel_trace, where_with_text
+from .source import assigned_names, user_line
+from .trace import UNDEF, KernelTrace, TraceError, _pin_to_line, as_aval, current_kernel_trace, where_with_text
 
 P = prims.P
 
@@ -167,6 +168,7 @@ class LoopToCall(ast.NodeTransformer):
             ast.copy_location(s, node)
         for s in (fdef, assign):
             ast.fix_missing_locations(s)
+        _pin_to_line(assign, node, keep=node.iter)      # for_stmt runs at the `for` line
         return [fdef, assign]
 
     def _capped(self, it):
@@ -253,9 +255,35 @@ def _per_sample_rest(rest, body_fn, state, names, active):
         marks = _marks()
         try:
             return _bind_loop(rest, body_fn, state, names, active)
-        except (TraceError, TypeError, ValueError, IndexError):
-            _rewind(marks)  # traced once for all turns it fails (v[i]): unrolled, it works or says why
+        except (TraceError, TypeError, ValueError, IndexError) as e:
+            _rewind(marks)  # traced once for all turns it fails (lst[i]): unrolled, it works or says why
+            why = f"its body cannot be traced once for all turns ({e})"
+    else:
+        why = f"it runs over a {type(rest).__name__}, not a range"
+    _warn_unrolled(why, len(rest))
     return _unrolled(rest, body_fn, state, active)
+
+
+class UnrolledLoopWarning(UserWarning):
+    """A kernel loop that stops per sample runs its remaining turns unrolled and masked: the same
+    values as one loop, but every turn is computed for every sample and the program grows with the cap."""
+
+
+_warned: dict = {}      # the warnings registry: once per kernel line (reset when the filters change)
+
+
+def _warn_unrolled(why: str, turns: int):
+    trace = current_kernel_trace()
+    if not isinstance(trace, KernelTrace):
+        return
+    line = user_line(trace.source.filename) or 0
+    where = where_with_text(trace.source, line) if line else trace.kernel_name
+    warnings.warn_explicit(UnrolledLoopWarning(
+        f"hawk.kernel {where}: the loop's remaining {turns} turns run unrolled and masked because {why}: "
+        "every turn is computed for every sample, even those that have left; to run it as one loop that "
+        "stops when no sample is active, loop over range(K) and index only arrays with the loop variable "
+        "(v[i] of a Vector, not a Python list or tuple)"),
+        UnrolledLoopWarning, trace.source.filename, line, registry=_warned)
 
 
 def _marks():
