@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from hawk_fx.context import CONTEXT
-from hawk_fx.tree import tree_flatten, tree_unflatten
+from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from .. import ir
 from ..ir.analysis import prog_params
@@ -164,7 +164,7 @@ def finish(g, bound):
     reads (bindable all the same), and each tree argument's leaves, for bind."""
     g.unread_args = {k: v for k, v in bound.arguments.items() if staging.is_array(v) and k not in g._input_names}
     for k, v in bound.arguments.items():
-        if isinstance(v, (tuple, list, dict)):
+        if node_children(v) is not None:       # any tree the call takes: containers, dataclasses, registered
             leaves, tree = tree_flatten(v, is_leaf=staging.is_array)
             if any(staging.is_array(x) for x in leaves):
                 at = {id(e.array): i for i, e in enumerate(g.trace.input_planes)}
