@@ -71,7 +71,11 @@ def _demote(tree, k, promoted):
 def jvp(f, primals, tangents):
     """(result, result tangent) for tangents given per argument: a tree like the argument's, or
     None (no tangent; a cell or integer leaf takes None)."""
-    api = "eagle_fx.jvp"
+    return jvp_as(f, primals, tangents, "eagle_fx.jvp")
+
+
+def jvp_as(f, primals, tangents, api):
+    """jvp for the API the user called (jacfwd, hessian, linearize): its refusals name `api`."""
     if not CONTEXT.abstract and holds_jax_arrays(tuple(primals) + tuple(tangents)):   # on XLA: JAX's jvp
         import jax
         fn, arrays = jax_function(f, tuple(primals))
@@ -218,7 +222,11 @@ def vjp(f, *args, has_aux=False, checkpoints=None):
     cotangent tree per positional argument (None at leaves that are not floating arrays; 0-d for
     a Python float). checkpoints=K: the reverse through a device loop keeps at most K of its
     states and runs the loop again from them (less memory, more time; see docs, Checkpointing)."""
-    api = "eagle_fx.vjp"
+    return vjp_as(f, args, "eagle_fx.vjp", has_aux, checkpoints)
+
+
+def vjp_as(f, args, api, has_aux=False, checkpoints=None):
+    """vjp for the API the user called (linear_transpose): its refusals name `api`."""
     if not CONTEXT.abstract and holds_jax_arrays(args):        # on XLA: JAX's vjp of the JAX function
         import jax
         fn, arrays = jax_function(f, args)

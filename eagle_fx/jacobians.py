@@ -18,7 +18,7 @@ from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 from .api import (Staged, Transformed, argnums_checked, float_array, graph_of, is_array, name_of, refuse_no_float,
                   sig)
 from .batching import vmap
-from .derivatives import _grad_trees, jvp, promote, seed_planes, vjp_program
+from .derivatives import _grad_trees, jvp_as, promote, seed_planes, vjp_program
 from .staged_results import then
 from .transforms.program import ct_aval
 
@@ -142,7 +142,7 @@ def _jacobian(f, argnums, api, forward):
         seen = s0.g.views[0] if s0.g.views else None        # f's result has a view (a Jacobian's): kept
         if forward:
             def one(*ts):
-                return jvp(f, args, x.tangents(args, ts))[1]
+                return jvp_as(f, args, x.tangents(args, ts), api)[1]
             c = vmap(one, in_axes=0).closed(*x.basis())
             v = c.result_vars()[0][0]                  # (size, *out): row i is d result / d (flat x)_i
             views = [then(_forward_view(x.offset[j], x.leaves[j].size, out, x.leaves[j].shape), seen, len(out),
@@ -204,7 +204,7 @@ def _second(f, a, b, api, squeeze):
                 prog = vjp_program(s2, xa.wrt(), api)
                 return graph_of(s2, prog, _grad_trees(s2, prog, [xa.k], xa.wrt())[0], seed_planes(s2, [ct]))
             vjp_row = Transformed(f"vjp({name_of(f)})", row)
-            return jvp(vjp_row, args, xb.tangents(args, ts))[1]
+            return jvp_as(vjp_row, args, xb.tangents(args, ts), api)[1]
         c = vmap(one, in_axes=0).closed(cts, *tans)
         rows = c.result_vars()[0]                      # per floating leaf of x_a: (m * nb, *leaf shape)
         lead = () if squeeze and m == 1 else out

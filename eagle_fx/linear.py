@@ -13,7 +13,7 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten, tree_map
 
 from .api import is_array
-from .derivatives import jvp, vjp
+from .derivatives import jvp_as, vjp_as
 from .transforms.program import TransformError
 
 
@@ -27,13 +27,13 @@ def linearize(f, *primals):
                              "outer transform); linearize returns a Python function")
     primals = tuple(tree_map(lambda x: np.array(x) if isinstance(x, np.ndarray) else x, p, is_leaf=is_array)
                     for p in primals)
-    y, _ = jvp(f, primals, (None,) * len(primals))
+    y, _ = jvp_as(f, primals, (None,) * len(primals), api)
 
     def f_jvp(*tangents):
         if len(tangents) != len(primals):
             raise TypeError(f"{api}: f_jvp takes a tangent (or None) per argument of f: {len(primals)}, got "
                             f"{len(tangents)}")
-        return jvp(f, primals, tangents)[1]
+        return jvp_as(f, primals, tangents, api)[1]
     return y, f_jvp
 
 
@@ -46,7 +46,7 @@ def linear_transpose(f, *primals):
     if CONTEXT.transforming:
         raise TransformError(f"{api}: inside a transformed function, use eagle_fx.grad or eagle_fx.jacrev")
     zeros = tuple(tree_map(_zeros_like, p, is_leaf=_is_shaped) for p in primals)
-    y0, pullback = vjp(f, *zeros)
+    y0, pullback = vjp_as(f, zeros, api)
     offset = [x for x in tree_flatten(y0, is_leaf=is_array)[0] if isinstance(x, np.ndarray) and x.dtype.kind == "f"
               and np.any(x != 0)]
     if offset:
