@@ -20,7 +20,7 @@ from hawk_fx.emit import cuda
 import hawk_fx.emit.numpy as emit_numpy
 from hawk_fx.emit.jax import require_jax
 
-ISSUE = np.array([1e16, 1.0, -1e16, 1.0] * 1000)
+CANCELLING = np.array([1e16, 1.0, -1e16, 1.0] * 1000)
 
 
 @hawk.kernel
@@ -39,23 +39,23 @@ def _jnp(x):
     return jnp.asarray(x)
 
 
-def test_issue_example_numpy():
-    s, m = total(ISSUE)
+def test_cancelling_terms_numpy():
+    s, m = total(CANCELLING)
     assert s[0] == 2000.0 and m[0] == 0.5
-    s32, _ = total(ISSUE.astype(np.float32))
+    s32, _ = total(CANCELLING.astype(np.float32))
     assert s32.dtype == np.float32 and s32[0] == 2000.0
 
 
-def test_issue_example_jax():
-    s, m = total(_jnp(ISSUE))
+def test_cancelling_terms_jax():
+    s, m = total(_jnp(CANCELLING))
     assert float(s[0]) == 2000.0 and float(m[0]) == 0.5
-    s32, _ = total(_jnp(ISSUE.astype(np.float32)))
+    s32, _ = total(_jnp(CANCELLING.astype(np.float32)))
     assert s32.dtype == np.float32 and float(s32[0]) == 2000.0
 
 
 def test_cotangent_sum_over_samples():
     """The gradient of a one-cell Param is a sum over samples of per-sample cotangents."""
-    g = hd.vjp(scaled, wrt="a")(ISSUE, np.array([3.0]), cotangent=np.array([1.0]))
+    g = hd.vjp(scaled, wrt="a")(CANCELLING, np.array([3.0]), cotangent=np.array([1.0]))
     assert g["a"][0] == 2000.0
 
 
@@ -83,7 +83,7 @@ def _adversarial(rng, n, dtype):
     elif kind == 3:                           # one large value and many at half its ulp
         x = np.full(n, 2.0 ** -53)
         x[0] = 1.0
-    else:                                     # the issue's pattern, at a random scale
+    else:                                     # large terms that cancel around small ones, at a random scale
         x = np.resize([1.0, 2.0 ** -30, -1.0, 2.0 ** -30], n) * 10.0 ** rng.integers(-20, 20)
     x = x.astype(dtype)
     return x[rng.permutation(n)]
@@ -214,7 +214,7 @@ def test_nonfinite_and_overflowing_rows():
 def test_nan_and_inf_propagate():
     with np.errstate(invalid="ignore"):             # inf - inf, as np.sum warns
         for bad in (np.nan, np.inf, -np.inf):
-            x = np.r_[ISSUE, bad]
+            x = np.r_[CANCELLING, bad]
             s, _ = total(x)
             np.testing.assert_equal(s[0], np.sum(x))
         s, _ = total(np.array([np.inf, -np.inf, 1.0] * 100))

@@ -1,4 +1,4 @@
-"""Trust follow-ups: refusals that name the user's builder and line, and say what to change."""
+"""Refusals that name the user's builder and line, and say what to change."""
 from __future__ import annotations
 
 import numpy as np

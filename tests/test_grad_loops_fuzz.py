@@ -198,7 +198,7 @@ class Case:
             h, j = expression(rng, params, int(rng.integers(1, 4)), root=True)
             while not re.search(r"\b[abc]\b", h):        # the body reads a parameter (see the xfail above)
                 h, j = expression(rng, params, int(rng.integers(1, 4)), root=True)
-            if rng.random() < 0.4:                     # a linear input beside a costly value (the a + exp(b))
+            if rng.random() < 0.4:                     # a linear input beside a costly value (a + exp(b))
                 op = str(rng.choice(BINARY))
                 h, j = op.format(params[0], h), op.format(params[0], j)
             self.hawk += ["@hawk.kernel", f"def k{k}({', '.join(p + ': Scalar' for p in params)}) -> Scalar:",

@@ -18,7 +18,7 @@ from hawk_fx import Mutable, Scalar, Terminated, UInt32, Vector
 from conftest import line_of
 
 # ---------------------------------------------------------------------------------------------
-# item 9: Terminated, once reserved, now runs (tests/test_terminated.py): never silently ignored
+# Terminated runs (its behaviour is in tests/test_terminated.py): a kernel never ignores it silently
 
 
 def test_terminated_is_not_ignored():
@@ -60,7 +60,7 @@ def test_the_way_today_freezes_finished_samples():
 
 
 # ---------------------------------------------------------------------------------------------
-# item 14: derivatives at special points are JAX's; float32 stays float32 with Python numbers
+# derivatives at special points are JAX's; float32 stays float32 with Python numbers
 
 def _jax():
     from hawk_fx.emit.jax import require_jax
@@ -264,7 +264,7 @@ def test_an_infinite_derivative_stays_in_its_component():
 
 
 # ---------------------------------------------------------------------------------------------
-# item 12: &, |, ^, ~, divmod and @ on staged planes (inside builders)
+# &, |, ^, ~, divmod and @ on staged planes (inside builders)
 
 @eagle.Graph.builder
 def flags(x, y):

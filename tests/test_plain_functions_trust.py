@@ -52,7 +52,7 @@ def loop(fn, *batched):
     return np.stack([np.asarray(fn(*(a[b] for a in batched))) for b in range(len(batched[0]))])
 
 
-# -- item 6: an array computed from a differentiated argument is refused, not silently dropped --------
+# -- an array computed from a differentiated argument is refused, not silently dropped ---------------
 
 DERIVED = [   # (form, eagle function of u, the array it hands the graph, in jax.numpy: the loss is sum(u * u * c))
     ("sum", lambda u: fp(u, u.sum(keepdims=True)), lambda u: jnp.sum(u)),
@@ -101,7 +101,7 @@ def test_a_view_of_the_argument_is_refused_by_derivatives_and_followed_by_vmap()
     np.testing.assert_allclose(got, jax.vmap(lambda x: jnp.sum(x[1:] ** 2 * x[:-1], keepdims=True))(X), rtol=1e-13)
 
 
-# -- item 7: values that escape the guard (np.asarray, np.float64) ------------------------------------
+# -- values that escape the guard (np.asarray, np.float64) -------------------------------------------
 
 def test_a_value_read_past_the_guard_is_refused_not_frozen():
     def param_from(x):
@@ -166,7 +166,7 @@ def test_a_function_that_fails_on_other_values_is_still_staged():
             "eagle_fx.grad", "<lambda>", "computed in Python from a", "inside a builder")
 
 
-# -- item 11: zero instances, zero-size arguments: JAX's zero-size answers ----------------------------
+# -- zero instances, zero-size arguments: JAX's zero-size answers -----------------------------------
 
 def test_vmap_over_zero_instances_gives_jax_empty_results():
     empty = np.zeros((0, 5))
@@ -198,7 +198,7 @@ def test_jacobians_of_a_zero_size_argument_have_jax_shapes():
     assert [[x.shape for x in row] for row in h] == [[x.shape for x in row] for row in want]
 
 
-# -- item 12: trees with int keys, argnums, integer inputs ---------------------------------------------
+# -- trees with int keys, argnums, integer inputs ----------------------------------------------------
 
 def test_a_dict_with_int_keys_is_a_tree_as_in_jax():
     d = {1: U, 2: np.linspace(1.0, 2.0, 5)}
@@ -239,7 +239,7 @@ def test_grad_of_an_integer_input_says_integer_inputs_have_no_derivative():
             "integer inputs have no derivative")
 
 
-# -- the class (items 6, 7): generated plain functions u -> f(u, <an array derived from u>) ----------------
+# -- the class of both: generated plain functions u -> f(u, <an array derived from u>) -----------------
 
 VECTOR_STEPS = [   # (name, NumPy on the (guarded) array, the same in jax.numpy); each keeps the shape (5,)
     ("copy", lambda v: v.copy(), lambda v: v),

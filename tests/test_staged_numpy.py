@@ -82,7 +82,7 @@ def test_every_staged_ufunc_matches_numpy_after_each_replay(uf, rng, backend):
         np.testing.assert_allclose(g(), uf(x, y) if uf.nin == 2 else uf(x), rtol=1e-12, atol=1e-15)
 
 
-# -- the examples: values, gradients, vmap ---------------------------------------------------
+# -- NumPy ufuncs in builders: values, gradients, vmap ------------------------------------------------
 
 @eagle.Graph.builder
 def sin_of_x(x):

@@ -1,12 +1,13 @@
-"""Issue 20, items 5 and 8, each against an oracle the library does not compute.
+"""Writes through NumPy views, and what a buffer label means in gradients, each against an oracle
+the library does not compute.
 
-5. A NumPy view of an array a builder reaches (made in the builder, or a global): `z[1]`, `z[::2]`,
+Views. A NumPy view of an array a builder reaches (made in the builder, or a global): `z[1]`, `z[::2]`,
    a reshape, `z.T[k]` is a new ndarray at each use. Staged, it is a view of its base's plane: a
    write through it lands in the base, and later reads of the base or of a view of it see it, on
    the NumPy and JAX backends, under record=True, value_and_grad and to_jax. The oracles: the
    builder run as plain Python (eagle.disable_staging()), plain NumPy, central differences of the
    eager run, jax.grad of the same math.
-8. In gradients a buffer label means the value of its last write that ran, with every use of that
+Labels. In gradients a buffer label means the value of its last write that ran, with every use of that
    value counted: an arm (or a loop of no turns) that did not run changes no derivative. The
    oracle: a hand-written NumPy run of the same program with an epsilon added at that write.
 
@@ -63,12 +64,12 @@ def eager(builder, *args):
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. writes through NumPy views of arrays the builder reaches
+# writes through NumPy views of arrays the builder reaches
 
 
 @eagle.Graph.builder
 def made_row(x, record=False, backend="numpy"):
-    """The issue's builder: z is made here, acc writes its row 1, the result reads row 1 again."""
+    """z is made here, acc writes its row 1, the result reads row 1 again."""
     g = eagle.Graph(record=record, backend=backend)
     z = np.zeros((2, 8))
     acc(x, z[1])
@@ -101,7 +102,7 @@ X = np.linspace(0.1, 0.8, 8)
 
 
 @pytest.mark.parametrize("backend", ["numpy", "jax"])
-def test_issue_row_write_is_seen_by_the_later_read(backend):
+def test_a_row_write_is_seen_by_the_later_read(backend):
     want = eager(made_row, X)
     np.testing.assert_allclose(want, np.sum(2 * X), rtol=1e-14)          # plain NumPy: z[1] = x
     np.testing.assert_allclose(made_row(X, backend=backend)()[0], want, rtol=1e-14)
@@ -116,7 +117,7 @@ def test_issue_row_write_is_seen_by_the_later_read(backend):
     np.testing.assert_allclose(grad, fd, atol=1e-7)
 
 
-def test_issue_row_write_under_to_jax():
+def test_a_row_write_under_to_jax():
     f = eagle.to_jax(made_row)
     np.testing.assert_allclose(np.asarray(f(jnp.asarray(X)))[0], np.sum(2 * X), rtol=1e-14)
     got = jax.grad(lambda x: f(x)[0])(jnp.asarray(X))
@@ -124,7 +125,7 @@ def test_issue_row_write_under_to_jax():
 
 
 @pytest.mark.parametrize("backend", ["numpy", "jax"])
-def test_issue_stepped_write_into_a_global(backend):
+def test_a_stepped_write_into_a_global(backend):
     want, want_grad = every_other_numpy(X)
     G[...] = G0
     np.testing.assert_allclose(eager(global_every_other, X), want, rtol=1e-14)
@@ -182,7 +183,7 @@ def test_a_transpose_of_an_array_is_refused_with_the_line():
 
 
 # ---------------------------------------------------------------------------------------------
-# 5, property: random chains of views of builder-made and global arrays, written and read back
+# views, property: random chains of views of builder-made and global arrays, written and read back
 
 GLOBALS: dict = {}        # name -> array, the globals generated builders write
 
@@ -351,11 +352,11 @@ def test_random_views_many():
 
 
 # ---------------------------------------------------------------------------------------------
-# 8. a buffer label rebound in an arm that did not run
+# a buffer label rebound in an arm that did not run
 
 
 @eagle.Graph.builder
-def issue_arm(x, c, record=False, backend="numpy"):
+def label_arm(x, c, record=False, backend="numpy"):
     g = eagle.Graph(record=record, backend=backend)
     a = dbl(x, buffer=True)
     v = add(a, x)
@@ -365,7 +366,7 @@ def issue_arm(x, c, record=False, backend="numpy"):
     return g
 
 
-def issue_arm_numpy(x, c, eps):
+def label_arm_numpy(x, c, eps):
     """The same program with eps added at the label's last write that ran."""
     a = 2 * x + (0 if c else eps)
     v = a + x
@@ -376,11 +377,11 @@ def issue_arm_numpy(x, c, eps):
 
 @pytest.mark.parametrize("backend", ["numpy", "jax"])
 @pytest.mark.parametrize("c", [0, 1])
-def test_issue_label_rebound_in_an_arm(backend, c):
+def test_a_label_rebound_in_an_arm(backend, c):
     x = np.array([0.5, -1.0, 2.0])
-    gr = issue_arm(x, np.array([c], np.uint32), record=True, backend=backend)
+    gr = label_arm(x, np.array([c], np.uint32), record=True, backend=backend)
     gr()
-    want = central(lambda e: np.sum(issue_arm_numpy(x, c, e)), np.zeros(3))
+    want = central(lambda e: np.sum(label_arm_numpy(x, c, e)), np.zeros(3))
     np.testing.assert_allclose(want, [1.0 if c else 2.0] * 3, rtol=1e-8)
     got = eagle.diff.reverse(gr.record, {"result": np.ones(3)}, wrt=("a",))["a"]
     np.testing.assert_allclose(got, want, rtol=1e-8)
@@ -401,7 +402,7 @@ def test_an_arm_that_did_not_run_changes_no_derivative():
     x = np.array([0.5, -1.0, 2.0])
     off = np.array([0], np.uint32)
     grads = []
-    for b in (issue_arm, without_arm):
+    for b in (label_arm, without_arm):
         gr = b(x, off, record=True)
         gr()
         grads.append(eagle.diff.reverse(gr.record, {"result": np.ones(3)}, wrt=("a", "x")))
@@ -440,7 +441,7 @@ def test_label_rebound_in_a_loop_of_no_turns_means_the_write_before(n):
 def test_a_copied_record_keeps_which_write_ran():
     x = np.array([0.5, -1.0, 2.0])
     c = np.array([0], np.uint32)
-    gr = issue_arm(x, c, record=True)
+    gr = label_arm(x, c, record=True)
     gr()
     kept = gr.record.copy()
     c[0] = 1
@@ -450,7 +451,7 @@ def test_a_copied_record_keeps_which_write_ran():
 
 
 # ---------------------------------------------------------------------------------------------
-# 8, property: random programs rebinding a label in arms (taken or not) and loops
+# labels, property: random programs rebinding a label in arms (taken or not) and loops
 
 REWRITES = [("dbl", lambda a: 2.0 * a), ("sq", lambda a: a * a), ("sinp", lambda a: np.sin(a) + a)]
 
