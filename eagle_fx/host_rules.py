@@ -63,16 +63,8 @@ def _host_fn(fn, kind, label, names, n_values, in_names, out_names, out_avals):
 def stage_pure_host(trace, node, name):
     """Stage a node with rules as a pure `host` equation: its reads in, new values of its writes out."""
     scope = trace.scope
-    atoms, reads, writes = [], [], []
-    for nm, arr in node.reads.items():
-        key = trace.key_of(arr, "eagle.graph.opaque", f"reads[{nm!r}]")
-        atoms.append(scope.read(key))
-        reads.append((key, nm))
-    avals = []
-    for nm, arr in node.writes.items():
-        key = trace.key_of(arr, "eagle.graph.opaque", f"writes[{nm!r}]")
-        avals.append(scope.read(key).aval)
-        writes.append((key, nm))
+    atoms, reads, writes = trace.node_access(node)
+    avals = [scope.read(key).aval for key, _ in writes]
     info = trace.info(name)
     label = name or getattr(node.fn, "__name__", "fn")
     rules = Rules(node.jvp, node.vjp, node.reads, node.writes, repr(label))

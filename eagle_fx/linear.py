@@ -12,7 +12,7 @@ import numpy as np
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten, tree_map
 
-from .api import is_array
+from .api import is_array, name_of
 from .derivatives import jvp_as, vjp_as
 from .transforms.program import TransformError
 
@@ -50,8 +50,7 @@ def linear_transpose(f, *primals):
     offset = [x for x in tree_flatten(y0, is_leaf=is_array)[0] if isinstance(x, np.ndarray) and x.dtype.kind == "f"
               and np.any(x != 0)]
     if offset:
-        name = getattr(f, "__name__", type(f).__name__)
-        raise ValueError(f"{api}: {name} is not linear: at zero arguments its result is {offset[0]!r:.80}, not 0 "
+        raise ValueError(f"{api}: {name_of(f)} is not linear: at zero arguments its result is {offset[0]!r:.80}, not 0 "
                          "(an affine offset); transpose the linear part (subtract f(0))")
 
     def f_t(ct):

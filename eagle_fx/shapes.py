@@ -11,7 +11,7 @@ import numpy as np
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_map, tree_unflatten
 
-from .api import is_array, stage
+from .api import is_array, name_of, stage
 from .backends.select import use_backend
 
 API = "eagle_fx.eval_shape"
@@ -36,8 +36,7 @@ def eval_shape(f, *args):
     with use_backend("numpy"), CONTEXT.enter(lazy_compile=True, abstract=True):
         c = stage(f, stand_ins, API)
     if not c.has_result:
-        name = getattr(f, "__name__", type(f).__name__)
-        raise TypeError(f"{API}: {name} declares no result (g.result = ...): there is no shape to give")
+        raise TypeError(f"{API}: {name_of(f)} declares no result (g.result = ...): there is no shape to give")
     outs, tree = c.result_vars()
     views = c.views or [None] * len(outs)
     structs = [_struct(v.aval, view) for v, view in zip(outs, views)]

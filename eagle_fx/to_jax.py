@@ -33,7 +33,7 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.emit.jax import is_jax_array, plain_sums, require_jax
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
-from .api import stage
+from .api import name_of, stage
 from .backends.jax_lower import lower
 from .backends.select import use_backend
 from .frontend.cache import MAXSIZE, names_read, static_key, unchanged
@@ -61,7 +61,7 @@ class _Signature:
         with use_backend("jax"), _abstract():
             g = stage(f, _args_of(arg_tree, self.placeholders), API)      # a closed Program
             if not g.has_result:
-                raise TypeError(f"{API}: {_name(f)} declares no result (g.result = ...); a JAX function returns it")
+                raise TypeError(f"{API}: {name_of(f)} declares no result (g.result = ...); a JAX function returns it")
             outs, self.tree = g.result_vars()
             self.n = g.n or 1
             self.prog = g.program.replace(outputs=outs)
@@ -103,7 +103,7 @@ class _Signature:
                     found = (pk, _offsets(arr, ph))
                     break
         if found is None and _holds_sentinel(arr):
-            raise TypeError(f"{API}({_name(self.f)}): the graph reads a copy of an argument ({plane.name or 'a plane'} "
+            raise TypeError(f"{API}({name_of(self.f)}): the graph reads a copy of an argument ({plane.name or 'a plane'} "
                             f"of shape {arr.shape}) made while staging, which a traced function cannot follow; "
                             "pass the arrays the graph reads as arguments")
         self.sources[key] = found
@@ -182,17 +182,13 @@ def _abstract():
     return CONTEXT.enter(lazy_compile=True, abstract=True)
 
 
-def _name(f):
-    return getattr(f, "__name__", type(f).__name__)
-
-
 def to_jax(f):
     """A pure JAX function of `f` (a graph builder, or a function an eagle_fx transform made):
     array leaves of its arguments (trees as jax.jit takes them) may be jax.Arrays or tracers (it
     works inside jax.jit, jax.vmap, jax.grad, jax.jvp, jax.jacfwd, jax.hessian); other leaves are
     static. It returns f's declared result tree as jax.Arrays."""
     jax = require_jax(API)
-    sigs = LRU(f"to_jax({_name(f)}) signatures", MAXSIZE)     # signature key -> _Signature
+    sigs = LRU(f"to_jax({name_of(f)}) signatures", MAXSIZE)     # signature key -> _Signature
 
     def key_of(leaves, tree):
         key = [tree]
@@ -203,7 +199,7 @@ def to_jax(f):
                 try:
                     hash(a)
                 except TypeError:
-                    raise TypeError(f"{API}({_name(f)}): argument leaf {a!r:.40} is neither an array nor hashable; "
+                    raise TypeError(f"{API}({name_of(f)}): argument leaf {a!r:.40} is neither an array nor hashable; "
                                     "non-array leaves are static (part of the signature)") from None
                 key.append(("static", static_key(a)))
         return tuple(key)
@@ -219,7 +215,7 @@ def to_jax(f):
         out = sig.pure(*[leaves[k] for k in sig.positions])
         return tree_unflatten(sig.tree, list(out))
 
-    call.__name__ = f"to_jax({_name(f)})"
+    call.__name__ = f"to_jax({name_of(f)})"
     call.__doc__ = f.__doc__
     return call
 

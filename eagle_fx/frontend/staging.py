@@ -504,24 +504,25 @@ class GraphTrace:
             from ..host_rules import stage_pure_host     # a host function with derivative rules
             return stage_pure_host(self, node, name)
         scope = self.scope
-        atoms, reads, writes, inplace = [], [], [], []
-        for nm, arr in node.reads.items():
-            key = self.key_of(arr, "eagle.graph.opaque", f"reads[{nm!r}]")
-            atoms.append(scope.read(key))
-            reads.append((key, nm))
-        outs = []
-        for nm, arr in node.writes.items():
-            key = self.key_of(arr, "eagle.graph.opaque", f"writes[{nm!r}]")
+        atoms, reads, writes = self.node_access(node)
+        outs, inplace = [], []
+        for key, _ in writes:
             atoms.append(scope.read(key))
             outs.append(Var(atoms[-1].aval))
             inplace.append((len(outs) - 1, len(atoms) - 1))
-            writes.append((key, nm))
         info = self.info(name)
         for (j, _), (key, _) in zip(inplace, writes):
             scope.write(key, outs[j])
         params = dict(fn=_in_host_node(self.graph, node.fn), reads=tuple(node.reads), writes=tuple(node.writes), inplace=tuple(inplace))
         scope.eqns.append(Eqn(ir.opaque_p, atoms, outs, params, info))
         self.add_access(info, reads, writes, getattr(node.fn, "__name__", "opaque"))
+
+    def node_access(self, node):
+        """A host node's reads and writes: the current values of its reads, then (key, name) of
+        each read and of each write."""
+        reads = [(self.key_of(arr, "eagle.graph.opaque", f"reads[{nm!r}]"), nm) for nm, arr in node.reads.items()]
+        writes = [(self.key_of(arr, "eagle.graph.opaque", f"writes[{nm!r}]"), nm) for nm, arr in node.writes.items()]
+        return [self.scope.read(key) for key, _ in reads], reads, writes
 
     def stage_copy(self, plane) -> Plane:
         """x.copy(): a new plane holding x's current value (a full slice into its own buffer)."""
