@@ -16,3 +16,5 @@ __all__ = ["kernel", "Kernel", "Program", "sum", "max", "min", "mean", "Scalar",
            "UInt32", "Int32", "Vector", "Matrix", "Terminated", "TraceError",
            "LeakedTracerError", "Table", "all_done", "custom_jvp"]
 __all__ += ["Key", "random"]
+from .loops import UnrolledLoopWarning
+__all__ += ["UnrolledLoopWarning"]

@@ -258,9 +258,12 @@ def _per_sample_rest(rest, body_fn, state, names, active):
         except (TraceError, TypeError, ValueError, IndexError) as e:
             _rewind(marks)  # traced once for all turns it fails (lst[i]): unrolled, it works or says why
             why = f"its body cannot be traced once for all turns ({e})"
+            fix = ("change the line it names so the body traces once for all turns (index a Vector with the loop "
+                   "variable, not a Python list)")
     else:
         why = f"it runs over a {type(rest).__name__}, not a range"
-    _warn_unrolled(why, len(rest))
+        fix = "loop over range(K) and index arrays (a Vector) with the loop variable"
+    _warn_unrolled(why, fix, len(rest))
     return _unrolled(rest, body_fn, state, active)
 
 
@@ -272,7 +275,7 @@ class UnrolledLoopWarning(UserWarning):
 _warned: dict = {}      # the warnings registry: once per kernel line (reset when the filters change)
 
 
-def _warn_unrolled(why: str, turns: int):
+def _warn_unrolled(why: str, fix: str, turns: int):
     trace = current_kernel_trace()
     if not isinstance(trace, KernelTrace):
         return
@@ -281,8 +284,7 @@ def _warn_unrolled(why: str, turns: int):
     warnings.warn_explicit(UnrolledLoopWarning(
         f"hawk.kernel {where}: the loop's remaining {turns} turns run unrolled and masked because {why}: "
         "every turn is computed for every sample, even those that have left; to run it as one loop that "
-        "stops when no sample is active, loop over range(K) and index only arrays with the loop variable "
-        "(v[i] of a Vector, not a Python list or tuple)"),
+        f"stops when no sample is active, {fix}"),
         UnrolledLoopWarning, trace.source.filename, line, registry=_warned)
 
 

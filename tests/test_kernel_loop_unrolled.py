@@ -11,7 +11,7 @@ import pytest
 
 import hawk_fx as hawk
 from hawk_fx import Scalar, Vector
-from hawk_fx.loops import UnrolledLoopWarning
+from hawk_fx import UnrolledLoopWarning
 from conftest import file_and_line
 
 STEPS = [1.5, 0.25, 2.0, 3.0, 0.5]
@@ -41,7 +41,7 @@ def test_a_loop_over_a_list_warns_once_naming_its_line_and_matches_python():
     msg = str(got[0].message)
     name, line = file_and_line(scaled, "for c in [1.5")
     assert "hawk.kernel scaled:" in msg and f"({name}, {line})" in msg and "`for c in [1.5, 0.25, 2.0, 3.0, 0.5]:`" in msg
-    assert "runs over a list, not a range" in msg and "range(K)" in msg
+    assert "runs over a list, not a range" in msg and "loop over range(K)" in msg
     assert got[0].filename == __file__
     np.testing.assert_array_equal(y, [_python_loop(v, STEPS, 2.0) for v in x])
     with warnings.catch_warnings():
