@@ -231,7 +231,7 @@ def _stage(cfg: _Config, state, graph) -> SimResult:
     done = _fresh(_samples_of(leaves[0]))
     for x in leaves[1:]:
         done = _along(done, _samples_of(x))
-    for x in _batched_arguments():          # under vmap: per instance when the step may read one
+    for x in _arguments_under_vmap(graph):  # under vmap: per instance when the step may read one
         done = _along_arg(done, _samples_of(x), done.shape[-1])
     steps = _counters(done)
     planes = [_copier(tuple(x.shape[:-1]), np.dtype(x.dtype))(x, done) for x in leaves]
@@ -521,13 +521,13 @@ def _along_arg(done, x, n):
     return _along(done, x) if x.shape == (n,) else _along_cell(done, x if x.shape == (1,) else x[:1])
 
 
-def _batched_arguments():
-    """Under a vmap staging, the planes of the builder's arguments: the step may read any of them (a
-    parameter), and when it reads a batched one its writes into the run's copies of the state are
-    per instance, so the copies are made after every argument, to be per instance whenever one is
-    batched, though the state is shared. Every argument, not only the batched ones, so that the
-    graph does not depend on which are (a plain function is staged again on other arrays)."""
+def _arguments_under_vmap(graph):
+    """Under a vmap staging, the planes of the arguments of the builder of `graph`. The step may
+    read any of them (a parameter); when it reads a batched one, its writes into the run's copies
+    of the state are per instance, so the copies are made after every argument, per instance
+    whenever one is, though the state is shared. Every argument, not only the batched ones, so
+    that the graph does not depend on which are (a plain function is staged again on others)."""
     from hawk_fx.context import CONTEXT
     if not CONTEXT.batch_full:
         return []
-    return [p for ctx in CONTEXT.building for p in ctx.planes.values() if p.ndim >= 1]
+    return [p for ctx in CONTEXT.building if ctx.graph is graph for p in ctx.planes.values() if p.ndim >= 1]
