@@ -103,8 +103,8 @@ class _Signature:
                     found = (pk, _offsets(arr, ph))
                     break
         if found is None and _holds_sentinel(arr):
-            raise TypeError(f"{API}({name_of(self.f)}): the graph reads a copy of an argument ({plane.name or 'a plane'} "
-                            f"of shape {arr.shape}) made while staging, which a traced function cannot follow; "
+            raise TypeError(f"{API}({name_of(self.f)}): the graph reads a copy of an argument "
+                            f"({plane.name or 'a plane'} of shape {arr.shape}) made while staging, which a traced function cannot follow; "
                             "pass the arrays the graph reads as arguments")
         self.sources[key] = found
         return found
