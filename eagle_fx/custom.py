@@ -350,7 +350,8 @@ def _stage_custom(trace, c, args):
 
     def program(s, outs):
         ins = [s.scope.captures[k][0] if k in s.scope.captures else Var(parent.read(k).aval) for k in keys]
-        return Program(ins + s.locals, list(s.scope.eqns), [o if o is not None else _zeros(s, a) for o, a in outs])
+        res = [o if o is not None else _zeros(s, a) for o, a in outs]      # first: a zero is an equation
+        return Program(ins + s.locals, list(s.scope.eqns), res)
 
     at = {k: i for i, k in enumerate(keys)}
     wrt = [at.get(k) for keys_ in arg_keys for k in keys_]      # per argument leaf: its operand, or None
