@@ -149,8 +149,7 @@ class _WholeBuilder:
     wrapped one's), whose graph is one `custom` equation; inside another builder, that equation."""
 
     def __init__(self, builder):
-        kind = type(self).__mro__[2]          # custom_vjp or custom_jvp
-        kind.__init__(self, builder.fn)
+        super().__init__(builder.fn)          # custom_vjp's or custom_jvp's (not Builder's: copied below)
         self.__dict__.update({k: v for k, v in builder.__dict__.items() if k not in ("converted", "_eager_fn")})
         self.builder, self._eager_fn = builder, None
         self.converted = self._whole

@@ -260,6 +260,7 @@ def _reverse_only(jax, sig):
     """A graph holding an eagle_fx.custom_vjp: a jax.custom_vjp whose backward is this project's vjp
     Program (which runs the rule's bwd), so jax.grad / jax.vjp / jax.jacrev use the rule; forward mode
     is refused by JAX in its own words, as for any custom_vjp. Its residuals are the inputs."""
+    from .transforms.reverse_again import recompute_unbounded
     from .transforms.vjp_graph import vjp_graph
     ins_v, outs = sig.prog.inputs, sig.prog.outputs
     flags = [is_float(v.aval) for v in ins_v]
@@ -268,7 +269,8 @@ def _reverse_only(jax, sig):
 
     def bwd(ins, cts):
         if not made:
-            vp = vjp_graph(sig.prog, flags, lambda trip, e: None, API)
+            with recompute_unbounded(True):     # a loop with no cap: its turns recomputed, no stack to size
+                vp = vjp_graph(sig.prog, flags, lambda trip, e: None, API)
             made.append(lower(vp, sig.n, None, _OPAQUE)[0])
         k = len(outs)
         seeds = [_instantiate(jax, c, v.aval) for c, v in zip(cts, outs) if is_float(v.aval)]

@@ -346,3 +346,25 @@ def test_sweep_the_rules_of_custom_builders_over_random_points():
             x = rng.uniform(-1.0, 1.0, n) * rng.choice([0.3, 1.0, 3.0])
             np.testing.assert_allclose(eagle_fx.grad(loss)(x), grad_loss(x), rtol=1e-11, atol=1e-14)
             np.testing.assert_allclose(eagle_fx.grad(q_loss)(x), grad_q(x), rtol=1e-11, atol=1e-14)
+
+
+@eagle_fx.Graph.builder
+def looped_loss(x, a, n):
+    g = eagle_fx.Graph()
+    for _ in range(n):                  # a counted loop before the custom builder: to_jax's reverse
+        x = relax(x, a)                 # mode recomputes its turns (its trip count is traced by JAX)
+    g.result = sqsum(cube(clipped(4.0 * x)))
+    return g
+
+
+def test_to_jax_of_a_custom_vjp_after_a_counted_loop_takes_jax_grad():
+    x, a = jnp.asarray(np.linspace(-2.0, 2.0, 5)), jnp.full(5, 0.7)
+
+    def j_looped(u):
+        for _ in range(3):
+            u = 0.5 * u + 0.3 * jnp.sin(a * u)
+        return jnp.sum(j_clipped(4.0 * u) ** 6)
+    f = eagle_fx.to_jax(looped_loss)
+    want = jax.grad(j_looped)(x)
+    np.testing.assert_allclose(jax.grad(lambda u: f(u, a, jnp.array([3], jnp.uint32))[0])(x), want, rtol=1e-11)
+    np.testing.assert_allclose(eagle_fx.grad(looped_loss)(np.asarray(x), np.asarray(a), cell(3)), want, rtol=1e-11)
