@@ -80,6 +80,12 @@ class _Custom:
         """The body, staged into the current scope."""
         return self.fn(*args)
 
+    def functions_read(self):
+        """The user's functions this one stages (body and rules), which the staging caches follow
+        by name (frontend/cache.py names_read): a kernel a rule calls, rebound, stages again."""
+        rules = (getattr(self, "fwd", None), getattr(self, "bwd", None), getattr(self, "jvp", None))
+        return (getattr(self, "builder", self.fn),) + tuple(r for r in rules if r is not None)
+
     def _redefined(self):
         """A rule replaced after the function was used: graphs staged with the old one are dropped."""
         from .frontend.cache import clear_caches

@@ -368,3 +368,18 @@ def test_to_jax_of_a_custom_vjp_after_a_counted_loop_takes_jax_grad():
     want = jax.grad(j_looped)(x)
     np.testing.assert_allclose(jax.grad(lambda u: f(u, a, jnp.array([3], jnp.uint32))[0])(x), want, rtol=1e-11)
     np.testing.assert_allclose(eagle_fx.grad(looped_loss)(np.asarray(x), np.asarray(a), cell(3)), want, rtol=1e-11)
+
+
+@hawk.kernel
+def clip_half(x: Scalar) -> Scalar:
+    return hm.minimum(hm.maximum(x, -0.5), 0.5)
+
+
+def test_a_kernel_a_rule_reads_by_name_rebound_stages_again(monkeypatch):
+    x = np.linspace(-2.0, 2.0, 5)
+    first = eagle_fx.grad(loss)(x)
+    np.testing.assert_allclose(np.abs(first).max(), 1.0)
+    monkeypatch.setitem(globals(), "clip1", clip_half)          # clipped_bwd reads clip1 by name
+    np.testing.assert_allclose(eagle_fx.grad(loss)(x), np.clip(first, -0.5, 0.5))
+    monkeypatch.undo()
+    np.testing.assert_allclose(eagle_fx.grad(loss)(x), first)
