@@ -383,3 +383,52 @@ def test_a_kernel_a_rule_reads_by_name_rebound_stages_again(monkeypatch):
     np.testing.assert_allclose(eagle_fx.grad(loss)(x), np.clip(first, -0.5, 0.5))
     monkeypatch.undo()
     np.testing.assert_allclose(eagle_fx.grad(loss)(x), first)
+
+
+# -- a tree result, a keyword argument with a default, called in a device loop ----------------------
+
+@eagle_fx.Graph.builder
+def pair(x, scale=2.0):
+    g = eagle_fx.Graph()
+    g.result = {"w": wave(x), "c": cube(x * scale)}
+    return g
+
+
+pair_c = eagle_fx.custom_vjp(pair)
+pair_c.defvjp(lambda x, scale: (pair_c(x, scale), (x,)),
+              lambda res, ct: (clip1(ct["w"]) + ct["c"], None))     # a surrogate: a cotangent per argument
+
+
+@eagle_fx.Graph.builder
+def pair_loop(x, n):
+    g = eagle_fx.Graph()
+    for _ in range(n):
+        d = pair_c(x, scale=0.5)
+        x = d["w"] + d["c"]
+    g.result = sqsum(x)
+    return g
+
+
+@jax.custom_vjp
+def j_pair(x, s):
+    return {"w": jnp.sin(x) * x, "c": (x * s) ** 3}
+
+
+j_pair.defvjp(lambda x, s: (j_pair(x, s), (x,)), lambda res, ct: (jnp.clip(ct["w"], -1.0, 1.0) + ct["c"], None))
+
+
+def test_a_custom_builder_with_a_tree_result_and_a_keyword_in_a_counted_loop():
+    rng = np.random.default_rng(9)
+    for turns in (1, 3):
+        x = rng.uniform(-1.5, 1.5, 4)
+
+        def j_loop(u):
+            for _ in range(turns):
+                d = j_pair(u, 0.5)
+                u = d["w"] + d["c"]
+            return jnp.sum(u * u)
+        np.testing.assert_allclose(pair_loop(x, cell(turns))()[0], j_loop(jnp.asarray(x)), rtol=1e-13)
+        np.testing.assert_allclose(eagle_fx.grad(pair_loop)(x, cell(turns)), jax.grad(j_loop)(jnp.asarray(x)),
+                                   rtol=1e-12)
+    out = pair_c(x)()                                       # directly: the default scale, the dict result
+    np.testing.assert_allclose(out["c"], (2.0 * x) ** 3, rtol=1e-13)
