@@ -357,6 +357,7 @@ def looped_loss(x, a, n):
     return g
 
 
+@pytest.mark.slow
 def test_to_jax_of_a_custom_vjp_after_a_counted_loop_takes_jax_grad():
     x, a = jnp.asarray(np.linspace(-2.0, 2.0, 5)), jnp.full(5, 0.7)
 
