@@ -1,4 +1,4 @@
-"""Custom derivative rules for kernels and blocks, with JAX's decorator shapes.
+"""Custom derivative rules for kernels, blocks and whole builders, with JAX's decorator shapes.
 
     @eagle_fx.custom_vjp
     def clip_gradient(x):                 # a kernel call, or a block: staged into the builder
@@ -27,10 +27,21 @@ of the rule with respect to its tangents: right when the tangent map is linear, 
 batches the body (derivatives of a batched program are refused anyway: differentiate first).
 Rules call kernels (a block needs its Graph: call its kernels); the arguments a rule sees are
 the custom function's, less any eagle_fx.Graph among them.
+
+On a whole builder (`f = eagle_fx.custom_vjp(loss)`, loss an @eagle_fx.Graph.builder with no
+Graph parameter), f is itself a builder: called on arrays it builds a graph whose one `custom`
+equation holds loss's body and the rules, so every transform, to_jax and every backend take it as
+they take any builder; called inside another builder, it stages that equation there (a builder
+nested in a builder, which plain builders are not). Its body's `eagle_fx.Graph()` is then a view
+of the graph being built, and its `g.result` what the call returns. A rule that calls f itself
+(`return f(x), res`, as JAX users write) gets f's body: the rule is not staged inside itself.
 """
 from __future__ import annotations
 
+import threading
+
 from hawk_fx import custom as _hawk_custom
+from hawk_fx.context import CONTEXT
 from hawk_fx.caches import WeakMemo
 from hawk_fx.core import Eqn, Literal, Program, Var
 from hawk_fx.tree import tree_flatten, tree_unflatten
@@ -39,6 +50,7 @@ from . import ir
 from .backends import cuda_lower, jax_lower
 from .backends import numpy as numpy_backend
 from .frontend import staging, views
+from .frontend.building import Builder
 from .ir.custom import custom_p
 from .transforms import jvp_graph, vjp_graph
 from .transforms.program import TransformError, ct_aval, inline, is_float
@@ -64,11 +76,29 @@ class _Custom:
         self._check_rules()
         return _stage(trace, self, args)
 
+    def _body(self, args):
+        """The body, staged into the current scope."""
+        return self.fn(*args)
+
+    def functions_read(self):
+        """The user's functions this one stages (body and rules), which the staging caches follow
+        by name (frontend/cache.py names_read): a kernel a rule calls, rebound, stages again."""
+        rules = (getattr(self, "fwd", None), getattr(self, "bwd", None), getattr(self, "jvp", None))
+        return (getattr(self, "builder", self.fn),) + tuple(r for r in rules if r is not None)
+
+    def _redefined(self):
+        """A rule replaced after the function was used: graphs staged with the old one are dropped."""
+        from .frontend.cache import clear_caches
+        clear_caches()
+
 
 class custom_vjp(_Custom):
-    """A kernel or block with a reverse rule: f.defvjp(fwd, bwd); fwd(*args) -> (result, residuals),
-    bwd(residuals, cotangent) -> a cotangent (or None) per argument, as jax.custom_vjp."""
+    """A kernel, block or builder with a reverse rule: f.defvjp(fwd, bwd); fwd(*args) -> (result,
+    residuals), bwd(residuals, cotangent) -> a cotangent (or None) per argument, as jax.custom_vjp."""
     kind = "custom_vjp"
+
+    def __new__(cls, fn=None):
+        return object.__new__(_BuilderVjp if cls is custom_vjp and _whole_builder(fn) else cls)
 
     def __init__(self, fn):
         super().__init__(fn)
@@ -77,6 +107,8 @@ class custom_vjp(_Custom):
     def defvjp(self, fwd, bwd):
         if not callable(fwd) or not callable(bwd):
             raise TypeError(f"eagle_fx.custom_vjp({self.__name__}).defvjp: takes two functions, fwd and bwd")
+        if self.fwd is not None:
+            self._redefined()
         self.fwd, self.bwd = fwd, bwd
         return self
 
@@ -87,9 +119,12 @@ class custom_vjp(_Custom):
 
 
 class custom_jvp(_Custom):
-    """A kernel or block with a forward rule: f.defjvp(jvp); jvp(primals, tangents) -> (result,
-    tangent of the result), as jax.custom_jvp. Reverse mode transposes the rule's tangent map."""
+    """A kernel, block or builder with a forward rule: f.defjvp(jvp); jvp(primals, tangents) ->
+    (result, tangent of the result), as jax.custom_jvp. Reverse mode transposes the rule's tangent map."""
     kind = "custom_jvp"
+
+    def __new__(cls, fn=None):
+        return object.__new__(_BuilderJvp if cls is custom_jvp and _whole_builder(fn) else cls)
 
     def __init__(self, fn):
         super().__init__(fn)
@@ -98,6 +133,8 @@ class custom_jvp(_Custom):
     def defjvp(self, jvp):
         if not callable(jvp):
             raise TypeError(f"eagle_fx.custom_jvp({self.__name__}).defjvp: takes a function")
+        if self.jvp is not None:
+            self._redefined()
         self.jvp = jvp
         return jvp
 
@@ -105,6 +142,77 @@ class custom_jvp(_Custom):
         if self.jvp is None:
             raise TypeError(f"eagle_fx.custom_jvp({self.__name__}): no rule yet; define it with "
                             f"@{self.__name__}.defjvp before calling it")
+
+
+# -- on a whole builder ------------------------------------------------------------------------
+
+def _whole_builder(fn) -> bool:
+    return isinstance(fn, Builder) and fn.graph_param is None and not isinstance(fn, _Custom)
+
+
+class _WholeBuilder:
+    """custom_vjp / custom_jvp of a whole builder: a builder itself (the Builder's attributes are the
+    wrapped one's), whose graph is one `custom` equation; inside another builder, that equation."""
+
+    def __init__(self, builder):
+        super().__init__(builder.fn)          # custom_vjp's or custom_jvp's (not Builder's: copied below)
+        self.__dict__.update({k: v for k, v in builder.__dict__.items() if k not in ("converted", "_eager_fn")})
+        self.builder, self._eager_fn = builder, None
+        self.converted = self._whole
+
+    def __call__(self, *args, **kwargs):
+        trace = staging.active_trace()
+        if trace is None:                    # a builder call: builds (or, in a transform, stages) its graph
+            return Builder.__call__(self, *args, **kwargs)
+        self._check_rules()
+        bound = self._bind(args, kwargs)
+        bound.apply_defaults()
+        return _stage(trace, self, tuple(bound.args))
+
+    def _whole(self, *args, **kwargs):
+        """The graph this builder makes: its result is the custom equation's."""
+        from .graph import Graph
+        g = Graph()
+        self._check_rules()
+        bound = self._bind(args, kwargs)
+        bound.apply_defaults()
+        g.result = _stage(staging.active_trace(), self, tuple(bound.args))
+        return g
+
+    def _body(self, args):
+        """The wrapped builder's body staged into the current scope: its `eagle_fx.Graph()` is a
+        view of the graph being built; what it declares as g.result is returned."""
+        trace = staging.active_trace()
+        into = _Into(self.builder, trace)
+        with CONTEXT.enter(building=into, builder_sources=self.builder.source):
+            ret = self.builder.converted(*args)
+        if into.graph is None or ret is not into.graph:
+            raise TypeError(f"eagle_fx.{self.kind}({self.__name__}): a builder returns its graph: `return g`; declare "
+                            "the arrays with `g.result = ...`")
+        if not into.graph.has_result:
+            raise TypeError(f"eagle_fx.{self.kind}({self.__name__}): the builder declares no result (g.result = ...); "
+                            "a custom function returns what it computes")
+        return into.graph._result_tree
+
+
+class _Into:
+    """The building context of a builder body staged into another graph's trace: the Graph it
+    makes stages there (its verbs too), holding only its own declared result."""
+
+    def __init__(self, builder, trace):
+        self.builder, self.trace, self.graph = builder, trace, None
+
+    def claim(self, graph):
+        self.graph = graph
+        graph._trace = self.trace
+
+
+class _BuilderVjp(_WholeBuilder, custom_vjp, Builder):
+    pass
+
+
+class _BuilderJvp(_WholeBuilder, custom_jvp, Builder):
+    pass
 
 
 # -- staging ------------------------------------------------------------------------------------
@@ -150,12 +258,28 @@ class _Sub:
         return res
 
 
+_IN_RULES = threading.local()       # .of: the custom functions whose rules are being staged now
+
+
 def _stage(trace, c, args):
+    busy = getattr(_IN_RULES, "of", None)
+    if busy is None:
+        busy = _IN_RULES.of = []
+    if any(b is c for b in busy):         # its own rule calls it: the body, not the rule inside itself
+        return c._body(args)
+    busy.append(c)
+    try:
+        return _stage_custom(trace, c, args)
+    finally:
+        busy.pop()
+
+
+def _stage_custom(trace, c, args):
     parent = trace.scope
     primal_pos = [k for k, a in enumerate(args) if not isinstance(a, _graph_type())]
     primals = [args[k] for k in primal_pos]
 
-    body = _Sub(trace, lambda: c.fn(*args), [], "the body")
+    body = _Sub(trace, lambda: c._body(args), [], "the body")
     out_leaves, out_tree = tree_flatten(body.out, is_leaf=lambda x: isinstance(x, staging.Plane) or staging.is_array(x))
     outs = body.atoms(trace, out_leaves, f"{c.__name__}", copy=True)
     if any(o is None for o in outs) or not outs:
@@ -231,7 +355,8 @@ def _stage(trace, c, args):
 
     def program(s, outs):
         ins = [s.scope.captures[k][0] if k in s.scope.captures else Var(parent.read(k).aval) for k in keys]
-        return Program(ins + s.locals, list(s.scope.eqns), [o if o is not None else _zeros(s, a) for o, a in outs])
+        res = [o if o is not None else _zeros(s, a) for o, a in outs]      # first: a zero is an equation
+        return Program(ins + s.locals, list(s.scope.eqns), res)
 
     at = {k: i for i, k in enumerate(keys)}
     wrt = [at.get(k) for keys_ in arg_keys for k in keys_]      # per argument leaf: its operand, or None

@@ -26,6 +26,7 @@ from .api import (Staged, Transformed, holds_jax_arrays, jax_function, traced_hi
 from .frontend.staging import Extern
 from .transforms.jvp_graph import jvp_graph
 from .transforms.program import TransformError, ct_aval, is_float
+from .transforms.reverse_again import recompute_unbounded, static_stacks
 from .transforms.vjp_graph import vjp_graph
 from .staged_results import staged_result
 from . import seams
@@ -166,7 +167,8 @@ def vjp_program(s: Staged, wrt, api, checkpoints=None):
     s.refuse_made(wrt)
     want = set(wrt)
     flags = [a is not None and a in want for a in s.arg_of]
-    vp = vjp_graph(s.prog, flags, s.capacity, api, checkpoints)
+    with recompute_unbounded(static_stacks([p.array for p in s.planes])):   # no stack XLA cannot size
+        vp = vjp_graph(s.prog, flags, s.capacity, api, checkpoints)
     k = len(s.results)
     grads = dict(zip([a for a, w in zip(s.arg_of, flags) if w], vp.outputs[k:]))
     eqns, outs = list(vp.eqns), list(vp.outputs[:k])

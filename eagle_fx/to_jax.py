@@ -223,6 +223,8 @@ def to_jax(f):
 def _make_pure(jax, sig):
     if not sig.differentiable:
         return lambda *arrays: tuple(sig.forward(*sig.inputs(arrays, sig.planes)))
+    if _holds_custom_vjp(sig.prog):
+        return _reverse_only(jax, sig)
     core = jax.custom_jvp(lambda *ins: tuple(sig.forward(*ins)))
     outs = sig.prog.outputs
 
@@ -241,6 +243,37 @@ def _make_pure(jax, sig):
         it = iter(ts)
         return ys, tuple(next(it) if is_float(v.aval) else np.zeros(v.aval.shape, jax.dtypes.float0) for v in outs)
 
+    return lambda *arrays: core(*sig.inputs(arrays, sig.planes))
+
+
+def _holds_custom_vjp(prog) -> bool:
+    from .ir.custom import custom_p
+    return any(e.prim is custom_p and e.params["kind"] == "custom_vjp" for e in prog.eqns) or \
+        any(_holds_custom_vjp(q) for q in prog.subprograms())
+
+
+def _reverse_only(jax, sig):
+    """A graph holding an eagle_fx.custom_vjp: a jax.custom_vjp whose backward is this project's vjp
+    Program (which runs the rule's bwd), so jax.grad / jax.vjp / jax.jacrev use the rule; forward mode
+    is refused by JAX in its own words, as for any custom_vjp. Its residuals are the inputs."""
+    from .transforms.reverse_again import recompute_unbounded
+    from .transforms.vjp_graph import vjp_graph
+    ins_v, outs = sig.prog.inputs, sig.prog.outputs
+    flags = [is_float(v.aval) for v in ins_v]
+    core = jax.custom_vjp(lambda *ins: tuple(sig.forward(*ins)))
+    made = []
+
+    def bwd(ins, cts):
+        if not made:
+            with recompute_unbounded(True):     # a loop with no cap: its turns recomputed, no stack to size
+                vp = vjp_graph(sig.prog, flags, lambda trip, e: None, API)
+            made.append(lower(vp, sig.n, None, _OPAQUE)[0])
+        k = len(outs)
+        seeds = [_instantiate(jax, c, v.aval) for c, v in zip(cts, outs) if is_float(v.aval)]
+        it = iter(made[0](*ins, *seeds)[k:])
+        return tuple(next(it) if fl else np.zeros(v.aval.shape, jax.dtypes.float0) for v, fl in zip(ins_v, flags))
+
+    core.defvjp(lambda *ins: (tuple(sig.forward(*ins)), ins), bwd)
     return lambda *arrays: core(*sig.inputs(arrays, sig.planes))
 
 

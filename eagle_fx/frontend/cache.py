@@ -382,6 +382,10 @@ def names_read(root):
         if isinstance(v, Cached):
             visit(v._sig)
             return
+        followed = getattr(v, "functions_read", None)      # a custom rule's body and rules (custom.py)
+        if followed is not None and not isinstance(v, type):
+            visit(tuple(followed()))
+            return
         fn = v.fn if isinstance(v, Builder) else v
         if not isinstance(fn, types.FunctionType) or _library(fn.__globals__):
             return

@@ -25,7 +25,7 @@ from hawk_fx.diff import kernel_vjp, vjp_spec
 from .. import ir
 from . import structure
 from .kernel_residuals import split_kernel
-from .reverse_again import recomputing
+from .reverse_again import recomputes_unbounded, recomputing
 from .vmap import batch_broadcast_p
 from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, inline, is_float, \
     refuse_untransformable
@@ -58,6 +58,7 @@ class _Vjp:
     def __init__(self, capacity, api, checkpoints=None):
         self.capacity, self.api, self.checkpoints = capacity, api, checkpoints
         self.recompute = recomputing() and not checkpoints    # reversible: turns recomputed, no stacks (reverse_again.py)
+        self.unbounded = recomputes_unbounded() and not checkpoints   # loops with no bound recompute (same)
         self.alias: dict = {}       # a sub-program's input -> the outer atom it reads (for trip counts)
         self.in_loop = 0            # > 0: building the vjp of a loop body (its values come from saved turns)
         self.top: set = set()       # the inputs of the outermost Program
@@ -163,9 +164,14 @@ class _Vjp:
             raise TransformError(f"{self.api}: the program already holds a reverse pass through a device loop; "
                                  "reverse mode over it again is not supported: take the outer derivative in "
                                  "forward mode (eagle_fx.jvp(eagle_fx.grad(f), ...): a Hessian-vector product)")
-        if self.checkpoints or self.recompute:
+        if self.checkpoints or self._recomputes(e):
             return None             # no stack of turns: a checkpointed loop keeps K states, whatever its length
         return self._bound(e)
+
+    def _recomputes(self, e) -> bool:
+        """Loop `e`'s reverse recomputes its turns (no stack): reversible, or with no bound where
+        stacks cannot grow (reverse_again.py)."""
+        return self.recompute or (self.unbounded and self._bound(e) is None)
 
     def _bound(self, e):
         """The most turns loop `e` runs, where known: its cap, or its trip count's capacity."""
@@ -185,7 +191,7 @@ class _Vjp:
         w = ir.WhileOperands(e)
         consts, init = w.consts, w.carries
         cap = self._cap(e)
-        stack_avals = [] if self.checkpoints or self.recompute else [ir.stack_aval(cap, a.aval.shape, a.aval.dtype) for a in init]
+        stack_avals = [] if self.checkpoints or self._recomputes(e) else [ir.stack_aval(cap, a.aval.shape, a.aval.dtype) for a in init]
         b_ins = [Var(v.aval, v.hint) for v in body.inputs]
         stacks = [Var(a) for a in stack_avals]
         turns = Var(ir.U32_CELL)
@@ -207,7 +213,7 @@ class _Vjp:
     def loop(self, e, cts, env, ct, eqns, saved):
         if self.checkpoints:
             return self.revolve(e, cts, env, ct, eqns, saved[1])
-        if self.recompute:
+        if self._recomputes(e):
             return self.recomputed(e, cts, env, ct, eqns, saved[1])
         stacks, turns = saved
         w = self._loop_parts(e)
