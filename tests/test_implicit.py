@@ -170,6 +170,12 @@ def test_sqrt_by_newton_value_gradient_and_tangent_against_the_closed_form():
     np.testing.assert_allclose(t, [np.sum(c * 0.5 / np.sqrt(a) * da)], rtol=1e-13)
 
 
+def test_hessian_of_sqrt_is_forward_over_the_rules():
+    a, x0, c = np.array([2.0, 3.0, 9.0]), np.ones(3), np.array([1.0, -2.0, 0.5])
+    hess = eagle.hessian(sqrt_sum, argnums=1)(x0, a, c)
+    np.testing.assert_allclose(hess, np.diag(-0.25 * c * a ** -1.5), rtol=1e-10, atol=1e-15)
+
+
 def test_sqrt_against_the_unrolled_gradient_and_finite_differences():
     a = np.array([2.0, 3.0, 9.0, 0.25])
     x0, c = np.full(4, 1.5), np.array([1.0, -2.0, 0.5, 3.0])
