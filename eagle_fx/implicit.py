@@ -102,6 +102,7 @@ def _run_fixed_point(x0, params, cfg):
 _SETTLERS = LRU("fixed_point's settle kernels", 64)
 _FINISHERS = LRU("fixed_point's finish kernels", 64)
 _NORMS = LRU("fixed_point's norm kernels", 64)
+_NEUMANNS = LRU("fixed_point's series kernels", 64)
 
 
 def _sq(shape):
@@ -126,6 +127,23 @@ def _settler(shape, dtype):
             x = y  # noqa: F841  (a Mutable: the assignment writes the plane)
         settle.__annotations__ = {"x": Mutable[role], "y": role, "done": Terminated, "scale": Scalar, "tol": Param}
         k = _SETTLERS[(shape, dtype)] = hawk.kernel(settle)
+    return k
+
+
+def _neumann(shape, dtype):
+    """A turn of the series s <- seed + w (w the linear map applied to s), settled as _settler."""
+    k = _NEUMANNS.get((shape, dtype))
+    if k is None:
+        role, sq = Role("State", shape, dtype), _sq(shape)
+
+        def neumann(s, seed, w, done, scale, tol):
+            y = seed + w
+            d = y - s
+            done = hm.sqrt(sq(d)) <= tol * scale
+            s = y  # noqa: F841  (a Mutable: the assignment writes the plane)
+        neumann.__annotations__ = {"s": Mutable[role], "seed": role, "w": role, "done": Terminated, "scale": Scalar,
+                                   "tol": Param}
+        k = _NEUMANNS[(shape, dtype)] = hawk.kernel(neumann)
     return k
 
 
@@ -214,8 +232,8 @@ def _stage(trace, cfg: _Config, x0, params):
     vjp_x = _cotangents(step_prog, [True] + [False] * len(p_avals))
     vjp_p = _cotangents(step_prog, [False] + floats) if any(floats) else None
     jvp_prog, _ = jvp_graph(step_prog, [True] + floats, force=[True])
-    settle, norm, finish, copy = _settler(shape, dtype), _norm(shape, dtype), _finisher(shape, dtype), \
-        _copier(shape, dtype)
+    settle, series, norm = _settler(shape, dtype), _neumann(shape, dtype), _norm(shape, dtype)
+    finish, copy = _finisher(shape, dtype), _copier(shape, dtype)
 
     def mark(planes):
         """A clear mark per sample, along every plane (per instance under vmap when any is)."""
@@ -240,8 +258,7 @@ def _stage(trace, cfg: _Config, x0, params):
         scale = norm(seed)
         done = mark([seed] + list(planes))
         s = copy(seed, done)
-        _iterate(trace.graph, lambda: settle(s, _plus_of(shape, dtype)(seed, apply(s)), done, scale, cfg.tol), done,
-                 cfg.max_steps)
+        _iterate(trace.graph, lambda: series(s, seed, apply(s), done, scale, cfg.tol), done, cfg.max_steps)
         return s, done, scale
 
     class Rules(custom_vjp):
@@ -283,21 +300,6 @@ def _stage(trace, cfg: _Config, x0, params):
     rules.defvjp(fwd, bwd)
     rules.jvp = jvp
     return rules(x0, *params)
-
-
-_PLUS = LRU("fixed_point's add kernels", 64)
-
-
-def _plus_of(shape, dtype):
-    k = _PLUS.get((shape, dtype))
-    if k is None:
-        role = Role("State", shape, dtype)
-
-        def plus(a, b):
-            return a + b
-        plus.__annotations__ = {"a": role, "b": role}
-        k = _PLUS[(shape, dtype)] = hawk.kernel(plus)
-    return k
 
 
 def _cotangents(prog, wrt) -> Program:
