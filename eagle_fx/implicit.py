@@ -194,16 +194,18 @@ def _is_plane(a):
 
 def _stage(trace, cfg: _Config, x0, params):
     name = getattr(cfg.step, "__name__", None) or getattr(cfg.step, "name", None) or type(cfg.step).__name__
+    where = trace.info().where
+    at = f" [called at {where}]" if where else ""
     if not _is_plane(x0):
         raise TypeError(f"{API}({name}): x0 is {type(x0).__name__} {x0!r:.60}; give a plane (an array whose last "
-                        "axis is the samples)")
+                        "axis is the samples)" + at)
     for k, p in enumerate(params):
         if not (_is_plane(p) or isinstance(p, (bool, int, float, np.number))):
             raise TypeError(f"{API}({name}): parameter {k} is {type(p).__name__} {p!r:.60}; pass planes or Python "
-                            "numbers (a tree of them: pass its leaves)")
+                            "numbers (a tree of them: pass its leaves)" + at)
     x_aval = trace.scope.read(trace.key_of(x0, API, "x0")).aval
     if not is_float(x_aval):
-        raise TypeError(f"{API}({name}): x0 has dtype {x_aval.dtype}; the state of a fixed point is floating")
+        raise TypeError(f"{API}({name}): x0 has dtype {x_aval.dtype}; the state of a fixed point is floating" + at)
     shape, dtype = tuple(x_aval.shape[:-1]), np.dtype(x_aval.dtype)
     plane_at = [k for k, p in enumerate(params) if _is_plane(p)]
     p_avals = [trace.scope.read(trace.key_of(params[k], API, f"parameter {k}")).aval for k in plane_at]
@@ -217,7 +219,7 @@ def _stage(trace, cfg: _Config, x0, params):
             got = (f"a plane of shape {tuple(y.shape)} and dtype {y.dtype}" if isinstance(y, staging.Plane)
                    else f"{type(y).__name__} {y!r:.40}")
             raise TypeError(f"{API}({name}): step returns {got}; it returns the new state, a plane of x0's shape "
-                            f"{tuple(x_aval.shape)} and dtype {dtype}")
+                            f"{tuple(x_aval.shape)} and dtype {dtype}" + at)
         return y
 
     # the step as a Program over (x, plane params): its derivatives, applied in the rules' loops
@@ -225,7 +227,7 @@ def _stage(trace, cfg: _Config, x0, params):
     if one.scope.captures:
         raise TypeError(f"{API}({name}): step reads {len(one.scope.captures)} array(s) it is not given; pass every "
                         "array the step reads as a parameter, fixed_point(step, x0, *params), so that the derivative "
-                        "reaches it")
+                        "reaches it" + at)
     out = one.atoms(trace, [one.out], "step")[0]
     step_prog = Program(list(one.locals), list(one.scope.eqns), [out])
     floats = [is_float(a) for a in p_avals]

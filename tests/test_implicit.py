@@ -324,3 +324,13 @@ def test_bad_input():
     m = _msg(TypeError, lambda: closes_over(x0, a))
     assert "reads 1 array(s) it is not given" in m and "as a parameter" in m
     assert "parameter 0 is dict" in _msg(TypeError, lambda: fixed_point(newton, x0, {"a": a}))
+
+
+def test_a_refusal_in_a_builder_names_its_line():
+    @eagle.Graph.builder
+    def bad(x0, a):
+        g = eagle.Graph()
+        g.result = fixed_point(newton, x0, {"a": a})
+        return g
+    m = _msg(TypeError, lambda: bad(np.ones(2), np.ones(2)))
+    assert "eagle_fx.fixed_point(newton): parameter 0 is dict" in m and "[called at bad:" in m
