@@ -334,3 +334,19 @@ def test_a_refusal_in_a_builder_names_its_line():
         return g
     m = _msg(TypeError, lambda: bad(np.ones(2), np.ones(2)))
     assert "eagle_fx.fixed_point(newton): parameter 0 is dict" in m and "[called at bad:" in m
+
+
+def test_to_jax_forward_mode_and_a_jax_function_of_the_gradient():
+    """Through eagle_fx.to_jax: jax.jvp works, jax.grad is refused with what to do (the tangent
+    series is not a map JAX can transpose), and to_jax(eagle_fx.grad(f)) is the gradient."""
+    import jax
+    import jax.numpy as jnp
+    from eagle_fx.transforms.program import TransformError
+    a, x0, c = np.array([2.0, 3.0, 9.0]), np.ones(3), np.array([1.0, -1.0, 2.0])
+    f = eagle.to_jax(sqrt_sum)
+    _, t = jax.jvp(lambda a_: f(x0, a_, c), (jnp.asarray(a),), (jnp.ones(3),))
+    np.testing.assert_allclose(np.asarray(t), [np.sum(c * 0.5 / np.sqrt(a))], rtol=1e-13)
+    with pytest.raises(TransformError, match=r"fixed_point\(newton\) at sqrt_sum:.*eagle_fx.to_jax\(eagle_fx.grad"):
+        jax.grad(lambda a_: f(x0, a_, c)[0])(jnp.asarray(a))
+    g = jax.jit(eagle.to_jax(eagle.grad(sqrt_sum, argnums=1)))(x0, jnp.asarray(a), c)
+    np.testing.assert_allclose(np.asarray(g), c * 0.5 / np.sqrt(a), rtol=1e-13)
