@@ -5,8 +5,8 @@ against jax.lax.custom_root, in one process.
 
 The workload: Kepler's equation E = M + e sin E per sample, solved by fixed-point iteration
 (e = 0.9: a slow contraction, ~200-300 turns to 1e-12), and the gradient of sum(E) with
-respect to M and e. Prints, on the NumPy backend, the median time and the peak host memory
-(tracemalloc, a first run of a fresh graph) of
+respect to M and e. Prints, on the NumPy backend, the median time of a replay and the peak host
+memory (tracemalloc: building a fresh graph and its first run) of
   * the implicit gradient (eagle_fx.fixed_point: a forward loop, then a Neumann series per
     sample; nothing stored per turn) and
   * the unrolled gradient (eagle_fx.grad through the same iteration run by eagle_fx.simulate:
@@ -85,10 +85,11 @@ def jax_grad():
 
 
 def first_run_peak(make):
-    g = make()                     # a fresh graph: its first run allocates what it keeps
+    """Peak host memory of building a fresh graph and running it once (its buffers, the stacks
+    its first run grows)."""
     tracemalloc.start()
     try:
-        g()
+        make()()
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

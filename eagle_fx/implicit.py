@@ -188,6 +188,12 @@ def _iterate(g: Graph, turn, done, cap):
 
 # -- staging -----------------------------------------------------------------------------------------
 
+class _Rules(custom_vjp):
+    """A fixed point's custom equation: its body, fwd/bwd for reverse mode and a jvp rule for
+    forward mode (eagle_fx.custom stages all three)."""
+    kind = "fixed_point"
+
+
 def _is_plane(a):
     return isinstance(a, staging.Plane) or staging.is_array(a)
 
@@ -256,15 +262,12 @@ def _stage(trace, cfg: _Config, x0, params):
         return [args[k] for k in plane_at]
 
     def linear(seed, apply, planes):
-        """The Neumann series s <- seed + apply(s) to tol relative to |seed|: (s, settled mark)."""
+        """The Neumann series s <- seed + apply(s), to tol relative to |seed|: (s, its settled mark, |seed|)."""
         scale = norm(seed)
         done = mark([seed] + list(planes))
         s = copy(seed, done)
         _iterate(trace.graph, lambda: series(s, seed, apply(s), done, scale, cfg.tol), done, cfg.max_steps)
         return s, done, scale
-
-    class Rules(custom_vjp):
-        kind = "fixed_point"
 
     def fun(x, *args):
         return solve(x, planes_of(args))[0]
@@ -297,7 +300,7 @@ def _stage(trace, cfg: _Config, x0, params):
                                  planes)
         return xs, finish(t, ok, again, scale)
 
-    rules = Rules(fun)
+    rules = _Rules(fun)
     rules.__name__ = name
     rules.defvjp(fwd, bwd)
     rules.jvp = jvp
