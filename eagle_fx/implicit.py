@@ -29,8 +29,11 @@ import hawk_fx as hawk
 import hawk_fx.math as hm
 from hawk_fx.caches import LRU
 from hawk_fx.core import Eqn, Literal, Program, Var
+from hawk_fx.diff import _dce
+from hawk_fx.kernel import BodySpec
 from hawk_fx.roles import Mutable, Param, Role, Scalar, Terminated
 
+from . import ir
 from .custom import _Sub, custom_vjp
 from .frontend import staging
 from .frontend.building import Builder
@@ -311,7 +314,26 @@ def _cotangents(prog, wrt) -> Program:
     """(inputs..., a cotangent of the output) -> the cotangents of the inputs flagged in `wrt`."""
     v = vjp_graph._Vjp(lambda trip, e: None, API)
     v.top = set(prog.inputs)
-    return v.program(prog, wrt, values=False)
+    return _lean_calls(v.program(prog, wrt, values=False))
+
+
+def _lean_calls(prog) -> Program:
+    """`prog` with each kernel derivative call computing only the cotangents read (a kernel's vjp
+    gives every parameter's; a series turn reads one, and a Param's is a sum over the samples)."""
+    read = {a for e in prog.eqns for a in e.inputs if isinstance(a, Var)} | \
+        {a for a in prog.outputs if isinstance(a, Var)}
+    eqns = []
+    for e in prog.eqns:
+        spec = e.params.get("spec")
+        keep = [k for k, o in enumerate(e.outputs) if o in read]
+        if e.prim is ir.call_p and isinstance(spec, BodySpec) and not spec.commits and not e.params.get("inplace") \
+                and keep and len(keep) < len(e.outputs):
+            body = _dce(spec.prog.replace(outputs=[spec.prog.outputs[k] for k in keep]))
+            lean = BodySpec(body, spec.kernel.name)
+            e = Eqn(e.prim, e.inputs, [e.outputs[k] for k in keep],
+                    dict(e.params, kernel=lean.kernel, spec=lean), e.info)
+        eqns.append(e)
+    return dce(prog.replace(eqns=eqns))
 
 
 def _apply(trace, prog, args) -> list:
