@@ -350,3 +350,15 @@ def test_to_jax_forward_mode_and_a_jax_function_of_the_gradient():
         jax.grad(lambda a_: f(x0, a_, c)[0])(jnp.asarray(a))
     g = jax.jit(eagle.to_jax(eagle.grad(sqrt_sum, argnums=1)))(x0, jnp.asarray(a), c)
     np.testing.assert_allclose(np.asarray(g), c * 0.5 / np.sqrt(a), rtol=1e-13)
+
+
+def test_jacrev_and_jacfwd_of_the_roots():
+    @eagle.Graph.builder
+    def roots(x0, a):
+        g = eagle.Graph()
+        g.result = fixed_point(newton, x0, a, tol=TOL)
+        return g
+    a, x0 = np.array([2.0, 3.0, 9.0]), np.ones(3)
+    want = np.diag(0.5 / np.sqrt(a))
+    np.testing.assert_allclose(eagle.jacrev(roots, argnums=1)(x0, a), want, rtol=1e-13, atol=1e-300)
+    np.testing.assert_allclose(eagle.jacfwd(roots, argnums=1)(x0, a), want, rtol=1e-13, atol=1e-300)
