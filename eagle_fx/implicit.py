@@ -242,7 +242,8 @@ def _stage(trace, cfg: _Config, x0, params):
     floats = [is_float(a) for a in p_avals]
     vjp_x = _cotangents(step_prog, [True] + [False] * len(p_avals))
     vjp_p = _cotangents(step_prog, [False] + floats) if any(floats) else None
-    jvp_prog, _ = jvp_graph(step_prog, [True] + floats, force=[True])
+    jvp_x = _tangent(step_prog, [True] + [False] * len(p_avals))        # (x, p, xdot) -> J xdot
+    jvp_p = _tangent(step_prog, [False] + floats)                       # (x, p, pdot) -> B pdot
     settle, series, norm = _settler(shape, dtype), _neumann(shape, dtype), _norm(shape, dtype)
     finish, copy = _finisher(shape, dtype), _copier(shape, dtype)
 
@@ -297,10 +298,8 @@ def _stage(trace, cfg: _Config, x0, params):
         xs, ok = solve(primals[0], planes)
         p_dots = [t for k, t in enumerate(tangents[1:]) if k in plane_at]
         p_dots = [t for t, f in zip(p_dots, floats) if f]
-        zero = 0.0 * xs
-        b = _apply(trace, jvp_prog, [xs] + planes + [zero] + p_dots)[1]
-        t, again, scale = linear(b, lambda s: _apply(trace, jvp_prog, [xs] + planes + [s] + [0.0 * d for d in p_dots])[1],
-                                 planes)
+        b = _apply(trace, jvp_p, [xs] + planes + p_dots)[0]
+        t, again, scale = linear(b, lambda s: _apply(trace, jvp_x, [xs] + planes + [s])[0], planes)
         return xs, finish(t, ok, again, scale)
 
     rules = _Rules(fun)
@@ -317,9 +316,16 @@ def _cotangents(prog, wrt) -> Program:
     return _lean_calls(v.program(prog, wrt, values=False))
 
 
+def _tangent(prog, flags) -> Program:
+    """(inputs..., a tangent per input flagged) -> the output's tangent."""
+    jp = jvp_graph(prog, flags, force=[True])[0]
+    return _lean_calls(jp.replace(outputs=jp.outputs[1:]))
+
+
 def _lean_calls(prog) -> Program:
-    """`prog` with each kernel derivative call computing only the cotangents read (a kernel's vjp
-    gives every parameter's; a series turn reads one, and a Param's is a sum over the samples)."""
+    """`prog` with each kernel derivative call computing only the outputs read (a kernel's vjp
+    gives every parameter's cotangent, its jvp the value too; a series turn reads one, and a
+    Param's cotangent is a sum over the samples)."""
     read = {a for e in prog.eqns for a in e.inputs if isinstance(a, Var)} | \
         {a for a in prog.outputs if isinstance(a, Var)}
     eqns = []
