@@ -362,3 +362,19 @@ def test_jacrev_and_jacfwd_of_the_roots():
     want = np.diag(0.5 / np.sqrt(a))
     np.testing.assert_allclose(eagle.jacrev(roots, argnums=1)(x0, a), want, rtol=1e-13, atol=1e-300)
     np.testing.assert_allclose(eagle.jacfwd(roots, argnums=1)(x0, a), want, rtol=1e-13, atol=1e-300)
+
+
+@hawk.kernel
+def halve(x: Scalar):
+    return 0.5 * x
+
+
+def test_a_step_made_of_kernels_and_staged_numpy():
+    """step(x, a) = halve(x + a / x): two kernels and staged arithmetic, differentiated as one."""
+    @eagle.Graph.builder
+    def f(x0, a, c):
+        g = eagle.Graph()
+        g.result = weighted(fixed_point(lambda x, a_: halve(x + a_ / x), x0, a, tol=TOL), c)
+        return g
+    a, x0, c = np.array([2.0, 5.0]), np.ones(2), np.array([1.0, 3.0])
+    np.testing.assert_allclose(eagle.grad(f, argnums=1)(x0, a, c), c * 0.5 / np.sqrt(a), rtol=1e-13)
