@@ -26,10 +26,12 @@ from . import host_rules  # noqa: F401  (host nodes' derivative rules in every t
 from .custom import custom_jvp, custom_vjp
 from .linear import linear_transpose, linearize
 from .shapes import ShapeDtypeStruct, eval_shape
+from .implicit import fixed_point
 
 __version__ = "0.1.0"
 
 __all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "value_and_grad",
            "hessian", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning", "clear_caches", "to_jax",
            "disable_staging", "simulate", "SimResult",
-           "tree", "linearize", "linear_transpose", "eval_shape", "ShapeDtypeStruct", "custom_vjp", "custom_jvp"]
+           "tree", "linearize", "linear_transpose", "eval_shape", "ShapeDtypeStruct", "custom_vjp", "custom_jvp",
+           "fixed_point"]

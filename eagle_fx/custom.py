@@ -326,7 +326,7 @@ def _stage_custom(trace, c, args):
             ct_leaves += leaves
         subs += [fwd, bwd]
         extra = {"n_out": len(y_leaves), "fwd_outs": fwd_outs, "bwd_outs": bwd.atoms(trace, ct_leaves, "bwd")}
-    else:
+    if getattr(c, "jvp", None) is not None:       # custom_jvp; a rule set with both (fixed_point) too
         t_avals = [ct_aval(trace.scope.read(k).aval) for keys in arg_keys for k in keys if k is not None]
 
         def run_jvp(*ph):
@@ -348,7 +348,7 @@ def _stage_custom(trace, c, args):
             raise TypeError(f"eagle_fx.custom_jvp({c.__name__}): the rule returns structures {y_tree} and {t_tree}; "
                             f"the function's result is {out_tree}")
         subs.append(jr)
-        extra = {"jvp_outs": jr.atoms(trace, y_leaves, "the rule's result") + jr.atoms(trace, t_leaves, "the tangent")}
+        extra["jvp_outs"] = jr.atoms(trace, y_leaves, "the rule's result") + jr.atoms(trace, t_leaves, "the tangent")
     # one operand list for every sub-program: the outer planes any of them read
     keys = list(dict.fromkeys(k for s in subs for k in s.scope.captures))
     operands = [parent.read(k) for k in keys]
@@ -367,8 +367,8 @@ def _stage_custom(trace, c, args):
         params["n_out"] = extra["n_out"]
         leaf_avals = [ct_aval(parent.read(keys[i]).aval) if i is not None else None for i in wrt]
         params["bwd"] = program(subs[2], [(o, a) for o, a in zip(extra["bwd_outs"], leaf_avals) if a is not None])
-    else:
-        params["jvp"] = program(subs[1], [(o, o.aval) for o in extra["jvp_outs"]])
+    if "jvp_outs" in extra:
+        params["jvp"] = program(subs[-1], [(o, o.aval) for o in extra["jvp_outs"]])
     info = trace.info()
     out_vars = [Var(a) for a in out_avals]
     parent.eqns.append(Eqn(custom_p, operands, out_vars, params, info))
@@ -399,9 +399,9 @@ def _operands(e, env):
 
 @jvp_graph.jvp_rules.register(custom_p)
 def _custom_jvp(e, env, tan, eqns, ts):
-    """custom_jvp: its rule; custom_vjp: refused, as in JAX."""
+    """custom_jvp (and fixed_point): its rule; custom_vjp: refused, as in JAX."""
     p = e.params
-    if p["kind"] == "custom_vjp":
+    if "jvp" not in p:
         raise TransformError(f"{jvp_graph.API}: {p['name']} ({e.info.where}) is an eagle_fx.custom_vjp: can't apply "
                              "forward-mode autodiff (jvp) to a custom_vjp function (as JAX says); define it with "
                              "eagle_fx.custom_jvp, or take this derivative in reverse mode")
@@ -426,7 +426,7 @@ def _custom_forward(v, e, env, eqns, saved):
     tangents), so that a derivative taken over this reverse pass differentiates what the rule
     computes, as in JAX (where linearizing runs the rule)."""
     p = e.params
-    if p["kind"] == "custom_vjp":
+    if "fwd" in p:
         outs = inline(p["fwd"], _operands(e, env), eqns)
         saved[e] = outs[len(e.outputs):]
     else:
@@ -443,7 +443,7 @@ def _custom_vjp(v, e, cts, env, ct, eqns, saved):
     seeds = [c if c is not None else eqns.zeros(ct_aval(o.aval)) for c, o in zip(cts, e.outputs)]
     ops = _operands(e, env)
     wrt = [i for i in p["wrt"] if i is not None]
-    if p["kind"] == "custom_vjp":
+    if "bwd" in p:
         grads = inline(p["bwd"], ops + list(saved[e]) + seeds, eqns)
     else:
         rule = p["jvp"]

@@ -38,6 +38,7 @@ from .backends.jax_lower import lower
 from .backends.select import use_backend
 from .frontend.cache import MAXSIZE, names_read, static_key, unchanged
 from .ir import primitives as _prims
+from .ir.custom import custom_p
 from .transforms.jvp_graph import jvp_graph
 from .transforms.program import TransformError, is_float
 
@@ -118,7 +119,8 @@ class _Signature:
             force = [is_float(v.aval) for v in self.prog.outputs]
             jp, _ = jvp_graph(self.prog, flags, force)
             fn, _ = lower(jp, self.n, None, _OPAQUE, scan_loops=True)
-            self._tangent = (fn, flags, _uncapped_message(self.prog) if _uncapped(self.prog) else None)
+            refusal = _uncapped_message(self.prog) if _uncapped(self.prog) else _fixed_point_message(self.prog)
+            self._tangent = (fn, flags, refusal)
         return self._tangent
 
 
@@ -135,6 +137,23 @@ def _uncapped(prog):
         for v in e.params.values():
             for p in v if isinstance(v, (list, tuple)) else (v,):
                 found = _uncapped(p) if hasattr(p, "eqns") else None
+                if found is not None:
+                    return found
+    return None
+
+
+def _fixed_point_message(prog):
+    """The refusal of reverse mode through an eagle_fx.fixed_point of `prog` (its tangent rule runs
+    a series until the tangents settle: not a map JAX can transpose), or None."""
+    for e in prog.eqns:
+        if e.prim is custom_p and e.params["kind"] == "fixed_point":
+            return (f"{API}: reverse mode through eagle_fx.fixed_point({e.params['name']}) at {e.info.where}: its "
+                    "tangent rule runs a series until the tangents settle, which JAX cannot transpose; take the "
+                    "gradient in eagle_fx (eagle_fx.to_jax(eagle_fx.grad(f)) is a JAX function too), or use "
+                    "forward mode (jax.jvp, jax.jacfwd)")
+        for v in e.params.values():
+            for p in v if isinstance(v, (list, tuple)) else (v,):
+                found = _fixed_point_message(p) if hasattr(p, "eqns") else None
                 if found is not None:
                     return found
     return None

@@ -5,7 +5,8 @@
 `fun` is the body (operands -> outs), what every backend runs (inlined before lowering). The
 rules are sub-Programs over the same operands: custom_vjp: `fwd` (operands -> outs, residuals) and
 `bwd` (operands, residuals, cotangents of outs -> a cotangent per differentiated argument leaf);
-custom_jvp: `jvp` (operands, a tangent per argument leaf -> outs, their tangents). `wrt`: per
+custom_jvp: `jvp` (operands, a tangent per argument leaf -> outs, their tangents); eagle_fx.fixed_point
+has all three (its reverse and forward rules solve its linear systems). `wrt`: per
 argument leaf of the custom function, the operand it is (None: not an array).
 """
 from __future__ import annotations
