@@ -155,6 +155,19 @@ def _here() -> str:
     return src.where(line) if line else src.name
 
 
+class LoopMark:
+    """What eagle_fx.collect needs of the device loop it is called in: the loop's bound, its turn
+    counter, and the row buffers made for it (one per collect call, kept across the passes that
+    find the loop's carries). `n_used`: the buffers the current pass has taken."""
+
+    def __init__(self, cap, counted, line):
+        self.cap, self.counted, self.line = cap, counted, line
+        self.turn, self.buffers, self.n_used = None, [], 0
+
+    def holds(self, value) -> bool:
+        return any(value is b for b in self.buffers)
+
+
 class Scope:
     def __init__(self, trace: "GraphTrace", parent: "Scope | None"):
         self.trace, self.parent = trace, parent
@@ -931,6 +944,7 @@ class Runtime(RuntimeBase):
             return _is_device(cond_fn(*state)), state, 0
         saved = trace.scope
         trial = trace.scope = Scope(trace, saved)
+        trial.trial_loop = line          # eagle_fx.collect in it: refused below if the loop stays Python
         try:
             c = cond_fn(*state)
             if _is_device(c) or not c:
@@ -940,6 +954,10 @@ class Runtime(RuntimeBase):
                 return True, state, 0
         finally:
             trace.scope = saved
+        if getattr(trial, "collected", False):
+            raise TypeError(f"eagle_fx.collect at {self.where(line)}: in a Python loop (its guard is no cell: it is "
+                            "unrolled at build); collect the values in a list and np.stack it, or make it a device "
+                            "loop: for _ in range(N): if not cell: break")
         self._adopt(trial, saved)
         return False, out, 1
 
@@ -1005,11 +1023,13 @@ class Runtime(RuntimeBase):
         carried: list[int] = []     # names the body rebinds; a name only updated in place is not a carry:
         #                            its writes land in the array it names (in place), seen through every alias
         inplace: list = []
+        mark = LoopMark(cap, trip is not None, line)
         while True:     # the carries and in-place planes only grow, so this reaches a fixpoint
             body = Scope(trace, parent)
             counter = Var(ir.U32_CELL, "turn")
             counter_h = trace.new_plane(ir.U32_CELL, var=counter)
             body.define(counter_h.key, counter)
+            body.loop_mark, mark.turn, mark.n_used = mark, counter_h.key, 0
             carry_in, body_state = self._seed(trace, body, state, carried, inplace, self.where(line))
             trace.scope = body
             try:
@@ -1088,8 +1108,8 @@ class Runtime(RuntimeBase):
         parent.eqns.append(Eqn(ir.while_p, operands, out_vars, params, info))
         new_state = list(state)
         for i, name in enumerate(names):
-            if state[i] is UNDEF and out[i] is not UNDEF:
-                new_state[i] = _LoopLocal(name, self.where(line))
+            if state[i] is UNDEF and out[i] is not UNDEF:      # a collect's rows are read after the loop
+                new_state[i] = out[i] if mark.holds(out[i]) else _LoopLocal(name, self.where(line))
         for j, i in enumerate(carried):
             if j in labelled:       # a buffer's name rebound in the loop: its final value lands in the buffer
                 new_state[i] = trace.rebind_buffer(labelled[j], out_vars[j], info)
