@@ -1101,7 +1101,8 @@ class Runtime(RuntimeBase):
                                 "device loop and also read or written through another name inside it (the buffer "
                                 f"holds each turn's value); use {h0.label!r} itself in the loop")
         inplace_pairs = tuple((j, base + j) for j in labelled) \
-            + tuple((n_names + j, base + n_names + j) for j in range(len(inplace)))
+            + tuple((n_names + j, base + n_names + j) for j, k in enumerate(inplace)
+                    if not any(k == b.key for b in mark.buffers))   # a collect's zeros: a carry like any
         info = trace.info()
         params = dict(body=body_prog, cond=cond_prog, cap=cap, counted=trip is not None, n_consts=len(consts),
                       inplace=inplace_pairs)
