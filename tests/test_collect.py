@@ -318,7 +318,25 @@ def test_refusals():
         eagle.collect(x)
 
 
-def test_cuda_refuses_with_the_line():
+def test_fake_cuda_agrees_with_numpy(nvrtc):
+    """The CUDA lowering (NVRTC-compiled, run on the fake device): values and the reverse."""
     from eagle_fx.testing import fake_cuda  # noqa: F401
-    with use_backend("fake-cuda"), pytest.raises(NotImplementedError, match=r"collect \(capped:8\).*NumPy or JAX"):
-        capped(np.ones(2), np.ones(2), np.zeros(2), np.full(2, 2.0), _cell(1), cap=3)()
+    rng = np.random.default_rng(11)
+    n, cap = 3, 5
+    x, a = rng.uniform(-1, 1, n), rng.uniform(0.2, 1.2, n)
+    w = rng.normal(size=(cap, n))
+    f = lambda x, a: capped(x, a, np.zeros(n), np.full(n, 3.0), _cell(1), cap=cap)   # noqa: E731
+    with use_backend("fake-cuda"):
+        out, pull = eagle.vjp(f, x, a)
+        gx, ga = pull(w)
+    np.testing.assert_allclose(np.asarray(out), oracle(x, a, 3, cap), rtol=1e-14)
+    loss = lambda x, a: (w * oracle(x, a, 3, cap)).sum()   # noqa: E731
+    np.testing.assert_allclose(gx, _fd(lambda v: loss(v, a), x), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(ga, _fd(lambda v: loss(x, v), a), rtol=1e-6, atol=1e-8)
+
+
+def test_fake_cuda_refuses_rows_per_instance(nvrtc):
+    from eagle_fx.testing import fake_cuda  # noqa: F401
+    with use_backend("fake-cuda"), pytest.raises(NotImplementedError, match=r"collect \(capped:8\) under vmap"):
+        eagle.vmap(lambda x, flag: capped(x, np.ones(2), np.zeros(2), np.full(2, 2.0), flag, cap=3),
+                   in_axes=(0, 0))(np.ones((2, 2)), np.ones((2, 1), np.uint32))

@@ -1,15 +1,17 @@
 """The backends' rules for a loop's per-turn rows (ir.row_set / ir.row_get, eagle_fx.collect).
 
 NumPy writes the row in place (`buf[..., turn, ...] = value`, nothing past the rows); JAX uses
-`.at[turn].set(mode="drop")` and `take(mode="fill")`, the same contract; the CUDA lowering
-refuses them (documented below).
+`.at[turn].set(mode="drop")` and `take(mode="fill")`, the same contract; CUDA copies the row with
+the kernels of the reverse's stacks (one launch each; under vmap refused for now).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import ir
-from .cuda_lower import cuda_rules
+from hawk_fx.cuda_runtime import BLOCK, grid_for
+
+from .cuda_lower import LOWERING, cuda_rules
 from .jax_lower import _jnp, fit, graph_rules
 from .numpy import numpy_rules
 
@@ -55,11 +57,35 @@ def _jax_row_get(lw, e, ins):
     return [fit(jnp.take(buf, i, axis=e.params["lead"], mode="fill", fill_value=0), e.outputs[0].aval)]
 
 
-@cuda_rules.refuse(ir.row_set_p, ir.row_get_p)
-def _cuda_rows(lw, chain, e, outs):
-    """The rows of eagle_fx.collect (a buffer written at the loop's turn counter) are not lowered to
-    CUDA yet: the lowering writes planes through kernels whose targets are fixed when the graph is
-    captured, and a row chosen by a device cell needs a kernel of its own. NumPy and JAX run them."""
-    raise NotImplementedError("eagle_fx CUDA lowering: eagle_fx.collect" +
-                              (f" ({e.info.where})" if e.info.where else "") + " writes a loop's per-turn rows, "
-                              "which the CUDA lowering does not do yet; run the graph on the NumPy or JAX backend")
+def _cuda_rows(lw, e, buf):
+    """(rows, items per row, a sink cell for the stack kernels' overflow): a turn past the rows is
+    not kept (row_set) or reads zeros (row_get), so the overflow the stacks grow by is not raised."""
+    if e.params["lead"]:
+        raise NotImplementedError("eagle_fx CUDA lowering: eagle_fx.collect" +
+                                  (f" ({e.info.where})" if e.info.where else "") + " under vmap (rows per "
+                                  "instance) is not lowered to CUDA yet; run the graph on the NumPy or JAX backend")
+    return int(buf.shape[0]), int(np.prod(buf.shape[1:], dtype=np.int64)), lw._zeros((1,), np.uint32)
+
+
+def _cuda_row_set(lw, chain, e, outs):
+    buf, turn, value = e.inputs
+    dst = lw.slots[outs[0]]
+    if lw.slot_of[buf] != outs[0]:                 # a functional row_set: the buffer copied first
+        chain.memcpy(dst, lw.buf(buf), label="rows")
+    rows, count, sink = _cuda_rows(lw, e, dst)
+    args = [dst, lw.buf(value), lw.buf(turn, ir.U32_CELL), np.uint64(count), np.uint32(dst.dtype.itemsize),
+            np.uint32(rows), sink]
+    chain.kernel(LOWERING, "eagle_stack_push", grid_for(count), BLOCK, args, "stack", "row_set")
+
+
+def _cuda_row_get(lw, chain, e, outs):
+    src, out = lw.buf(e.inputs[0]), lw.slots[outs[0]]
+    rows, count, sink = _cuda_rows(lw, e, src)
+    chain.memset(out, 0, label="row")                # a turn past the rows reads zeros
+    args = [out, src, lw.buf(e.inputs[1], ir.U32_CELL), np.uint64(count), np.uint32(src.dtype.itemsize),
+            np.uint32(rows), sink]
+    chain.kernel(LOWERING, "eagle_stack_read", grid_for(count), BLOCK, args, "stack", "row_get")
+
+
+cuda_rules[ir.row_set_p] = _cuda_row_set
+cuda_rules[ir.row_get_p] = _cuda_row_get

@@ -165,6 +165,9 @@ class LoopMark:
         self.turn, self.buffers, self.n_used = None, [], 0
 
     def holds(self, value) -> bool:
+        """Is `value` a collect's rows (or a list or tuple of them)?"""
+        if isinstance(value, (list, tuple)):
+            return bool(value) and all(self.holds(v) for v in value)
         return any(value is b for b in self.buffers)
 
 
