@@ -9,7 +9,7 @@ import pytest
 
 import hawk_fx as hawk
 import hawk_fx.math as hm
-from hawk_fx.roles import Mutable, Scalar, UInt32
+from hawk_fx.roles import Mutable, Scalar, UInt32, Vector
 
 import eagle_fx as eagle
 from eagle_fx.backends.select import use_backend
@@ -258,6 +258,74 @@ def test_vmap_gives_each_instance_its_rows(backend):
                          in_axes=(0, 0, 0))(X, lims, flags)
     for b in range(B):
         np.testing.assert_allclose(np.asarray(got)[b], oracle(X[b], a, min(int(lims[b, 0]), cap), cap), rtol=1e-14)
+
+
+@hawk.kernel
+def step1(x: Scalar, a: Scalar):
+    return hm.sin(x) * a + 1.0
+
+
+@hawk.kernel
+def sumsq4(x: Vector[4]):
+    return hawk.sum(x[0] * x[0] + x[1] * x[1] + x[2] * x[2] + x[3] * x[3])
+
+
+@eagle.Graph.builder
+def nested(x, a, on):
+    """A stack of stacks: the inner loop's rows collected by the outer loop, (3, 4, n)."""
+    g = eagle.Graph()
+    for _ in range(3):
+        if not on:
+            break
+        for _ in range(4):
+            if not on:
+                break
+            x = step1(x, a)
+            ys = eagle.collect(x)
+        zs = eagle.collect(ys)
+    g.result = zs
+    return g
+
+
+@eagle.Graph.builder
+def stacked_loss(x, a, on):
+    g = eagle.Graph()
+    for _ in range(4):
+        if not on:
+            break
+        x = step1(x, a)
+        ys = eagle.collect(x)
+    g.result = sumsq4(ys)
+    return g
+
+
+def _steps(x, a, k):
+    out = []
+    for _ in range(k):
+        x = np.sin(x) * a + 1.0
+        out.append(x)
+    return np.array(out)
+
+
+def test_nested_loops_stack_their_stacks_and_differentiate():
+    rng = np.random.default_rng(12)
+    x, a = rng.uniform(-1, 1, 2), rng.uniform(0.2, 1.2, 2)
+    w = rng.normal(size=(3, 4, 2))
+    out, pull = eagle.vjp(nested, x, a, _cell(1))
+    np.testing.assert_allclose(out, _steps(x, a, 12).reshape(3, 4, 2), rtol=1e-14)
+    gx, ga = pull(w)[:2]
+    loss = lambda x, a: (w * _steps(x, a, 12).reshape(3, 4, 2)).sum()   # noqa: E731
+    np.testing.assert_allclose(gx, _fd(lambda v: loss(v, a), x), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(ga, _fd(lambda v: loss(x, v), a), rtol=1e-6, atol=1e-8)
+
+
+def test_vmap_of_grad_of_a_collected_loss():
+    rng = np.random.default_rng(13)
+    X, a = rng.uniform(-1, 1, (3, 2)), rng.uniform(0.2, 1.2, 2)
+    got = eagle.vmap(eagle.grad(lambda x, a: stacked_loss(x, a, _cell(1))), in_axes=(0, None))(X, a)
+    for b in range(3):
+        loss = lambda v: (_steps(v, a, 4) ** 2).sum()   # noqa: E731
+        np.testing.assert_allclose(np.asarray(got)[b], _fd(loss, X[b]), rtol=1e-6, atol=1e-8)
 
 
 # ---------------------------------------------------------------------------------------------
