@@ -408,3 +408,19 @@ def test_fake_cuda_refuses_rows_per_instance(nvrtc):
     with use_backend("fake-cuda"), pytest.raises(NotImplementedError, match=r"collect \(capped:8\) under vmap"):
         eagle.vmap(lambda x, flag: capped(x, np.ones(2), np.zeros(2), np.full(2, 2.0), flag, cap=3),
                    in_axes=(0, 0))(np.ones((2, 2)), np.ones((2, 1), np.uint32))
+
+
+def test_the_reverse_saves_no_rows_per_turn():
+    """The stored reverse pushes the loop's state per turn, never the (rows, n) buffer."""
+    from eagle_fx import ir
+
+    def pushes(prog):
+        for e in prog.eqns:
+            if e.prim is ir.stack_push_p:
+                yield tuple(e.inputs[2].aval.shape)
+        for q in prog.subprograms():
+            yield from pushes(q)
+
+    prog = eagle.make_program(eagle.grad(lambda x, a: stacked_loss(x, a, _cell(1))))(np.ones(2), np.ones(2))
+    shapes = list(pushes(prog))
+    assert shapes and all(s == (2,) for s in shapes), shapes

@@ -7,8 +7,8 @@ Both are linear in their planes, the turn a cell:
   batching   the batch axis is axis 0, before the row axis (`lead` + 1); an unbatched operand
              meeting a batched one is broadcast; a turn per instance is refused (a batched
              loop's turns are shared).
-A loop carry that the body only writes rows of (a collect buffer) is not saved per turn by the
-reverse: its transpose never reads the buffer (`write_only_carries`).
+The transpose of row_set never reads the buffer, so the reverse of a loop keeps no stack of a
+collect buffer's turns: the stored reverse's pruning (program.dce) drops that stack unread.
 """
 from __future__ import annotations
 
@@ -105,24 +105,3 @@ def _batch_row_get(self: _Batcher, e, atoms, fl, env, flags, eqns):
     if not fl[0]:
         return self.copy(e, atoms, [False], env, flags, eqns)
     self.copy(e, atoms, [True], env, flags, eqns, dict(e.params, lead=e.params["lead"] + 1))
-
-
-def write_only_carries(body, n_consts) -> set:
-    """Indices of the loop carries whose body only writes rows of them (row_set's buffer, then
-    the carry out): the reverse of such a turn never reads the buffer, so it is not saved."""
-    carries = body.inputs[1 + n_consts:]
-    uses: dict = {}
-    for e in body.eqns:
-        for k, a in enumerate(e.inputs):
-            if isinstance(a, Var):
-                uses.setdefault(a, []).append((e, k))
-    outs = [a for a in body.outputs if isinstance(a, Var)]
-    out = set()
-    for j, c in enumerate(carries):
-        u = uses.get(c, [])
-        if c in outs or len(u) != 1 or u[0][0].prim is not ir.row_set_p or u[0][1] != 0:
-            continue
-        written = u[0][0].outputs[0]        # read by nothing but the carry out
-        if body.outputs[j] is written and outs.count(written) == 1 and written not in uses:
-            out.add(j)
-    return out

@@ -185,19 +185,13 @@ class _Vjp:
         w = ir.WhileOperands(e)
         consts, init = w.consts, w.carries
         cap = self._cap(e)
-        from .rows import write_only_carries      # a collect buffer: its rows' reverse never reads it
-        skip = set() if self.checkpoints or self.recompute else write_only_carries(body, w.n_consts)
-        saving = [j for j in range(len(init)) if j not in skip]
-        stack_avals = [] if self.checkpoints or self.recompute else \
-            [ir.stack_aval(cap, init[j].aval.shape, init[j].aval.dtype) for j in saving]
+        stack_avals = [] if self.checkpoints or self.recompute else [ir.stack_aval(cap, a.aval.shape, a.aval.dtype) for a in init]
         b_ins = [Var(v.aval, v.hint) for v in body.inputs]
         stacks = [Var(a) for a in stack_avals]
         turns = Var(ir.U32_CELL)
         b_eqns = Eqns()
-        b_carries = w.body_parts(b_ins)[2]
-        pushed = [b_eqns.bind(ir.stack_push_p, [s, b_ins[0], b_carries[j]], {"cap": cap, "batched": False,
-                                                                               "inplace": ((0, 0),)}, e.info)[0]
-                  for s, j in zip(stacks, saving)]
+        pushed = [b_eqns.bind(ir.stack_push_p, [s, b_ins[0], c], {"cap": cap, "batched": False, "inplace": ((0, 0),)},
+                              e.info)[0] for s, c in zip(stacks, w.body_parts(b_ins)[2])]
         outs = inline(body, b_ins, b_eqns)
         counted = b_eqns.bind(ir.cell_inc_p, [b_ins[0]], {})[0]
         new_body = Program(b_ins + stacks + [turns], b_eqns, outs + pushed + [counted])
@@ -208,14 +202,14 @@ class _Vjp:
         outs = eqns.bind(ir.while_p, inputs, params, e.info)
         k = len(init)
         env.update(zip(e.outputs, outs[:k]))
-        return outs[k:k + len(stacks)], outs[-1], skip
+        return outs[k:k + len(stacks)], outs[-1]
 
     def loop(self, e, cts, env, ct, eqns, saved):
         if self.checkpoints:
             return self.revolve(e, cts, env, ct, eqns, saved[1])
         if self.recompute:
             return self.recomputed(e, cts, env, ct, eqns, saved[1])
-        stacks, turns, skip = saved
+        stacks, turns = saved
         w = self._loop_parts(e)
         # the backward body: (turn, consts, turns, stacks, carry cts, const ct sums) -> (carry cts, sums)
         r_turn, r_turns = Var(ir.U32_CELL), Var(ir.U32_CELL)
@@ -223,8 +217,7 @@ class _Vjp:
         r_stacks = [Var(s.aval) for s in stacks]
         b = Eqns()
         idx = b.bind(ir.cell_rev_p, [r_turns, r_turn], {})[0]
-        reads = iter([b.bind(ir.stack_read_p, [s, idx], {"batched": False, "turn_batched": False})[0] for s in r_stacks])
-        carries = [b.zeros(a.aval) if j in skip else next(reads) for j, a in enumerate(w.init)]
+        carries = [b.bind(ir.stack_read_p, [s, idx], {"batched": False, "turn_batched": False})[0] for s in r_stacks]
         body_cts = w.body_cts(b, idx, r_consts, carries)
         r_body = dce(Program([r_turn] + r_consts + [r_turns] + r_stacks + w.r_cts + w.r_sums, b, body_cts))
         inputs = [turns] + [_read(a, env) for a in w.consts] + [turns] + list(stacks) + w.seeds(cts, eqns)
