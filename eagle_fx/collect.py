@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from hawk_fx.context import CONTEXT
 from hawk_fx.core import Eqn, Var
 
 from . import ir
 from .backends import rows as _backend_rules  # noqa: F401  (the rules of row_set / row_get)
-from .frontend import staging
+from .frontend import eager, staging
 from .transforms import rows as _transform_rules  # noqa: F401
 
 API = "eagle_fx.collect"
@@ -33,6 +34,8 @@ def collect(y, *, rows=None):
     name then holds the stack after the loop. Differentiable in both modes; under vmap each
     instance has its rows."""
     trace = staging.active_trace()
+    if trace is None and eager.staging_disabled():
+        return _collect_eagerly(y, rows)
     if trace is None:
         raise TypeError(f"{API}: called outside a builder; call it in the body of a device loop of an "
                         "eagle_fx.Graph.builder (or of a function a transform stages)")
@@ -52,15 +55,7 @@ def collect(y, *, rows=None):
         raise TypeError(f"{API}{at}: called under a device if/match inside the loop; call it in the loop's body "
                         "itself (collect a value chosen by the if: y = where(cond, a, b), then collect(y))")
     mark = s.loop_mark
-    if rows is None:
-        if mark.cap is None:
-            kind = "counted" if mark.counted else "uncapped"
-            raise ValueError(f"{API}{at}: a {kind} device loop has no bound on its turns at build, and the stack's "
-                             "shape is fixed at build; give rows=R (the turns kept: rows past the turns run stay "
-                             "zeros, turns past R are not kept), or cap the loop: for _ in range(N)")
-        rows = mark.cap
-    if not isinstance(rows, (int, np.integer)) or isinstance(rows, bool) or rows < 1:
-        raise ValueError(f"{API}{at}: rows={rows!r}; give the number of turns to keep, an int >= 1")
+    rows = _rows(rows, mark.cap, mark.counted, at)
     key = trace.key_of(y, API, "the collected value")
     if key is None:
         raise TypeError(f"{API}{at}: collects {type(y).__name__} {y!r:.60}; give a plane (an array the builder "
@@ -88,6 +83,41 @@ def collect(y, *, rows=None):
                           {"lead": 0, "inplace": ((0, 0),)}, info))
     scope.write(buf.key, new)
     trace.add_access(info, [(key, "value")], [(buf.key, "collect")], "collect")
+    return buf
+
+
+def _rows(rows, cap, counted, at) -> int:
+    if rows is None:
+        if cap is None:
+            kind = "counted" if counted else "uncapped"
+            raise ValueError(f"{API}{at}: a {kind} device loop has no bound on its turns at build, and the stack's "
+                             "shape is fixed at build; give rows=R (the turns kept: rows past the turns run stay "
+                             "zeros, turns past R are not kept), or cap the loop: for _ in range(N)")
+        rows = cap
+    if not isinstance(rows, (int, np.integer)) or isinstance(rows, bool) or rows < 1:
+        raise ValueError(f"{API}{at}: rows={rows!r}; give the number of turns to keep, an int >= 1")
+    return int(rows)
+
+
+def _collect_eagerly(y, rows):
+    """The same under eagle_fx.disable_staging: a NumPy buffer per call in the body, row `turn` set."""
+    run = CONTEXT.innermost("eager_runs")
+    loop = run.loops[-1] if run is not None and run.loops else None
+    if loop is None:
+        raise TypeError(f"{API}: not inside a device loop; call it in the body of a device loop "
+                        "(for _ in range(N): if not cell: break, for i in range(cell), while cell)")
+    if not loop.device:
+        raise TypeError(f"{API}: in a Python loop (its guard is no cell: it is unrolled at build); collect the values "
+                        "in a list and np.stack it, or make it a device loop: for _ in range(N): if not cell: break")
+    rows = _rows(rows, loop.cap, loop.counted, "")
+    value = np.asarray(y)
+    k = loop.n_used
+    loop.n_used += 1
+    if k == len(loop.buffers):
+        loop.buffers.append(np.zeros((rows,) + value.shape, value.dtype))
+    buf = loop.buffers[k]
+    if loop.turn < rows:
+        buf[loop.turn] = value
     return buf
 
 

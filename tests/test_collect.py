@@ -126,6 +126,10 @@ def test_values_against_a_plain_loop(kind):
         ran = min(turns, bound) if kind == "capped" else turns
         assert got.shape == (bound, n)
         np.testing.assert_allclose(got, oracle(x, a, ran, bound), rtol=1e-14, atol=0)
+        if ran:     # as plain Python (no turn: the name stays unbound), a NumPy buffer per collect
+            with eagle.disable_staging():
+                plain = run(kind, x, a, turns, bound)
+            np.testing.assert_allclose(plain, oracle(x, a, ran, bound), rtol=1e-14, atol=0)
 
 
 def test_numpy_and_jax_agree():
@@ -313,6 +317,8 @@ def test_nested_loops_stack_their_stacks_and_differentiate():
     w = rng.normal(size=(3, 4, 2))
     out, pull = eagle.vjp(nested, x, a, _cell(1))
     np.testing.assert_allclose(out, _steps(x, a, 12).reshape(3, 4, 2), rtol=1e-14)
+    with eagle.disable_staging():
+        np.testing.assert_allclose(nested(x, a, _cell(1))(), out, rtol=1e-14)
     gx, ga = pull(w)[:2]
     loss = lambda x, a: (w * _steps(x, a, 12).reshape(3, 4, 2)).sum()   # noqa: E731
     np.testing.assert_allclose(gx, _fd(lambda v: loss(v, a), x), rtol=1e-6, atol=1e-8)
@@ -384,6 +390,13 @@ def test_refusals():
         _under_an_if(x, a, _cell(1), _cell(1))
     with pytest.raises(TypeError, match="eagle_fx.collect: called outside a builder"):
         eagle.collect(x)
+    with eagle.disable_staging():
+        with pytest.raises(TypeError, match=r"eagle_fx.collect: in a Python loop .* np.stack"):
+            _python_loop(x, a)()
+        with pytest.raises(ValueError, match=r"eagle_fx.collect: a counted device loop .* give rows=R"):
+            _counted_without_rows(x, a, _cell(2))()
+        with pytest.raises(TypeError, match=r"eagle_fx.collect: not inside a device loop"):
+            _outside(x, a)()
 
 
 def test_fake_cuda_agrees_with_numpy(nvrtc):
