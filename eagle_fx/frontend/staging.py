@@ -160,8 +160,8 @@ class LoopMark:
     counter, and the row buffers made for it (one per collect call, kept across the passes that
     find the loop's carries). `n_used`: the buffers the current pass has taken."""
 
-    def __init__(self, cap, counted, line):
-        self.cap, self.counted, self.line = cap, counted, line
+    def __init__(self, cap, counted):
+        self.cap, self.counted = cap, counted
         self.turn, self.buffers, self.n_used = None, [], 0
 
     def holds(self, value) -> bool:
@@ -1026,7 +1026,7 @@ class Runtime(RuntimeBase):
         carried: list[int] = []     # names the body rebinds; a name only updated in place is not a carry:
         #                            its writes land in the array it names (in place), seen through every alias
         inplace: list = []
-        mark = LoopMark(cap, trip is not None, line)
+        mark = LoopMark(cap, trip is not None)
         while True:     # the carries and in-place planes only grow, so this reaches a fixpoint
             body = Scope(trace, parent)
             counter = Var(ir.U32_CELL, "turn")
