@@ -437,3 +437,17 @@ def test_the_reverse_saves_no_rows_per_turn():
     prog = eagle.make_program(eagle.grad(lambda x, a: stacked_loss(x, a, _cell(1))))(np.ones(2), np.ones(2))
     shapes = list(pushes(prog))
     assert shapes and all(s == (2,) for s in shapes), shapes
+
+
+def test_to_jax_jits_and_differentiates_a_collect():
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    rng = np.random.default_rng(14)
+    n, cap, turns = 3, 6, 4
+    x, a = rng.uniform(-1, 1, n), rng.uniform(0.2, 1.2, n)
+    w = rng.normal(size=(cap, n))
+    f = eagle.to_jax(lambda x, a: capped(x, a, np.zeros(n), np.full(n, float(turns)), _cell(1), cap=cap))
+    np.testing.assert_allclose(np.asarray(jax.jit(f)(x, a)), oracle(x, a, turns, cap), rtol=1e-14)
+    gx = jax.grad(lambda x: (w * f(x, a)).sum())(x)
+    np.testing.assert_allclose(np.asarray(gx), _fd(lambda v: (w * oracle(v, a, turns, cap)).sum(), x),
+                               rtol=1e-6, atol=1e-8)
