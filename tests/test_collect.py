@@ -9,7 +9,7 @@ import pytest
 
 import hawk_fx as hawk
 import hawk_fx.math as hm
-from hawk_fx.roles import Mutable, Scalar, UInt32, Vector
+from hawk_fx.roles import Mutable, Scalar, Terminated, UInt32, Vector
 
 import eagle_fx as eagle
 from eagle_fx.backends.select import use_backend
@@ -451,3 +451,50 @@ def test_to_jax_jits_and_differentiates_a_collect():
     gx = jax.grad(lambda x: (w * f(x, a)).sum())(x)
     np.testing.assert_allclose(np.asarray(gx), _fd(lambda v: (w * oracle(v, a, turns, cap)).sum(), x),
                                rtol=1e-6, atol=1e-8)
+
+
+# ---------------------------------------------------------------------------------------------
+# simulate(record=K) is built on collect: per-instance rows under vmap, a bound shorter than K
+
+@hawk.kernel
+def _fall(y: Mutable[Scalar], v: Mutable[Scalar], done: Terminated):
+    v = v - 9.81 * 0.01
+    y = y + v * 0.01
+    done = y < 0.0
+
+
+def _fall_rows(y, v, every_k, steps):
+    """A masked NumPy loop: y after K, 2K, ... steps (and after `steps`), a landed sample kept."""
+    y, v = np.array(y, float), np.array(v, float)
+    done = np.zeros(y.shape, bool)
+    rows = []
+    for s in range(1, steps + 1):
+        vn, yn = v - 9.81 * 0.01, y + (v - 9.81 * 0.01) * 0.01
+        v, y = np.where(done, v, vn), np.where(done, y, yn)
+        done |= y < 0.0
+        if s % every_k == 0 or s == steps:
+            rows.append(y.copy())
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_simulate_records_each_instance_under_vmap(backend):
+    Y, v0 = np.array([[0.05, 0.3, 1.0], [0.5, 0.8, 2.0]]), np.array([0.5, 0.0, -1.0])
+
+    @eagle.Graph.builder
+    def traj(y0, v0):
+        g = eagle.Graph()
+        g.result = eagle.simulate(_fall, {"y": y0, "v": v0}, max_steps=45, record=10).trajectory["y"]
+        return g
+
+    with use_backend(backend):
+        out = np.asarray(eagle.vmap(traj, in_axes=(0, None))(Y, v0)())
+    for b in range(2):
+        np.testing.assert_allclose(out[b], _fall_rows(Y[b], v0, 10, 45), rtol=1e-13, atol=1e-15)
+
+
+def test_simulate_with_a_bound_shorter_than_one_row():
+    y0, v0 = np.array([0.02, 1.0]), np.array([0.0, 0.0])
+    r = eagle.simulate(_fall, {"y": y0, "v": v0}, max_steps=7, record=10)
+    assert r.trajectory["y"].shape == (1, 2)
+    np.testing.assert_allclose(r.trajectory["y"], _fall_rows(y0, v0, 10, 7), rtol=1e-14)
