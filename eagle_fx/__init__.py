@@ -21,6 +21,7 @@ from .graph import Graph
 from .frontend.staging import UncappedLoopWarning
 from .to_jax import to_jax
 from .simulate import SimResult, simulate
+from .collect import collect
 from . import tree
 from . import host_rules  # noqa: F401  (host nodes' derivative rules in every table)
 from .custom import custom_jvp, custom_vjp
@@ -32,6 +33,6 @@ __version__ = "0.1.0"
 
 __all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "jacfwd", "jacrev", "value_and_grad",
            "hessian", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning", "clear_caches", "to_jax",
-           "disable_staging", "simulate", "SimResult",
+           "disable_staging", "simulate", "SimResult", "collect",
            "tree", "linearize", "linear_transpose", "eval_shape", "ShapeDtypeStruct", "custom_vjp", "custom_jvp",
            "fixed_point"]

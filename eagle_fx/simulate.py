@@ -22,6 +22,7 @@ from hawk_fx.kernel import Kernel
 from hawk_fx.roles import Int32, Mutable, Param, Role, Scalar, Terminated, TerminatedRole
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
+from .collect import collect
 from .frontend import staging
 from .frontend.building import Builder
 from .graph import Graph
@@ -29,7 +30,7 @@ from .graph import Graph
 API = "eagle_fx.simulate"
 FINISHED, BUDGET, T_END = 1, 2, 3
 _Bool = Role("Bool", dtype=np.bool_)          # a plain bool plane a kernel writes (the event watch)
-MAX_RECORDS = 512                             # recorded states: each is a device loop of the graph
+MAX_RECORDS = 512                             # recorded states: the trajectory's buffer holds them all
 
 
 @dataclasses.dataclass
@@ -103,6 +104,22 @@ def _final(steps: Scalar, done: Scalar, code: Param):
     return hm.where(done, steps + 1, steps), hm.where(done, FINISHED, code)
 
 
+_ALWAYS = np.ones(1, np.uint32)               # the guard of the recording loop: it runs all its rows
+
+
+@Builder
+def _recorded(g: Graph, run, record, rows, planes, always):
+    """`rows` turns of `record` steps, each turn's state collected: (rows, ..., n) per plane. Every
+    row runs (a finished sample is left untouched), so a finished sample's later rows read its
+    final state."""
+    for _ in range(rows):
+        if not always:
+            break
+        run(record)
+        kept = [collect(x) for x in planes]
+    return kept
+
+
 @Builder
 def _loop(g: Graph, advance, done, steps, count, cap, every):
     for _ in range(cap):
@@ -129,8 +146,8 @@ def simulate(step, state, *, until=None, max_steps=None, t_end=None, dt=None, ev
     check, and a finished sample is left untouched either way). Samples stop exactly at their
     own step: `every` changes no value.
 
-    `record=K` records the state after every K steps into
-    `SimResult.trajectory`: ceil(bound / K) rows, at most 512, each a device loop of the graph.
+    `record=K` records the state after every K steps into `SimResult.trajectory`: ceil(bound / K)
+    rows, at most 512, collected by one device loop (`eagle_fx.collect`).
 
     `event(state)` returns one float per sample: a sample whose value changes sign inside a step is
     finished there. The crossing is then refined by partial steps from the state before that step
@@ -204,7 +221,8 @@ def _config(step, state, until, max_steps, t_end, dt, every, record, key, event)
         rows = -(-limit // record)
         if rows > MAX_RECORDS:
             raise ValueError(f"{API}: record={record} over up to {limit} steps records {rows} states; at most "
-                             f"{MAX_RECORDS} (each is a device loop of its own in the graph): record less often")
+                             f"{MAX_RECORDS} (the trajectory holds every row from the start, rows x the state's "
+                             "size): record less often")
     return _Config(step, until, every, limit, code, dt, key, record, event)
 
 
@@ -307,13 +325,14 @@ def _stage(cfg: _Config, state, graph) -> SimResult:
     trajectory = None
     if cfg.record is None:
         run(cfg.limit)
-    else:                                   # a loop per recorded state, then the state copied out
-        rows = []
-        for r in range(-(-cfg.limit // cfg.record)):
-            run(min(cfg.record, cfg.limit - r * cfg.record))
-            rows.append(copy_all(planes))
-        if rows:
-            trajectory = tree_unflatten(tree, [np.stack([r[k] for r in rows]) for k in range(len(planes))])
+    elif cfg.limit:                         # a device loop of `record` steps a turn, collecting the state
+        full, rest = divmod(cfg.limit, cfg.record)
+        stacks = _recorded(graph, run, cfg.record, full, planes, _ALWAYS.copy()) if full else None
+        if rest:                            # the last row's shorter run, its state a row of its own
+            run(rest)
+            last = [x.reshape((1,) + tuple(x.shape)) for x in copy_all(planes)]
+            stacks = last if stacks is None else [np.concatenate([s, x]) for s, x in zip(stacks, last)]
+        trajectory = tree_unflatten(tree, list(stacks))
     # the results are fresh planes, not the loop's buffers: the JAX backend reads a buffer a kernel
     # made and a loop then wrote in place as it was before the loop
     steps, status = _final(steps, done, cfg.code)

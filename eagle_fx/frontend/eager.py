@@ -45,6 +45,28 @@ class _Run:
         self.claimed = False
         self.fresh_buffers: dict[int, np.ndarray] = {}     # buffer= results not yet assigned to a name
         self.labels: dict[str, np.ndarray] = {}            # name -> its buffer
+        self.loops: list[EagerLoop] = []                   # the loops running now, innermost last
+
+
+class EagerLoop:
+    """A loop running in this mode, for eagle_fx.collect: its cap (None: counted or uncapped),
+    whether a cell drives it, its turn, and its row buffers (one per collect call in the body)."""
+
+    def __init__(self, cap, counted):
+        self.cap, self.counted, self.device = cap, counted, counted
+        self.turn, self.buffers, self.n_used = 0, [], 0
+
+    @contextlib.contextmanager
+    def turn_of(self, t):
+        run = CONTEXT.innermost("eager_runs")
+        self.turn, self.n_used = t, 0
+        if run is not None:
+            run.loops.append(self)
+        try:
+            yield
+        finally:
+            if run is not None:
+                run.loops.pop()
 
 
 def new_graph(record=False, backend=None):
@@ -351,16 +373,20 @@ class EagerRuntime(RuntimeBase):
     def for_stmt(self, iterable, cond_fn, body_fn, state, names, line):
         device = isinstance(iterable, _Turns)
         start = state
-        for v in iterable:
+        loop = EagerLoop(len(iterable) if isinstance(iterable, range) else None, device)
+        for t, v in enumerate(iterable):
             c = cond_fn(*state)
             device |= _device_test(c)
+            loop.device = device
             if not _truth(c, self.where(line)):
                 break
-            state = tuple(body_fn(v, *state))
+            with loop.turn_of(t):
+                state = tuple(body_fn(v, *state))
         return _follow_buffers(start, state, names) if device else state
 
     def while_stmt(self, cond_fn, body_fn, state, names, line):
         start, device = state, False
+        loop, t = EagerLoop(None, False), 0
         while True:
             c = cond_fn(*state)
             if _device_test(c) and not device:
@@ -370,7 +396,10 @@ class EagerRuntime(RuntimeBase):
                     "cap it with for _ in range(N): if not cell: break"), UncappedLoopWarning, self.info.filename, line)
             if not _truth(c, self.where(line)):
                 break
-            state = tuple(body_fn(*state))
+            loop.device = device
+            with loop.turn_of(t):
+                state = tuple(body_fn(*state))
+            t += 1
         return _follow_buffers(start, state, names) if device else state
 
 

@@ -155,6 +155,22 @@ def _here() -> str:
     return src.where(line) if line else src.name
 
 
+class LoopMark:
+    """What eagle_fx.collect needs of the device loop it is called in: the loop's bound, its turn
+    counter, and the row buffers made for it (one per collect call, kept across the passes that
+    find the loop's carries). `n_used`: the buffers the current pass has taken."""
+
+    def __init__(self, cap, counted):
+        self.cap, self.counted = cap, counted
+        self.turn, self.buffers, self.n_used = None, [], 0
+
+    def holds(self, value) -> bool:
+        """Is `value` a collect's rows (or a list or tuple of them)?"""
+        if isinstance(value, (list, tuple)):
+            return bool(value) and all(self.holds(v) for v in value)
+        return any(value is b for b in self.buffers)
+
+
 class Scope:
     def __init__(self, trace: "GraphTrace", parent: "Scope | None"):
         self.trace, self.parent = trace, parent
@@ -932,6 +948,7 @@ class Runtime(RuntimeBase):
             return _is_device(cond_fn(*state)), state, 0
         saved = trace.scope
         trial = trace.scope = Scope(trace, saved)
+        trial.trial_loop = line          # eagle_fx.collect in it: refused below if the loop stays Python
         try:
             c = cond_fn(*state)
             if _is_device(c) or not c:
@@ -941,6 +958,10 @@ class Runtime(RuntimeBase):
                 return True, state, 0
         finally:
             trace.scope = saved
+        if getattr(trial, "collected", False):
+            raise TypeError(f"eagle_fx.collect at {self.where(line)}: in a Python loop (its guard is no cell: it is "
+                            "unrolled at build); collect the values in a list and np.stack it, or make it a device "
+                            "loop: for _ in range(N): if not cell: break")
         self._adopt(trial, saved)
         return False, out, 1
 
@@ -1006,11 +1027,13 @@ class Runtime(RuntimeBase):
         carried: list[int] = []     # names the body rebinds; a name only updated in place is not a carry:
         #                            its writes land in the array it names (in place), seen through every alias
         inplace: list = []
+        mark = LoopMark(cap, trip is not None)
         while True:     # the carries and in-place planes only grow, so this reaches a fixpoint
             body = Scope(trace, parent)
             counter = Var(ir.U32_CELL, "turn")
             counter_h = trace.new_plane(ir.U32_CELL, var=counter)
             body.define(counter_h.key, counter)
+            body.loop_mark, mark.turn, mark.n_used = mark, counter_h.key, 0
             carry_in, body_state = self._seed(trace, body, state, carried, inplace, self.where(line))
             trace.scope = body
             try:
@@ -1082,15 +1105,16 @@ class Runtime(RuntimeBase):
                                 "device loop and also read or written through another name inside it (the buffer "
                                 f"holds each turn's value); use {h0.label!r} itself in the loop")
         inplace_pairs = tuple((j, base + j) for j in labelled) \
-            + tuple((n_names + j, base + n_names + j) for j in range(len(inplace)))
+            + tuple((n_names + j, base + n_names + j) for j, k in enumerate(inplace)
+                    if not any(k == b.key for b in mark.buffers))   # a collect's zeros: a carry like any
         info = trace.info()
         params = dict(body=body_prog, cond=cond_prog, cap=cap, counted=trip is not None, n_consts=len(consts),
                       inplace=inplace_pairs)
         parent.eqns.append(Eqn(ir.while_p, operands, out_vars, params, info))
         new_state = list(state)
         for i, name in enumerate(names):
-            if state[i] is UNDEF and out[i] is not UNDEF:
-                new_state[i] = _LoopLocal(name, self.where(line))
+            if state[i] is UNDEF and out[i] is not UNDEF:      # a collect's rows are read after the loop
+                new_state[i] = out[i] if mark.holds(out[i]) else _LoopLocal(name, self.where(line))
         for j, i in enumerate(carried):
             if j in labelled:       # a buffer's name rebound in the loop: its final value lands in the buffer
                 new_state[i] = trace.rebind_buffer(labelled[j], out_vars[j], info)

@@ -344,3 +344,35 @@ def _batch_sum_abstract(x, *, axis=0):
 
 
 pp_params_rules[batch_sum_p] = lambda params: {"axis": params["axis"]} if params.get("axis") else {}
+
+
+# ---------------------------------------------------------------------------------------------
+# per-turn outputs of a device loop (eagle_fx.collect): a plane buffer of `rows` rows, one per turn,
+# written at the loop's turn counter. `lead`: batch axes before the row axis (0 unless vmapped).
+#
+#   row_set  buf' = buf with buf[turn] = value, in place; a turn past the rows writes nothing
+#   row_get  buf[turn] (zeros for a turn past the rows): the reverse of row_set reads its row back
+
+row_set_p = Primitive("row_set")
+row_get_p = Primitive("row_get")
+
+
+def _row_shape(buf, lead):
+    return buf.shape[:lead] + buf.shape[lead + 1:]
+
+
+@abstract_eval.register(row_set_p)
+def _row_set_abstract(buf, turn, value, *, lead=0, inplace=((0, 0),)):
+    if tuple(value.shape) != _row_shape(buf, lead) or value.dtype != buf.dtype:
+        raise TypeError(f"row_set: a value of {value.dtype}{list(value.shape)} for rows of "
+                        f"{buf.dtype}{list(_row_shape(buf, lead))}")
+    return [buf]
+
+
+@abstract_eval.register(row_get_p)
+def _row_get_abstract(buf, turn, *, lead=0):
+    return [plane_aval(_row_shape(buf, lead), buf.dtype)]
+
+
+pp_params_rules[row_set_p] = lambda params: {k: v for k, v in params.items() if v}
+pp_params_rules[row_get_p] = lambda params: {k: v for k, v in params.items() if v}
