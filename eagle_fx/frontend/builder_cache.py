@@ -27,6 +27,7 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from .. import ir
+from ..backends.templates import template_of
 from ..ir.analysis import prog_params
 from . import cache, staging
 
@@ -45,7 +46,7 @@ class BuilderEntry:
     each ends as, the result tree, the graph's backend= option, and what staging read by name."""
 
     __slots__ = ("program", "planes", "where", "written", "tree", "n_results", "n", "backend", "names", "accesses",
-                 "waits")
+                 "waits", "template", "backend_used")
 
     def __init__(self, g, where, names):
         t = g.trace
@@ -55,6 +56,9 @@ class BuilderEntry:
                         if t.root.current.get(e, v) is not v}
         self.tree, self.n_results, self.n = g._result_flat[1], len(g._result_flat[0]), t.n
         self.backend = g._backend
+        # the lowering itself, taken before the graph runs: a call copies its buffers, not its planning
+        self.backend_used = g._backend_used
+        self.template = template_of(g._exe) if g._backend_used[0].name == "numpy" else None
         # the nodes' order and the branches' waits, as to_dot draws them: without the planes they
         # touched, which would keep the first call's arrays alive
         light = {id(a): staging.Access(a.seq, a.branch, a.info, (), (), a.what) for a in t.accesses}
@@ -130,39 +134,88 @@ def _has_host_nodes(prog) -> bool:
 
 
 def _graph_of(builder, e, leaves, bound):
-    """A new Graph running `e`'s Program on the call's arrays, set up as a fresh build leaves it."""
-    from ..graph import Graph
-    g = Graph(backend=e.backend)
-    t = g.trace
+    """A new Graph running `e`'s Program on the call's arrays, set up as a fresh build leaves it.
+    With a template (a NumPy lowering kept from the first call), the graph is made from blank
+    prototypes of a Graph and its trace and the executable from the template: the call allocates
+    its buffers and binds them, and plans, generates and resolves nothing."""
     planes = []
     for (name, origin), (k, a, strides) in zip(e.planes, e.where):
         if k is not None:
             x = leaves[k]
             a = x if (a == x.shape and strides == x.strides) else cache._seen_as(x, a, strides)
         planes.append(staging.Extern(a, name, origin))
+    if e.template is None:
+        g = _blank_graph(e)
+    else:
+        g = _Prototype.graph(e)
+        g._exe, g._backend_used = e.template.instantiate([p.array for p in planes]), e.backend_used
+    t = g._trace
     t.input_planes, t.n = planes, e.n
     t.accesses, t.waits = e.accesses, e.waits
     t.externs = {id(p.array): p for p in planes}
-    t.arg_names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
+    t.arg_names = {id(v): k for k, v in bound.arguments.items() if type(v) is np.ndarray or staging.is_array(v)}
     t.root.current.update((planes[i], v) for i, v in e.written.items())
     g._program = e.program
     if e.tree is not None:
         handles = [staging.Plane(g, v.aval, var=v) for v in e.program.outputs[:e.n_results]]
-        for h in handles:
-            t.handles.add(h)
-        g.result = tree_unflatten(e.tree, handles)
+        t.handles.update(handles)
+        g._result_tree = handles[0] if e.tree.kind == "leaf" else tree_unflatten(e.tree, handles)
+        g._has_result = True
         g._result_flat = (handles, e.tree)
     g._input_names = {p.name: i for i, p in enumerate(planes) if p.name}
     g.made_by = builder
-    g.build()
+    if g._exe is None:
+        g.build()
     finish(g, bound)
     return g
+
+
+def _blank_graph(e):
+    from ..graph import Graph
+    return Graph(backend=e.backend)
+
+
+class _Prototype:
+    """The attributes a new Graph and its trace start with (taken once from blank ones): a cached
+    call copies them instead of running the constructors, which look up the staging context."""
+
+    _graph = _trace = _fresh_g = _fresh_t = None
+
+    @classmethod
+    def graph(cls, e):
+        from ..graph import Graph
+        if cls._graph is None:
+            blank = Graph()            # a direct call: no builder is staging, so the blank claims nothing
+            d, td = dict(vars(blank)), dict(vars(blank._trace))
+            for k in ("_trace", "_backend"):
+                d.pop(k)
+            for k in ("graph", "root", "scope", "handles"):
+                td.pop(k)
+            cls._fresh_g = tuple(k for k, v in d.items() if type(v) in (dict, list, set))
+            cls._fresh_t = tuple(k for k, v in td.items() if type(v) in (dict, list, set))
+            cls._graph, cls._trace = d, td
+        g = object.__new__(Graph)
+        gd = g.__dict__
+        gd.update(cls._graph)
+        for k in cls._fresh_g:
+            gd[k] = type(gd[k])()
+        gd["_backend"] = e.backend
+        t = gd["_trace"] = staging.GraphTrace.__new__(staging.GraphTrace)
+        td = t.__dict__
+        td.update(cls._trace)
+        for k in cls._fresh_t:
+            td[k] = type(td[k])()
+        t.graph = g
+        t.root = t.scope = staging.Scope(t, None)
+        t.handles = set()               # the result handles: the graph keeps them anyway (_result_flat)
+        return g
 
 
 def finish(g, bound):
     """What a builder call records on its graph after the build: the array arguments no node
     reads (bindable all the same), and each tree argument's leaves, for bind."""
-    g.unread_args = {k: v for k, v in bound.arguments.items() if staging.is_array(v) and k not in g._input_names}
+    g.unread_args = {k: v for k, v in bound.arguments.items()
+                     if (type(v) is np.ndarray or staging.is_array(v)) and k not in g._input_names}
     for k, v in bound.arguments.items():
         if isinstance(v, (tuple, list, dict)):
             leaves, tree = tree_flatten(v, is_leaf=staging.is_array)

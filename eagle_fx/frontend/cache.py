@@ -48,6 +48,7 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from ..backends.select import forced
+from ..backends.templates import template_of
 from ..transforms.program import written_inputs
 from .building import Builder
 from .staging import Extern
@@ -528,10 +529,14 @@ class GraphEntry:
     array is: (leaf index, shape, strides) for a view of an argument leaf, or (None, the array)
     for one the graph made; taken when staged, as a graph's `bind` later swaps its planes' arrays."""
 
-    __slots__ = ("closed", "where", "names")
+    __slots__ = ("closed", "where", "names", "template", "backend_used")
 
-    def __init__(self, closed, where, names):
+    def __init__(self, closed, where, names, graph):
         self.closed, self.where, self.names = closed, where, names
+        # the first graph's lowering, taken before it runs: a call copies its buffers, not its planning
+        used = graph._backend_used
+        self.template = template_of(graph._exe) if used is not None and used[0].name == "numpy" else None
+        self.backend_used = used
 
     def rebound(self, leaves):
         """The closed Program seen on these leaves: new planes, the same Program."""
@@ -596,14 +601,18 @@ def graph_call(sig, args, stage, handle):
         e = None
     if e is not None:
         c.hits += 1
-        return handle(e.rebound(leaves))
+        closed = e.rebound(leaves)
+        if e.template is None:
+            return handle(closed)
+        return handle(closed, executable=(*e.backend_used, e.template.instantiate(closed.arrays)))
     rec = Staging()
     with CONTEXT.enter(recording=rec):
         closed = stage(*args)
+    g = handle(closed)
     if c is not None and rec.cacheable and not rec.caps:
         where = _planes_in(closed, leaves)
         if where is not None:
             kept = copy.copy(closed)          # names and origins only: the caller's arrays are not kept
             kept.planes = [Extern(None, e.name, e.origin) for e in closed.planes]
-            c.store(key, GraphEntry(kept, where, names_read(sig)))
-    return handle(closed)
+            c.store(key, GraphEntry(kept, where, names_read(sig), g))
+    return g
