@@ -71,6 +71,10 @@ def _demote(tree, k, promoted):
 def jvp(f, primals, tangents):
     """(result, result tangent) for tangents given per argument: a tree like the argument's, or
     None (no tangent; a cell or integer leaf takes None)."""
+    if not (CONTEXT.abstract or CONTEXT.transforming or CONTEXT.guards):   # NumPy arrays, a layout seen: replay
+        out = cache.replay_hit_pair(sig("jvp", f), primals, tangents, run)
+        if out is not cache.MISS:
+            return out
     api = "eagle_fx.jvp"
     if not CONTEXT.abstract and holds_jax_arrays(tuple(primals) + tuple(tangents)):   # on XLA: JAX's jvp
         import jax

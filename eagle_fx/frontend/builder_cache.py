@@ -21,6 +21,8 @@ globals and closures by name: once one is rebound (a kernel redefined), the next
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from hawk_fx.context import CONTEXT
@@ -78,22 +80,79 @@ def enabled() -> bool:
     return True
 
 
+def fast_call(builder, args, kwargs):
+    """The Graph of a direct call that hits the cache, before the builder binds its arguments the
+    general way (inspect) and pauses the collector for a build; None for anything else (a miss, a
+    builder whose parameters are not plain ones, an argument error): Builder.__call__ goes on."""
+    plain = _PARAMS.get(builder)
+    if plain is None:
+        plain = _PARAMS[builder] = _plain_params(builder)
+    if not plain or len(args) > len(plain) or not enabled():
+        return None
+    arguments = dict(zip((name for name, _ in plain), args))
+    if kwargs:
+        for k in kwargs:
+            if k in arguments:
+                return None
+        arguments.update(kwargs)
+    for name, default in plain[len(args):]:
+        if name not in arguments:
+            if default is _REQUIRED:
+                return None
+            arguments[name] = default
+    if len(arguments) != len(plain):            # an unknown keyword
+        return None
+    if kwargs:                                  # the parameters' order, as inspect binds them
+        arguments = {name: arguments[name] for name, _ in plain}
+    return _hit(builder, arguments)
+
+
+_PARAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # builder -> ((name, default), ...) or ()
+_REQUIRED = object()
+
+
+def _plain_params(builder):
+    """((name, default or _REQUIRED), ...) of a builder whose parameters are all positional-or-keyword
+    (no *args, **kwargs, keyword- or positional-only ones); () otherwise."""
+    out = []
+    for p in builder.signature.parameters.values():
+        if p.kind is not p.POSITIONAL_OR_KEYWORD:
+            return ()
+        out.append((p.name, _REQUIRED if p.default is p.empty else p.default))
+    return tuple(out)
+
+
+def _hit(builder, arguments):
+    """The new Graph of a call whose layout is cached (arguments: name -> value, defaults applied), or None."""
+    key, leaves, _ = cache.graph_key(tuple(arguments.values()))
+    if key is None:
+        return None
+    c = cache.cache_for(builder, create=False)
+    if c is None:
+        return None
+    key = (tuple(arguments), key)
+    e = c.entries.get(key)
+    if e is None:
+        return None
+    if not cache.unchanged(e.names):
+        c.entries.pop_if(key, e)
+        return None
+    c.hits += 1
+    return _graph_of(builder, e, leaves, arguments)
+
+
 def call(builder, bound, stage):
     """The Graph of `builder` on these bound arguments: a new one from the cached staging of this
     layout, or `stage()`'s (a fresh build), kept for the next call when it can be reproduced."""
+    g = _hit(builder, bound.arguments)
+    if g is not None:
+        return g
     values = tuple(bound.arguments.values())
     key, leaves, _ = cache.graph_key(values)
     if key is None:
         return stage()
     key = (tuple(bound.arguments), key)
     c = cache.cache_for(builder)
-    e = c.entries.get(key)
-    if e is not None and not cache.unchanged(e.names):
-        c.entries.pop_if(key, e)
-        e = None
-    if e is not None:
-        c.hits += 1
-        return _graph_of(builder, e, leaves, bound)
     g = stage()
     where = _reproducible(g, leaves)
     names = cache.names_read(builder) if where is not None else ()
@@ -133,27 +192,25 @@ def _has_host_nodes(prog) -> bool:
     return False
 
 
-def _graph_of(builder, e, leaves, bound):
+def _graph_of(builder, e, leaves, arguments):
     """A new Graph running `e`'s Program on the call's arrays, set up as a fresh build leaves it.
-    With a template (a NumPy lowering kept from the first call), the graph is made from blank
-    prototypes of a Graph and its trace and the executable from the template: the call allocates
-    its buffers and binds them, and plans, generates and resolves nothing."""
+    With a template (a NumPy lowering kept from the first call), its executable is the template's
+    copy: the call allocates its buffers and binds them, and plans, generates and resolves nothing."""
+    from ..graph import Graph
     planes = []
     for (name, origin), (k, a, strides) in zip(e.planes, e.where):
         if k is not None:
             x = leaves[k]
             a = x if (a == x.shape and strides == x.strides) else cache._seen_as(x, a, strides)
         planes.append(staging.Extern(a, name, origin))
-    if e.template is None:
-        g = _blank_graph(e)
-    else:
-        g = _Prototype.graph(e)
+    g = Graph(backend=e.backend)
+    if e.template is not None:
         g._exe, g._backend_used = e.template.instantiate([p.array for p in planes]), e.backend_used
     t = g._trace
     t.input_planes, t.n = planes, e.n
     t.accesses, t.waits = e.accesses, e.waits
     t.externs = {id(p.array): p for p in planes}
-    t.arg_names = {id(v): k for k, v in bound.arguments.items() if type(v) is np.ndarray or staging.is_array(v)}
+    t.arg_names = {id(v): k for k, v in arguments.items() if type(v) is np.ndarray or staging.is_array(v)}
     t.root.current.update((planes[i], v) for i, v in e.written.items())
     g._program = e.program
     if e.tree is not None:
@@ -166,57 +223,20 @@ def _graph_of(builder, e, leaves, bound):
     g.made_by = builder
     if g._exe is None:
         g.build()
-    finish(g, bound)
+    _finish(g, arguments)
     return g
-
-
-def _blank_graph(e):
-    from ..graph import Graph
-    return Graph(backend=e.backend)
-
-
-class _Prototype:
-    """The attributes a new Graph and its trace start with (taken once from blank ones): a cached
-    call copies them instead of running the constructors, which look up the staging context."""
-
-    _graph = _trace = _fresh_g = _fresh_t = None
-
-    @classmethod
-    def graph(cls, e):
-        from ..graph import Graph
-        if cls._graph is None:
-            blank = Graph()            # a direct call: no builder is staging, so the blank claims nothing
-            d, td = dict(vars(blank)), dict(vars(blank._trace))
-            for k in ("_trace", "_backend"):
-                d.pop(k)
-            for k in ("graph", "root", "scope", "handles"):
-                td.pop(k)
-            cls._fresh_g = tuple(k for k, v in d.items() if type(v) in (dict, list, set))
-            cls._fresh_t = tuple(k for k, v in td.items() if type(v) in (dict, list, set))
-            cls._graph, cls._trace = d, td
-        g = object.__new__(Graph)
-        gd = g.__dict__
-        gd.update(cls._graph)
-        for k in cls._fresh_g:
-            gd[k] = type(gd[k])()
-        gd["_backend"] = e.backend
-        t = gd["_trace"] = staging.GraphTrace.__new__(staging.GraphTrace)
-        td = t.__dict__
-        td.update(cls._trace)
-        for k in cls._fresh_t:
-            td[k] = type(td[k])()
-        t.graph = g
-        t.root = t.scope = staging.Scope(t, None)
-        t.handles = set()               # the result handles: the graph keeps them anyway (_result_flat)
-        return g
 
 
 def finish(g, bound):
     """What a builder call records on its graph after the build: the array arguments no node
     reads (bindable all the same), and each tree argument's leaves, for bind."""
-    g.unread_args = {k: v for k, v in bound.arguments.items()
+    _finish(g, bound.arguments)
+
+
+def _finish(g, arguments):
+    g.unread_args = {k: v for k, v in arguments.items()
                      if (type(v) is np.ndarray or staging.is_array(v)) and k not in g._input_names}
-    for k, v in bound.arguments.items():
+    for k, v in arguments.items():
         if isinstance(v, (tuple, list, dict)):
             leaves, tree = tree_flatten(v, is_leaf=staging.is_array)
             if any(staging.is_array(x) for x in leaves):

@@ -199,6 +199,7 @@ def layout_key(args):
         parts = _parts(leaves)
         if parts is None:
             return None, leaves, tree
+        tree = _PAIR_TREES._data.get(tree, tree)   # the very tree replay_hit_pair keys by: compared by identity
     return (forced(), tree, parts, overlaps(leaves)), leaves, tree
 
 
@@ -491,6 +492,80 @@ def staged(sig, args, stage, handle):
     if c is not None and rec.cacheable:
         c.store(key, e)
     return e
+
+
+MISS = object()        # what `replay_hit` returns when the call is not a plain hit
+
+
+def replay_hit(sig, args, run):
+    """`run(graph)` of the entry cached for this call, with the arrays bound (the results copied
+    out, a Mutable argument written back), or MISS: `staged` is the general path. One function for
+    the common case of a transformed function called again: flat NumPy arguments, no overlap."""
+    return _replay(sig, args, None, run)
+
+
+_PAIRS = LRU("trees of two tuples of arrays", 64)        # (len(a), len(b)) -> the tree of (a, b)
+_PAIR_TREES = LRU("trees of two tuples, as keys", 64)    # each of those trees -> itself
+
+
+def replay_hit_pair(sig, a, b, run):
+    """replay_hit for a call whose arguments are two tuples of arrays (jvp's primals and tangents)."""
+    if type(a) is not tuple or type(b) is not tuple:
+        return MISS
+    tree = _PAIRS._data.get((len(a), len(b)))
+    if tree is None:
+        tree = tree_flatten(((None,) * len(a), (None,) * len(b)), is_leaf=lambda x: x is None)[1]
+        tree = _PAIR_TREES.get(tree, tree)
+        _PAIRS[len(a), len(b)] = _PAIR_TREES[tree] = tree
+    return _replay(sig, a + b, tree, run)
+
+
+def _replay(sig, leaves, tree, run):
+    parts = []
+    for x in leaves:
+        if type(x) is not np.ndarray:
+            return MISS
+        parts.append((x.shape, x.dtype))
+    if len(leaves) > 1 and overlaps(leaves) is not None:
+        return MISS
+    try:
+        c = _CACHES._data.get(sig)
+    except TypeError:                   # an unhashable option: no cache
+        return MISS
+    if c is None:
+        return MISS
+    backends = CONTEXT.backends          # forced(), inline
+    key = (backends[-1] if backends else None, tree, tuple(parts), None)
+    entries = c.entries._data
+    e = entries.get(key)
+    if e is None or e.caps:
+        return MISS
+    try:                                # a hit is the most recent use, as LRU.get makes it
+        _CACHES._data.move_to_end(sig)
+        entries.move_to_end(key)
+    except KeyError:                    # forgotten meanwhile by another thread
+        return MISS
+    for where, name, obj in e.names:    # unchanged(e.names), inline
+        if (where.get(name, _MISSING) if name is not None else _contents(where)) is not obj:
+            return MISS
+    with e.lock:
+        writes = e.writes
+        if writes:
+            for i in writes:
+                if not leaves[i].flags.writeable:
+                    return MISS         # staged says why
+        for dst, src in zip(e.owned, leaves):
+            np.copyto(dst, src)
+        c.hits += 1
+        try:
+            out = run(e.graph)
+            for i in writes:             # a Mutable argument: the caller's array is written, as a loop would
+                np.copyto(leaves[i], e.owned[i])
+        finally:
+            exe = e.graph._exe
+            if getattr(exe, "release_needed", True) and hasattr(exe, "release"):
+                exe.release(RELEASE_BYTES)
+    return out
 
 
 def _stage_on_copies(stage, leaves, tree, shared):
