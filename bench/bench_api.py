@@ -17,7 +17,7 @@
    its prebuilt graph plus a copy of the result, and against jax.jit of the same function in JAX
    (skipped without JAX). A call of a graph-returning function (the builder, vmap) is timed with
    its replay and copy. "float lr": grad of a builder called with a new Python float each call
-   (a learning-rate schedule; traced, so it replays one graph).
+   (a learning-rate schedule; traced, so it replays one graph: the graph it is compared with).
 Every figure is a ratio of medians of timeit repeats taken in one process.
 """
 import sys
@@ -153,11 +153,14 @@ def scaled_loss(x, a):
     return g
 
 
-def _prebuilt(kind, f):
-    """The graph a cached jvp call replays (the one entry of its staging cache)."""
+def _prebuilt(kind, f=None):
+    """The graph a cached call replays (the one entry of its staging cache): of jvp(f), or of a
+    transformed function `kind` (grad of a builder called with a traced Python float: its graph
+    reads the float from a cell, where `.graph(x, lr)` would bake it in)."""
     from eagle_fx.api import sig
     from eagle_fx.frontend import cache
-    return next(iter(cache.cache_for(sig(kind, f)).entries.values())).graph
+    name = kind._sig if f is None else sig(kind, f)
+    return next(iter(cache.cache_for(name).entries.values())).graph
 
 
 def entry_point_costs(n=8, B=4):
@@ -195,8 +198,9 @@ def entry_point_costs(n=8, B=4):
     lr = eagle.grad(scaled_loss)
     lrs = [0.01 * (j + 1) for j in range(8)]       # a schedule: a new Python float at every call (traced)
     eagle.jvp(l_chain, (xs[0],), (t,))
+    lr(xs[0], lrs[0])
     graphs = {"builder": l_chain(xs[0]), "vmap": vm.graph(xbs[0]), "jvp": _prebuilt("jvp", l_chain),
-              "grad": gr.graph(xs[0]), "plain": plain.graph(xs[0]), "float lr": lr.graph(xs[0], lrs[0])}
+              "grad": gr.graph(xs[0]), "plain": plain.graph(xs[0]), "float lr": _prebuilt(lr)}
     calls = {"builder": call_builder, "vmap": call_vmap, "jvp": call_jvp,
              "grad": lambda: gr(pick(xs)), "plain": lambda: plain(pick(xs)),
              "float lr": lambda: lr(pick(xs), lrs[k[0]])}

@@ -263,9 +263,16 @@ def _hashable(a):
 
 def _weak_float(args):
     """The dtype a weakly typed Python float takes beside these arguments' floating arrays."""
-    kinds = [x.dtype for x in tree_flatten(args, is_leaf=_is_ndarray)[0]
-             if type(x) is np.ndarray and x.dtype.kind == "f"]
+    leaves = args
+    if not all(type(x) in _FLAT for x in args):          # the common case, flat arguments: no tree to walk
+        leaves = tree_flatten(args, is_leaf=_is_ndarray)[0]
+    kinds = {x.dtype for x in leaves if type(x) is np.ndarray and x.dtype.kind == "f"}
+    if len(kinds) == 1:
+        return kinds.pop()
     return np.result_type(*kinds) if kinds else np.dtype(np.float64)
+
+
+_FLAT = frozenset((np.ndarray, float, int, bool, type(None)))
 
 
 def _parts(leaves):
@@ -555,7 +562,7 @@ def _replay(sig, leaves, tree, run):
                 if not leaves[i].flags.writeable:
                     return MISS         # staged says why
         for dst, src in zip(e.owned, leaves):
-            np.copyto(dst, src)
+            dst[...] = src              # the same shape and dtype (the key): np.copyto's checks cost more
         c.hits += 1
         try:
             out = run(e.graph)
