@@ -4,8 +4,9 @@
 (cache.graph_key: shapes, dtypes, strides, writeability, overlaps, the static Python values and
 the backend `use_backend` asks for) takes the closed Program kept from the first and makes a NEW
 Graph of it, bound to that call's arrays (the caller's arrays themselves, as a fresh build binds
-them) and lowered: each call has its own graph, so two graphs alive at once share no buffer and a
-Mutable argument is written in the caller's array. Python floats stay static here (a builder
+them), its executable copied from a template of the first call's NumPy lowering (buffers of its
+own, nothing planned or generated; backends/templates.py): each call has its own graph, so two
+graphs alive at once share no buffer and a Mutable argument is written in the caller's array. Python floats stay static here (a builder
 called directly reads them as numbers); transforms trace them.
 
 What a Graph made this way could not reproduce exactly is not kept, and such a builder stages at

@@ -15,7 +15,8 @@ count unrolled loops and pick Python branches (a traced count is a one-cell inte
 
 A hit copies the new arrays into the arrays the graph owns (so later changes to the caller's
 arrays are never seen, and the graph never writes them), replays, and returns copies of the
-results. Staging reads the user's functions' globals and closures by name (the kernels, blocks
+results; `replay_hit` is that path in one function for the common call (NumPy arrays, no overlap),
+tried before the general one. Staging reads the user's functions' globals and closures by name (the kernels, blocks
 and numbers they use); an entry remembers what each name held and is staged again once one is
 rebound (a kernel redefined in a notebook), which jax.jit does not do. An object changed in place
 (a global list) is not seen: after that, `eagle_fx.clear_caches()`.
