@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import eagle_fx as ef
+from eagle_fx.api import sig
 from eagle_fx.backends.templates import _COPY, template_of
 from eagle_fx.frontend import builder_cache
 from tour_kernels import accumulate, below, dbl, inc, total
@@ -180,3 +181,55 @@ def test_what_gives_no_template():
     g = _fresh(chain, *_args(np.random.default_rng(0), 4))
     assert template_of(g._exe) is not None
     assert template_of(object()) is None
+
+
+# -- the transforms' hit path (cache.replay_hit): a replay on copies, Mutables written back -----------
+
+@ef.Graph.builder
+def _acc_chain(x, acc):
+    g = ef.Graph()
+    y = dbl(inc(x))
+    accumulate(y, acc)                            # acc = 2 (x + 1) + 1, in place
+    g.result = total(y)
+    return g
+
+
+@ef.Graph.builder
+def _sq_chain(x):
+    g = ef.Graph()
+    g.result = total(dbl(inc(x)))
+    return g
+
+
+def test_seeded_sweep_of_hits_writes_mutables_back_and_matches_numpy():
+    rng = np.random.default_rng(21)
+    f = ef.vmap(lambda x, acc: _acc_chain(x, acc))
+    dj = ef.grad(_acc_chain)
+    for _ in range(6):
+        B, n = int(rng.integers(1, 4)), int(rng.integers(1, 9))
+        for _ in range(3):                        # the first call of a layout stages, the others hit
+            x, acc = rng.normal(size=(B, n)), rng.normal(size=(B, n))
+            y = 2.0 * (x + 1.0)
+            np.testing.assert_allclose(np.ravel(f(x, acc)), np.sum(y * y, axis=-1), rtol=1e-12)
+            np.testing.assert_allclose(acc, y + 1.0, rtol=1e-12)
+            x1, a1 = x[0].copy(), acc[0].copy()
+            np.testing.assert_allclose(dj(x1, a1), 2.0 * 2.0 * 2.0 * (x1 + 1.0), rtol=1e-12)
+            np.testing.assert_array_equal(a1, acc[0])     # a derivative's graph writes no argument
+            t = rng.normal(size=n)
+            val, tan = ef.jvp(_sq_chain, (x1,), (t,))
+            np.testing.assert_allclose(np.ravel(val), np.sum((2.0 * (x1 + 1.0)) ** 2), rtol=1e-12)
+            np.testing.assert_allclose(np.ravel(tan), np.sum(8.0 * (x1 + 1.0) * t), rtol=1e-12)
+    assert f.cache_info().hits >= 12 and dj.cache_info().hits >= 12
+    assert ef.frontend.cache.cache_for(sig("jvp", _sq_chain)).hits >= 12
+
+
+def test_a_hit_refuses_a_read_only_array_it_would_write_and_writes_nothing():
+    f = ef.vmap(lambda x, acc: _acc_chain(x, acc))
+    x, acc = np.ones((2, 3)), np.zeros((2, 3))
+    f(x, acc)
+    f(x, acc)
+    frozen = np.full((2, 3), 7.0)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        f(x, frozen)
+    np.testing.assert_array_equal(frozen, 7.0)
