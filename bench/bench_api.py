@@ -2,6 +2,7 @@
 
     python bench/bench_api.py              # grad(f)(x) at n = 16 and n = 1e5; the oscillator fit
     python bench/bench_api.py --quick      # fewer repeats
+    python bench/bench_api.py --cpu        # process CPU time, not wall time: steadier on a loaded machine
 
 1. `eagle_fx.grad(l_chain)(x)` called in a loop (the transform made at each call, as a script
    writes it), per call, against one replay of its prebuilt graph plus a copy of the gradient:
@@ -9,15 +10,15 @@
 2. An optimisation script: 200 gradient steps fitting the stiffness and damping of 16 damped
    oscillators (a counted device loop of 25 steps), `eagle_fx.grad(loss, argnums=(0, 1))` per step,
    against `jax.jit(jax.grad(...))` of the same loss in this process (skipped without JAX).
-3. Building W-chain (20 kernel calls) again with the same layout, against the same build with the
-   memos of fused kernel bodies and of plans fused per Program cleared before each (as every build
-   ran before the memos).
+3. Building W-chain (20 kernel calls) afresh (the builder's cache of direct calls off), against the
+   same build with the memos of fused kernel bodies and of plans fused per Program cleared before
+   each (as every build ran before the memos).
 4. A cached call per entry point at n = 8 (L-chain: a builder, vmap of it over 4 instances, jvp,
    grad, grad of a plain function calling it), new values at every call, against one replay of
    its prebuilt graph plus a copy of the result, and against jax.jit of the same function in JAX
    (skipped without JAX). A call of a graph-returning function (the builder, vmap) is timed with
    its replay and copy. "float lr": grad of a builder called with a new Python float each call
-   (a learning-rate schedule; traced, so it replays one graph).
+   (a learning-rate schedule; traced, so it replays one graph: the graph it is compared with).
 Every figure is a ratio of medians of timeit repeats taken in one process.
 """
 import sys
@@ -30,6 +31,19 @@ from hawk_fx import Param, Scalar
 from eagle_fx.backends import fusion
 from timing import median_ratio
 from workloads import l_chain, w_chain
+
+if "--cpu" in sys.argv:
+    import time
+    import timeit
+
+    def median_ratio(num, den, number, repeat):        # noqa: F811  (timing.median_ratio on process time)
+        num(), den()
+        tn = [0.0] * repeat
+        td = [0.0] * repeat
+        for k in range(repeat):
+            tn[k] = timeit.Timer(num, timer=time.process_time).timeit(number)
+            td[k] = timeit.Timer(den, timer=time.process_time).timeit(number)
+        return float(np.median(tn) / np.median(td))
 
 TARGET = 1.3
 QUICK = "--quick" in sys.argv
@@ -125,6 +139,8 @@ def oscillator_fit():
 
 
 def rebuild_speedup():
+    """Builds staged afresh (the direct-call cache off: a cached call copies a template instead)."""
+    from eagle_fx.frontend import builder_cache
     x = np.linspace(-1.0, 1.0, 16)
     w_chain(x)
 
@@ -132,7 +148,11 @@ def rebuild_speedup():
         fusion._FUSED.clear()           # the fused bodies and the plans fused per Program
         fusion._BY_PROGRAM.clear()
         w_chain(x)
-    return median_ratio(cold, lambda: w_chain(x), 5, REPEAT)
+    builder_cache.ENABLED = False
+    try:
+        return median_ratio(cold, lambda: w_chain(x), 5, REPEAT)
+    finally:
+        builder_cache.ENABLED = True
 
 
 @hawk.kernel
@@ -147,11 +167,14 @@ def scaled_loss(x, a):
     return g
 
 
-def _prebuilt(kind, f):
-    """The graph a cached jvp call replays (the one entry of its staging cache)."""
+def _prebuilt(kind, f=None):
+    """The graph a cached call replays (the one entry of its staging cache): of jvp(f), or of a
+    transformed function `kind` (grad of a builder called with a traced Python float: its graph
+    reads the float from a cell, where `.graph(x, lr)` would bake it in)."""
     from eagle_fx.api import sig
     from eagle_fx.frontend import cache
-    return next(iter(cache.cache_for(sig(kind, f)).entries.values())).graph
+    name = kind._sig if f is None else sig(kind, f)
+    return next(iter(cache.cache_for(name).entries.values())).graph
 
 
 def entry_point_costs(n=8, B=4):
@@ -189,8 +212,9 @@ def entry_point_costs(n=8, B=4):
     lr = eagle.grad(scaled_loss)
     lrs = [0.01 * (j + 1) for j in range(8)]       # a schedule: a new Python float at every call (traced)
     eagle.jvp(l_chain, (xs[0],), (t,))
+    lr(xs[0], lrs[0])
     graphs = {"builder": l_chain(xs[0]), "vmap": vm.graph(xbs[0]), "jvp": _prebuilt("jvp", l_chain),
-              "grad": gr.graph(xs[0]), "plain": plain.graph(xs[0]), "float lr": lr.graph(xs[0], lrs[0])}
+              "grad": gr.graph(xs[0]), "plain": plain.graph(xs[0]), "float lr": _prebuilt(lr)}
     calls = {"builder": call_builder, "vmap": call_vmap, "jvp": call_jvp,
              "grad": lambda: gr(pick(xs)), "plain": lambda: plain(pick(xs)),
              "float lr": lambda: lr(pick(xs), lrs[k[0]])}

@@ -77,6 +77,10 @@ def jvp(f, primals, tangents):
 
 def jvp_as(f, primals, tangents, api):
     """jvp for the API the user called (jacfwd, hessian, linearize): its refusals name `api`."""
+    if not (CONTEXT.abstract or CONTEXT.transforming or CONTEXT.guards):   # NumPy arrays, a layout seen: replay
+        out = cache.replay_hit_pair(sig("jvp", f), primals, tangents, run)
+        if out is not cache.MISS:
+            return out
     if not CONTEXT.abstract and holds_jax_arrays(tuple(primals) + tuple(tangents)):   # on XLA: JAX's jvp
         import jax
         fn, arrays = jax_function(f, tuple(primals))

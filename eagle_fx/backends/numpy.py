@@ -422,37 +422,58 @@ class NumpyExecutable(SlotPlanner):
 
     # -- binding and running ------------------------------------------------------------------
     def _link(self):
+        """Bind the generated function and the kernel calls to the slots' arrays (after the build,
+        a bind, or a template's copy: the plan of what goes where is made once per lowering)."""
+        plan = self.__dict__.get("_link_plan")
+        if plan is None:
+            plan = self._link_plan = self._plan_link()
+        slot_names, const_names, calls, stacks = plan
+        slots = self.slots
         for k, src, index in self.views:     # after bind, the views look into the new arrays
-            self.slots[k] = self.slots[src][index]
-        ns = {"np": np, "revolve": checkpoint.run}
-        for k, arr in enumerate(self.slots):
-            ns[f"b{k}"] = arr
-        for k, c in enumerate(self.consts):
-            ns[f"k{k}"] = c
+            slots[k] = slots[src][index]
+        ns = dict(zip(slot_names, slots))
+        ns.update(zip(const_names, self.consts))
+        ns["np"], ns["revolve"] = np, checkpoint.run
         thread_scratch = set()
-        for k, call in enumerate(self.calls):
-            if call[0] == "fn":
-                ns[f"c{k}"] = call[1]
+        own_scratch = self._own_scratch
+        for name, fn, spec, ins, outs, n, batch, in_batched, spread in calls:
+            if fn is not None:
+                ns[name] = fn
                 continue
-            _, spec, inputs, outs, n, batch, in_batched, spread = call
-            nparams = len(spec.kernel.param_names)
-            ins = [a.value if isinstance(a, Literal) else self.slots[self.slot_of[a]] for a in inputs[:nparams]]
-            out_arrays = [self.slots[s] for s in outs]
+            ins = [slots[a] if type(a) is int else a.value for a in ins]
+            out_arrays = [slots[s] for s in outs]
             kernel = spec.compiled
             if batch:        # vmap: (B, *shape, n) planes seen as (*shape, B, n); shared ones get a size-1 axis
                 kernel = _batched_kernel(spec, batch)
-                ins = [self.slots[spread[k]] if k in spread else x if not isinstance(x, np.ndarray)
+                ins = [slots[spread[k]] if k in spread else x if not isinstance(x, np.ndarray)
                        else (np.moveaxis(x, 0, -2) if b else _shared(x, batch, kernel))
                        for k, (x, b) in enumerate(zip(ins, in_batched))]
                 out_arrays = [np.moveaxis(o, 0, -2) for o in out_arrays]
-            ns[f"c{k}"] = _call(kernel, ins, out_arrays, n, self._own_scratch)
+            ns[name] = _call(kernel, ins, out_arrays, n, own_scratch)
             if self._scratch.get((kernel, n)) is None:
                 thread_scratch.add(kernel)
         # what `release` looks at: the stacks, and the kernels that run on the thread's scratch
-        self._releasable = ([s for s in self.slots if isinstance(s, Stack)], list(thread_scratch))
+        self._releasable = ([slots[k] for k in stacks], list(thread_scratch))
         self.release_needed = any(self._releasable)        # read by the staging cache after each call
         exec(self._code, ns)
-        self._replay = ns["replay"]
+        self._replay = ns.pop("replay")     # not kept in its own globals: no cycle, freed when the graph is
+
+    def _plan_link(self):
+        """(slot names, const names, per bound callable (name, host function or None, and for a
+        kernel call its spec, input slots or Literals, output slots, n, batch, in_batched, spread),
+        the slots of stacks): what _link needs, with every Var resolved to its slot."""
+        calls = []
+        for k, call in enumerate(self.calls):
+            if call[0] == "fn":
+                calls.append((f"c{k}", call[1], None, None, None, None, None, None, None))
+                continue
+            _, spec, inputs, outs, n, batch, in_batched, spread = call
+            nparams = len(spec.kernel.param_names)
+            ins = tuple(a if isinstance(a, Literal) else self.slot_of[a] for a in inputs[:nparams])
+            calls.append((f"c{k}", None, spec, ins, tuple(outs), n, batch, in_batched, spread))
+        stacks = tuple(k for k, s in enumerate(self.slots) if isinstance(s, Stack))
+        return (tuple(f"b{k}" for k in range(len(self.slots))), tuple(f"k{k}" for k in range(len(self.consts))),
+                tuple(calls), stacks)
 
     def _own_scratch(self, kernel, n):
         """The graph's own scratch for `kernel` at n samples, shared by its call sites (replays run one

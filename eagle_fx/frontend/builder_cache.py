@@ -4,8 +4,9 @@
 (cache.graph_key: shapes, dtypes, strides, writeability, overlaps, the static Python values and
 the backend `use_backend` asks for) takes the closed Program kept from the first and makes a NEW
 Graph of it, bound to that call's arrays (the caller's arrays themselves, as a fresh build binds
-them) and lowered: each call has its own graph, so two graphs alive at once share no buffer and a
-Mutable argument is written in the caller's array. Python floats stay static here (a builder
+them), its executable copied from a template of the first call's NumPy lowering (buffers of its
+own, nothing planned or generated; backends/templates.py): each call has its own graph, so two
+graphs alive at once share no buffer and a Mutable argument is written in the caller's array. Python floats stay static here (a builder
 called directly reads them as numbers); transforms trace them.
 
 What a Graph made this way could not reproduce exactly is not kept, and such a builder stages at
@@ -21,12 +22,15 @@ globals and closures by name: once one is rebound (a kernel redefined), the next
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from .. import ir
+from ..backends.templates import template_of
 from ..ir.analysis import prog_params
 from . import cache, staging
 
@@ -45,7 +49,7 @@ class BuilderEntry:
     each ends as, the result tree, the graph's backend= option, and what staging read by name."""
 
     __slots__ = ("program", "planes", "where", "written", "tree", "n_results", "n", "backend", "names", "accesses",
-                 "waits")
+                 "waits", "template", "backend_used")
 
     def __init__(self, g, where, names):
         t = g.trace
@@ -55,6 +59,9 @@ class BuilderEntry:
                         if t.root.current.get(e, v) is not v}
         self.tree, self.n_results, self.n = g._result_flat[1], len(g._result_flat[0]), t.n
         self.backend = g._backend
+        # the lowering itself, taken before the graph runs: a call copies its buffers, not its planning
+        self.backend_used = g._backend_used
+        self.template = template_of(g._exe) if g._backend_used[0].name == "numpy" else None
         # the nodes' order and the branches' waits, as to_dot draws them: without the planes they
         # touched, which would keep the first call's arrays alive
         light = {id(a): staging.Access(a.seq, a.branch, a.info, (), (), a.what) for a in t.accesses}
@@ -74,22 +81,79 @@ def enabled() -> bool:
     return True
 
 
+def fast_call(builder, args, kwargs):
+    """The Graph of a direct call that hits the cache, before the builder binds its arguments the
+    general way (inspect) and pauses the collector for a build; None for anything else (a miss, a
+    builder whose parameters are not plain ones, an argument error): Builder.__call__ goes on."""
+    plain = _PARAMS.get(builder)
+    if plain is None:
+        plain = _PARAMS[builder] = _plain_params(builder)
+    if not plain or len(args) > len(plain) or not enabled():
+        return None
+    arguments = dict(zip((name for name, _ in plain), args))
+    if kwargs:
+        for k in kwargs:
+            if k in arguments:
+                return None
+        arguments.update(kwargs)
+    for name, default in plain[len(args):]:
+        if name not in arguments:
+            if default is _REQUIRED:
+                return None
+            arguments[name] = default
+    if len(arguments) != len(plain):            # an unknown keyword
+        return None
+    if kwargs:                                  # the parameters' order, as inspect binds them
+        arguments = {name: arguments[name] for name, _ in plain}
+    return _hit(builder, arguments)
+
+
+_PARAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # builder -> ((name, default), ...) or ()
+_REQUIRED = object()
+
+
+def _plain_params(builder):
+    """((name, default or _REQUIRED), ...) of a builder whose parameters are all positional-or-keyword
+    (no *args, **kwargs, keyword- or positional-only ones); () otherwise."""
+    out = []
+    for p in builder.signature.parameters.values():
+        if p.kind is not p.POSITIONAL_OR_KEYWORD:
+            return ()
+        out.append((p.name, _REQUIRED if p.default is p.empty else p.default))
+    return tuple(out)
+
+
+def _hit(builder, arguments):
+    """The new Graph of a call whose layout is cached (arguments: name -> value, defaults applied), or None."""
+    key, leaves, _ = cache.graph_key(tuple(arguments.values()))
+    if key is None:
+        return None
+    c = cache.cache_for(builder, create=False)
+    if c is None:
+        return None
+    key = (tuple(arguments), key)
+    e = c.entries.get(key)
+    if e is None:
+        return None
+    if not cache.unchanged(e.names):
+        c.entries.pop_if(key, e)
+        return None
+    c.hits += 1
+    return _graph_of(builder, e, leaves, arguments)
+
+
 def call(builder, bound, stage):
     """The Graph of `builder` on these bound arguments: a new one from the cached staging of this
     layout, or `stage()`'s (a fresh build), kept for the next call when it can be reproduced."""
+    g = _hit(builder, bound.arguments)
+    if g is not None:
+        return g
     values = tuple(bound.arguments.values())
     key, leaves, _ = cache.graph_key(values)
     if key is None:
         return stage()
     key = (tuple(bound.arguments), key)
     c = cache.cache_for(builder)
-    e = c.entries.get(key)
-    if e is not None and not cache.unchanged(e.names):
-        c.entries.pop_if(key, e)
-        e = None
-    if e is not None:
-        c.hits += 1
-        return _graph_of(builder, e, leaves, bound)
     g = stage()
     where = _reproducible(g, leaves)
     names = cache.names_read(builder) if where is not None else ()
@@ -129,41 +193,51 @@ def _has_host_nodes(prog) -> bool:
     return False
 
 
-def _graph_of(builder, e, leaves, bound):
-    """A new Graph running `e`'s Program on the call's arrays, set up as a fresh build leaves it."""
+def _graph_of(builder, e, leaves, arguments):
+    """A new Graph running `e`'s Program on the call's arrays, set up as a fresh build leaves it.
+    With a template (a NumPy lowering kept from the first call), its executable is the template's
+    copy: the call allocates its buffers and binds them, and plans, generates and resolves nothing."""
     from ..graph import Graph
-    g = Graph(backend=e.backend)
-    t = g.trace
     planes = []
     for (name, origin), (k, a, strides) in zip(e.planes, e.where):
         if k is not None:
             x = leaves[k]
             a = x if (a == x.shape and strides == x.strides) else cache._seen_as(x, a, strides)
         planes.append(staging.Extern(a, name, origin))
+    g = Graph(backend=e.backend)
+    if e.template is not None:
+        g._exe, g._backend_used = e.template.instantiate([p.array for p in planes]), e.backend_used
+    t = g._trace
     t.input_planes, t.n = planes, e.n
     t.accesses, t.waits = e.accesses, e.waits
     t.externs = {id(p.array): p for p in planes}
-    t.arg_names = {id(v): k for k, v in bound.arguments.items() if staging.is_array(v)}
+    t.arg_names = {id(v): k for k, v in arguments.items() if type(v) is np.ndarray or staging.is_array(v)}
     t.root.current.update((planes[i], v) for i, v in e.written.items())
     g._program = e.program
     if e.tree is not None:
         handles = [staging.Plane(g, v.aval, var=v) for v in e.program.outputs[:e.n_results]]
-        for h in handles:
-            t.handles.add(h)
-        g.result = tree_unflatten(e.tree, handles)
+        t.handles.update(handles)
+        g._result_tree = handles[0] if e.tree.kind == "leaf" else tree_unflatten(e.tree, handles)
+        g._has_result = True
         g._result_flat = (handles, e.tree)
     g._input_names = {p.name: i for i, p in enumerate(planes) if p.name}
     g.made_by = builder
-    g.build()
-    finish(g, bound)
+    if g._exe is None:
+        g.build()
+    _finish(g, arguments)
     return g
 
 
 def finish(g, bound):
     """What a builder call records on its graph after the build: the array arguments no node
     reads (bindable all the same), and each tree argument's leaves, for bind."""
-    g.unread_args = {k: v for k, v in bound.arguments.items() if staging.is_array(v) and k not in g._input_names}
-    for k, v in bound.arguments.items():
+    _finish(g, bound.arguments)
+
+
+def _finish(g, arguments):
+    g.unread_args = {k: v for k, v in arguments.items()
+                     if (type(v) is np.ndarray or staging.is_array(v)) and k not in g._input_names}
+    for k, v in arguments.items():
         if node_children(v) is not None:       # any tree the call takes: containers, dataclasses, registered
             leaves, tree = tree_flatten(v, is_leaf=staging.is_array)
             if any(staging.is_array(x) for x in leaves):

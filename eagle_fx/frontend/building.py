@@ -389,6 +389,11 @@ class Builder:
         return f"<eagle.Graph.{'block' if self.graph_param else 'builder'} {self.__name__}>"
 
     def __call__(self, *args, **kwargs):
+        if self.graph_param is None:         # a direct call of a layout seen before: no binding, no build
+            from .builder_cache import fast_call
+            g = fast_call(self, args, kwargs)
+            if g is not None:
+                return g
         with staging.collector_paused():
             return self._call(args, kwargs)
 

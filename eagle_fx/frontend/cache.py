@@ -15,7 +15,8 @@ count unrolled loops and pick Python branches (a traced count is a one-cell inte
 
 A hit copies the new arrays into the arrays the graph owns (so later changes to the caller's
 arrays are never seen, and the graph never writes them), replays, and returns copies of the
-results. Staging reads the user's functions' globals and closures by name (the kernels, blocks
+results; `replay_hit` is that path in one function for the common call (NumPy arrays, no overlap),
+tried before the general one. Staging reads the user's functions' globals and closures by name (the kernels, blocks
 and numbers they use); an entry remembers what each name held and is staged again once one is
 rebound (a kernel redefined in a notebook), which jax.jit does not do. An object changed in place
 (a global list) is not seen: after that, `eagle_fx.clear_caches()`.
@@ -48,6 +49,7 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from ..backends.select import forced
+from ..backends.templates import template_of
 from ..transforms.program import written_inputs
 from .building import Builder
 from .staging import Extern
@@ -198,6 +200,7 @@ def layout_key(args):
         parts = _parts(leaves)
         if parts is None:
             return None, leaves, tree
+        tree = _PAIR_TREES._data.get(tree, tree)   # the very tree replay_hit_pair keys by: compared by identity
     return (forced(), tree, parts, overlaps(leaves)), leaves, tree
 
 
@@ -261,9 +264,16 @@ def _hashable(a):
 
 def _weak_float(args):
     """The dtype a weakly typed Python float takes beside these arguments' floating arrays."""
-    kinds = [x.dtype for x in tree_flatten(args, is_leaf=_is_ndarray)[0]
-             if type(x) is np.ndarray and x.dtype.kind == "f"]
+    leaves = args
+    if not all(type(x) in _FLAT for x in args):          # the common case, flat arguments: no tree to walk
+        leaves = tree_flatten(args, is_leaf=_is_ndarray)[0]
+    kinds = {x.dtype for x in leaves if type(x) is np.ndarray and x.dtype.kind == "f"}
+    if len(kinds) == 1:
+        return kinds.pop()
     return np.result_type(*kinds) if kinds else np.dtype(np.float64)
+
+
+_FLAT = frozenset((np.ndarray, float, int, bool, type(None)))
 
 
 def _parts(leaves):
@@ -496,6 +506,80 @@ def staged(sig, args, stage, handle):
     return e
 
 
+MISS = object()        # what `replay_hit` returns when the call is not a plain hit
+
+
+def replay_hit(sig, args, run):
+    """`run(graph)` of the entry cached for this call, with the arrays bound (the results copied
+    out, a Mutable argument written back), or MISS: `staged` is the general path. One function for
+    the common case of a transformed function called again: flat NumPy arguments, no overlap."""
+    return _replay(sig, args, None, run)
+
+
+_PAIRS = LRU("trees of two tuples of arrays", 64)        # (len(a), len(b)) -> the tree of (a, b)
+_PAIR_TREES = LRU("trees of two tuples, as keys", 64)    # each of those trees -> itself
+
+
+def replay_hit_pair(sig, a, b, run):
+    """replay_hit for a call whose arguments are two tuples of arrays (jvp's primals and tangents)."""
+    if type(a) is not tuple or type(b) is not tuple:
+        return MISS
+    tree = _PAIRS._data.get((len(a), len(b)))
+    if tree is None:
+        tree = tree_flatten(((None,) * len(a), (None,) * len(b)), is_leaf=lambda x: x is None)[1]
+        tree = _PAIR_TREES.get(tree, tree)
+        _PAIRS[len(a), len(b)] = _PAIR_TREES[tree] = tree
+    return _replay(sig, a + b, tree, run)
+
+
+def _replay(sig, leaves, tree, run):
+    parts = []
+    for x in leaves:
+        if type(x) is not np.ndarray:
+            return MISS
+        parts.append((x.shape, x.dtype))
+    if len(leaves) > 1 and overlaps(leaves) is not None:
+        return MISS
+    try:
+        c = _CACHES._data.get(sig)
+    except TypeError:                   # an unhashable option: no cache
+        return MISS
+    if c is None:
+        return MISS
+    backends = CONTEXT.backends          # forced(), inline
+    key = (backends[-1] if backends else None, tree, tuple(parts), None)
+    entries = c.entries._data
+    e = entries.get(key)
+    if e is None or e.caps:
+        return MISS
+    try:                                # a hit is the most recent use, as LRU.get makes it
+        _CACHES._data.move_to_end(sig)
+        entries.move_to_end(key)
+    except KeyError:                    # forgotten meanwhile by another thread
+        return MISS
+    for where, name, obj in e.names:    # unchanged(e.names), inline
+        if (where.get(name, _MISSING) if name is not None else _contents(where)) is not obj:
+            return MISS
+    with e.lock:
+        writes = e.writes
+        if writes:
+            for i in writes:
+                if not leaves[i].flags.writeable:
+                    return MISS         # staged says why
+        for dst, src in zip(e.owned, leaves):
+            dst[...] = src              # the same shape and dtype (the key): np.copyto's checks cost more
+        c.hits += 1
+        try:
+            out = run(e.graph)
+            for i in writes:             # a Mutable argument: the caller's array is written, as a loop would
+                np.copyto(leaves[i], e.owned[i])
+        finally:
+            exe = e.graph._exe
+            if getattr(exe, "release_needed", True) and hasattr(exe, "release"):
+                exe.release(RELEASE_BYTES)
+    return out
+
+
 def _stage_on_copies(stage, leaves, tree, shared):
     """(owned copies, closed Program, Staging record) of one staging on copies of the arguments:
     each leaf its own (arguments are values, as in JAX), or overlapping as `shared` says."""
@@ -532,10 +616,14 @@ class GraphEntry:
     array is: (leaf index, shape, strides) for a view of an argument leaf, or (None, the array)
     for one the graph made; taken when staged, as a graph's `bind` later swaps its planes' arrays."""
 
-    __slots__ = ("closed", "where", "names")
+    __slots__ = ("closed", "where", "names", "template", "backend_used")
 
-    def __init__(self, closed, where, names):
+    def __init__(self, closed, where, names, graph):
         self.closed, self.where, self.names = closed, where, names
+        # the first graph's lowering, taken before it runs: a call copies its buffers, not its planning
+        used = graph._backend_used
+        self.template = template_of(graph._exe) if used is not None and used[0].name == "numpy" else None
+        self.backend_used = used
 
     def rebound(self, leaves):
         """The closed Program seen on these leaves: new planes, the same Program."""
@@ -600,14 +688,18 @@ def graph_call(sig, args, stage, handle):
         e = None
     if e is not None:
         c.hits += 1
-        return handle(e.rebound(leaves))
+        closed = e.rebound(leaves)
+        if e.template is None:
+            return handle(closed)
+        return handle(closed, executable=(*e.backend_used, e.template.instantiate(closed.arrays)))
     rec = Staging()
     with CONTEXT.enter(recording=rec):
         closed = stage(*args)
+    g = handle(closed)
     if c is not None and rec.cacheable and not rec.caps:
         where = _planes_in(closed, leaves)
         if where is not None:
             kept = copy.copy(closed)          # names and origins only: the caller's arrays are not kept
             kept.planes = [Extern(None, e.name, e.origin) for e in closed.planes]
-            c.store(key, GraphEntry(kept, where, names_read(sig)))
-    return handle(closed)
+            c.store(key, GraphEntry(kept, where, names_read(sig), g))
+    return g
