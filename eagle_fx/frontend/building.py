@@ -18,7 +18,7 @@ import numpy as np
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import TreeDef, make_node, node_children, tree_flatten, tree_unflatten
 
-from . import eager, staging
+from . import eager, nesting, staging
 from .autograph import convert_builder
 from ..backends import select as _select
 from ..ir.closed import Closed, Recording
@@ -170,6 +170,12 @@ class GraphStaging:
     closing of it into a Program and a closed Program."""
 
     _checkpoints = None             # record=True, checkpoints=K: loops keep at most K states (recording.py)
+
+    def __new__(cls, *args, **kwargs):
+        ctx = CONTEXT.innermost("building")
+        if isinstance(ctx, nesting.InlineContext) and ctx.graph is None:
+            return ctx.make_graph()         # a builder inlined into the graph being built (nesting.py)
+        return super().__new__(cls)
 
     def __init__(self, record: bool = False, backend=None, mesh=None, checkpoints=None):
         self._record = bool(record)
@@ -400,6 +406,9 @@ class Builder:
         args, kwargs = release(args), release(kwargs)      # a plain function's guarded arguments (guards.py)
         bound = self._bind(args, kwargs)
         bound.apply_defaults()
+        into = nesting.target(self, bound) if CONTEXT.graph_stagers else None
+        if into is not None:             # called on the staged values of the graph being built: inline
+            return nesting.call(self, bound, into)
         from . import builder_cache
         if builder_cache.enabled():      # a direct call: the staging of an earlier call with this layout, rebound
             return builder_cache.call(self, bound, lambda: self._stage(bound))
