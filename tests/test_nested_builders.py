@@ -1,0 +1,357 @@
+"""A builder called inside another builder on the staged values of the graph being built stages its
+body into that graph (inlines), and returns a stand-in whose .result the caller composes with.
+
+Checked against plain NumPy (values), JAX on the same math in float64 (grad, jvp, vmap), and the
+same program written with a block:
+  * one builder in another, and a chain of three; a dict result (named outputs);
+  * device control flow in the inner builder: an if and a loop on one-cell arrays;
+  * grad, jvp and vmap of the outer builder;
+  * a Mutable write of the inner builder to the outer builder's argument lands in it;
+  * a NumPy array passed with the staged values is read at every replay, as a builder's argument;
+  * a builder called with no staged value builds a graph of its own, as from plain code;
+  * refusals: running the stand-in, an argument of a third graph, a value of a finished graph;
+  * a seeded sweep of random nestings (values against NumPy, gradients against JAX).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eagle_fx as ef
+from eagle_fx.transforms.program import TransformError
+from hawk_fx.core import LeakedTracerError
+from tour_kernels import accumulate, cell, dbl, grow, inc, total, wobble
+
+jax = pytest.importorskip("jax")
+jax.config.update("jax_enable_x64", True)
+jnp = jax.numpy
+
+RTOL, ATOL = 1e-10, 1e-12
+N = 5
+rng = np.random.default_rng(20260105)
+
+
+# ---------------------------------------------------------------------------------------------
+# builders: each inlined form, and its twin written with a block
+
+@ef.Graph.builder
+def square_of(x):
+    g = ef.Graph()
+    g.result = dbl(x) * 0.5 * x           # staged NumPy on the argument: x * x
+    return g
+
+
+@ef.Graph.builder
+def fourth(x):
+    g = ef.Graph()
+    y = square_of(x)
+    g.result = square_of(y.result).result
+    return g
+
+
+@ef.Graph.builder
+def body(x, flag, n):
+    """An optional wobble, n turns of grow (device if and loop), two named outputs."""
+    g = ef.Graph()
+    if flag:
+        x = wobble(x)
+    for i in range(n):
+        x = grow(x, 1.1)
+    g.result = {"y": x, "twice": dbl(x)}
+    return g
+
+
+@ef.Graph.builder
+def outer(x, flag, n):
+    g = ef.Graph()
+    r = body(inc(x), flag, n)
+    g.result = total(r.result["y"])
+    return g
+
+
+@ef.Graph.builder
+def body_block(g: ef.Graph, x, flag, n):
+    if flag:
+        x = wobble(x)
+    for i in range(n):
+        x = grow(x, 1.1)
+    return x
+
+
+@ef.Graph.builder
+def outer_block(x, flag, n):
+    g = ef.Graph()
+    g.result = total(body_block(g, inc(x), flag, n))
+    return g
+
+
+def body_np(x, flag, n, xp=np):
+    if flag:
+        x = xp.sin(x) * x
+    for _ in range(n):
+        x = 1.1 * x + 0.1 * xp.tanh(x)
+    return x
+
+
+def outer_np(x, flag, n, xp=np):
+    y = body_np(x + 1.0, flag, n, xp)
+    return xp.sum(y * y)
+
+
+# ---------------------------------------------------------------------------------------------
+# values
+
+def test_builder_in_builder_matches_numpy():
+    x = rng.normal(size=N)
+    np.testing.assert_allclose(fourth(x)(), x ** 4, rtol=RTOL)
+
+
+@pytest.mark.parametrize("flag,n", [(0, 0), (1, 0), (0, 3), (1, 2)])
+def test_device_flow_inside_inner_matches_numpy_and_block(flag, n):
+    x = rng.normal(size=N)
+    want = outer_np(x, flag, n)
+    got = outer(x, cell(flag), cell(n))()
+    np.testing.assert_allclose(got, [want], rtol=RTOL)
+    np.testing.assert_allclose(got, outer_block(x, cell(flag), cell(n))(), rtol=RTOL)
+
+
+def test_named_outputs_are_staged_values_of_the_outer_graph():
+    @ef.Graph.builder
+    def both(x, flag, n):
+        g = ef.Graph()
+        r = body(x, flag, n).result
+        g.result = (r["y"], r["twice"])
+        return g
+    x = rng.normal(size=N)
+    y, twice = both(x, cell(1), cell(2))()
+    np.testing.assert_allclose(y, body_np(x, 1, 2), rtol=RTOL)
+    np.testing.assert_allclose(twice, 2 * body_np(x, 1, 2), rtol=RTOL)
+
+
+def test_the_graph_replays_with_new_loop_counts():
+    x, n = rng.normal(size=N), cell(1)
+    g = outer(x, cell(0), n)
+    for k in (1, 4, 2):
+        n[0] = k
+        np.testing.assert_allclose(g(), [outer_np(x, 0, k)], rtol=RTOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# transforms of the outer builder
+
+def test_grad_of_outer_matches_jax_and_block():
+    x = rng.normal(size=N)
+    for flag, n in ((1, 3), (0, 1)):
+        want = jax.grad(lambda v: outer_np(v, flag, n, jnp))(x)
+        got = ef.grad(outer)(x, cell(flag), cell(n))
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(got, ef.grad(outer_block)(x, cell(flag), cell(n)), rtol=RTOL, atol=ATOL)
+
+
+def test_jvp_of_outer_matches_jax():
+    x, t = rng.normal(size=N), rng.normal(size=N)
+    want_y, want_t = jax.jvp(lambda v: outer_np(v, 1, 2, jnp), (x,), (t,))
+    y, dy = ef.jvp(outer, (x, cell(1), cell(2)), (t, None, None))
+    np.testing.assert_allclose(y, [want_y], rtol=RTOL)
+    np.testing.assert_allclose(dy, [want_t], rtol=RTOL)
+
+
+def test_vmap_of_outer_matches_numpy():
+    xs = rng.normal(size=(3, N))
+    got = ef.vmap(outer, in_axes=(0, None, None))(xs, cell(1), cell(2))()
+    want = [[outer_np(x, 1, 2)] for x in xs]
+    np.testing.assert_allclose(got, want, rtol=RTOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# arrays: in-place writes land, NumPy arguments are read at each replay
+
+@ef.Graph.builder
+def write_into(s, y):
+    g = ef.Graph()
+    accumulate(dbl(s), y)                 # y = 2 s + 1, in place
+    g.result = y
+    return g
+
+
+@ef.Graph.builder
+def outer_writes(x, y):
+    g = ef.Graph()
+    r = write_into(x, y)
+    g.result = inc(r.result)
+    return g
+
+
+def test_mutable_write_of_inner_lands_in_outer_argument():
+    x, y = rng.normal(size=N), np.zeros(N)
+    g = outer_writes(x, y)
+    out = g()
+    np.testing.assert_allclose(y, 2 * x + 1, rtol=RTOL)
+    np.testing.assert_allclose(out, 2 * x + 2, rtol=RTOL)
+    x[:] = rng.normal(size=N)              # the graph reads its argument at every replay
+    g()
+    np.testing.assert_allclose(y, 2 * x + 1, rtol=RTOL)
+
+
+@ef.Graph.builder
+def shifted(x, c):
+    g = ef.Graph()
+    g.result = x + c
+    return g
+
+
+def test_numpy_argument_beside_staged_values_is_read_at_each_replay():
+    c = np.ones(N)
+
+    @ef.Graph.builder
+    def use(x):
+        g = ef.Graph()
+        g.result = shifted(dbl(x), c).result
+        return g
+    x = rng.normal(size=N)
+    g = use(x)
+    np.testing.assert_allclose(g(), 2 * x + 1, rtol=RTOL)
+    c[:] = 5.0
+    np.testing.assert_allclose(g(), 2 * x + 5, rtol=RTOL)
+
+
+def test_builder_on_numpy_arrays_only_builds_its_own_graph():
+    seen = {}
+
+    @ef.Graph.builder
+    def outer_own(x):
+        g = ef.Graph()
+        seen["inner"] = square_of(np.full(N, 3.0))      # no staged value: a graph of its own
+        g.result = dbl(x)
+        return g
+    x = rng.normal(size=N)
+    np.testing.assert_allclose(outer_own(x)(), 2 * x, rtol=RTOL)
+    assert isinstance(seen["inner"], ef.Graph)
+    np.testing.assert_allclose(seen["inner"](), np.full(N, 9.0), rtol=RTOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# refusals
+
+def test_running_the_inlined_graph_is_refused():
+    @ef.Graph.builder
+    def runs(x, verb):
+        g = ef.Graph()
+        r = square_of(x)
+        r() if verb == "call" else r.launch()
+        g.result = x
+        return g
+    for verb, what in (("call", r"calling it \(g\(\)\)"), ("launch", r"\.launch")):
+        with pytest.raises(RuntimeError, match=rf"builder square_of: {what} on the graph it returned inside the "
+                                               r"graph of builder runs.*inlined.*Use its \.result"):
+            runs(np.ones(N), verb)
+
+
+HELD = {}
+
+
+@ef.Graph.builder
+def middle(c):
+    h = ef.Graph()
+    h.result = square_of(HELD["x"]).result         # a value of the outer graph, in middle's own graph
+    return h
+
+
+@ef.Graph.builder
+def holds(x):
+    g = ef.Graph()
+    HELD["x"] = x
+    middle(np.ones(N))
+    g.result = x
+    return g
+
+
+def test_argument_of_a_third_graph_is_refused():
+    with pytest.raises(ValueError, match=r"eagle_fx.Graph.builder square_of, called at middle:\d+: an argument is "
+                                         r"the staged value 'x' of the graph of builder holds, but the graph of "
+                                         r"builder middle is the one being built.*pass the value through"):
+        holds(np.ones(N))
+
+
+def test_value_of_a_finished_graph_is_refused():
+    kept = []
+
+    @ef.Graph.builder
+    def leaks(x):
+        g = ef.Graph()
+        kept.append(x)
+        g.result = x
+        return g
+
+    @ef.Graph.builder
+    def late(x):
+        g = ef.Graph()
+        g.result = square_of(kept[0]).result
+        return g
+    leaks(np.ones(N))
+    with pytest.raises(LeakedTracerError, match=r"builder square_of: an argument is the staged value 'x' made by "
+                                                r"eagle.Graph.builder leaks.*which has finished"):
+        late(np.ones(N))
+
+
+def test_kernels_in_a_plain_function_under_jvp_say_make_it_a_builder():
+    def plain(x):
+        g = ef.Graph()
+        g.result = dbl(x)
+        return g
+    with pytest.raises(TransformError, match=r"computed in Python from x.*make the function a "
+                                                r"@eagle_fx.Graph.builder"):
+        ef.jvp(plain, (np.ones(N),), (np.ones(N),))
+
+
+# ---------------------------------------------------------------------------------------------
+# a seeded sweep of random nestings
+
+OPS = (inc, dbl, wobble)
+OPS_NP = (lambda x, xp: x + 1.0, lambda x, xp: 2.0 * x, lambda x, xp: xp.sin(x) * x)
+
+
+@ef.Graph.builder(static_argnames=("plan",))
+def nest(x, plan):
+    """Apply plan: an int applies OPS[int]; a tuple is a nested call of this builder (inlined)."""
+    g = ef.Graph()
+    for item in plan:
+        if isinstance(item, tuple):
+            x = nest(x, item).result
+        else:
+            x = OPS[item](x)
+    g.result = x
+    return g
+
+
+@ef.Graph.builder(static_argnames=("plan",))
+def nest_loss(x, plan):
+    g = ef.Graph()
+    g.result = total(nest(x, plan).result)
+    return g
+
+
+def nest_np(x, plan, xp=np):
+    for item in plan:
+        x = nest_np(x, item, xp) if isinstance(item, tuple) else OPS_NP[item](x, xp)
+    return x
+
+
+def random_plan(r, depth):
+    items = []
+    for _ in range(r.integers(1, 4)):
+        if depth > 0 and r.random() < 0.5:
+            items.append(random_plan(r, depth - 1))
+        else:
+            items.append(int(r.integers(len(OPS))))
+    return tuple(items)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_nestings_match_numpy_and_jax(seed):
+    r = np.random.default_rng(seed)
+    plan = random_plan(r, 3)
+    x = r.uniform(-1.0, 1.0, size=N)
+    np.testing.assert_allclose(nest(x, plan)(), nest_np(x, plan), rtol=RTOL, atol=ATOL)
+    want = jax.grad(lambda v: jnp.sum(nest_np(v, plan, jnp) ** 2))(x)
+    np.testing.assert_allclose(ef.grad(nest_loss)(x, plan), want, rtol=1e-9, atol=ATOL)
