@@ -9,6 +9,8 @@ same program written with a block:
   * a Mutable write of the inner builder to the outer builder's argument lands in it;
   * a NumPy array passed with the staged values is read at every replay, as a builder's argument;
   * a builder called with no staged value builds a graph of its own, as from plain code;
+  * a fork inside the inner builder, on a branch of the outer one; a hazard it makes is refused
+    naming the inner builder's line;
   * refusals: running the stand-in, an argument of a third graph, a value of a finished graph;
   * a seeded sweep of random nestings (values against NumPy, gradients against JAX).
 """
@@ -355,3 +357,59 @@ def test_random_nestings_match_numpy_and_jax(seed):
     np.testing.assert_allclose(nest(x, plan)(), nest_np(x, plan), rtol=RTOL, atol=ATOL)
     want = jax.grad(lambda v: jnp.sum(nest_np(v, plan, jnp) ** 2))(x)
     np.testing.assert_allclose(ef.grad(nest_loss)(x, plan), want, rtol=1e-9, atol=ATOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# forks and arrays passed beside the staged values
+
+@ef.Graph.builder
+def forked(x, out):
+    """A fork of its own, and a write to a NumPy array passed beside the staged value."""
+    g = ef.Graph()
+    with g.parallel() as p:
+        with p.branch():
+            a = dbl(x)
+        with p.branch():
+            b = inc(x)
+    accumulate(a, out)                    # out = 2 x + 1, in place
+    g.result = (a, b)
+    return g
+
+
+def test_fork_inside_inner_called_on_a_branch_of_outer():
+    out = np.zeros(N)
+
+    @ef.Graph.builder
+    def branches(x):
+        g = ef.Graph()
+        with g.parallel() as p:
+            with p.branch():
+                a, b = forked(x, out).result
+            with p.branch():
+                c = dbl(dbl(x))
+        g.result = (a, b, c)
+        return g
+    x = rng.normal(size=N)
+    a, b, c = branches(x)()
+    np.testing.assert_allclose(a, 2 * x, rtol=RTOL)
+    np.testing.assert_allclose(b, x + 1, rtol=RTOL)
+    np.testing.assert_allclose(c, 4 * x, rtol=RTOL)
+    np.testing.assert_allclose(out, 2 * x + 1, rtol=RTOL)
+
+
+def test_hazard_between_inner_and_a_sibling_branch_is_refused():
+    out = np.zeros(N)
+
+    @ef.Graph.builder
+    def racing(x):
+        g = ef.Graph()
+        with g.parallel() as p:
+            with p.branch():
+                forked(x, out)            # writes out ...
+            with p.branch():
+                accumulate(x, out)        # ... and so does this sibling branch
+        g.result = x
+        return g
+    with pytest.raises(ValueError, match=r"two branches of one parallel region.*at forked:\d+.*at racing:\d+"):
+        racing(np.ones(N))
+    assert not out.any()
