@@ -1,9 +1,9 @@
 """A builder called inside another builder on the staged values of the graph being built stages its
 body into that graph (inlines), and returns a stand-in whose .result the caller composes with.
 
-Checked against plain NumPy (values), JAX on the same math in float64 (grad, jvp, vmap), and the
+Checked against plain NumPy (values, vmap), JAX on the same math in float64 (grad, jvp), and the
 same program written with a block:
-  * one builder in another, and a chain of three; a dict result (named outputs);
+  * one builder in another, called twice; a dict result (named outputs);
   * device control flow in the inner builder: an if and a loop on one-cell arrays;
   * grad, jvp and vmap of the outer builder;
   * a Mutable write of the inner builder to the outer builder's argument lands in it;
@@ -11,7 +11,9 @@ same program written with a block:
   * a builder called with no staged value builds a graph of its own, as from plain code;
   * a fork inside the inner builder, on a branch of the outer one; a hazard it makes is refused
     naming the inner builder's line;
-  * refusals: running the stand-in, an argument of a third graph, a value of a finished graph;
+  * a cached outer builder called again on new arrays;
+  * refusals: running the stand-in, an argument of a third graph, a value of a finished graph, an
+    outer value reached by name in a builder that builds its own graph;
   * a seeded sweep of random nestings (values against NumPy, gradients against JAX).
 """
 from __future__ import annotations
@@ -413,3 +415,31 @@ def test_hazard_between_inner_and_a_sibling_branch_is_refused():
     with pytest.raises(ValueError, match=r"two branches of one parallel region.*at forked:\d+.*at racing:\d+"):
         racing(np.ones(N))
     assert not out.any()
+
+
+def test_cached_outer_graph_rebinds_new_arrays():
+    for _ in range(3):                    # the second and third calls replay the staging of the first
+        x, y = rng.normal(size=N), np.zeros(N)
+        out = outer_writes(x, y)()
+        np.testing.assert_allclose(y, 2 * x + 1, rtol=RTOL)
+        np.testing.assert_allclose(out, 2 * x + 2, rtol=RTOL)
+
+
+@ef.Graph.builder
+def reaches(c):
+    h = ef.Graph()
+    h.result = dbl(HELD["x"])             # the outer graph's value, by name, in a graph of its own
+    return h
+
+
+def test_outer_value_reached_by_name_says_pass_it_as_an_argument():
+    @ef.Graph.builder
+    def holds_too(x):
+        g = ef.Graph()
+        HELD["x"] = x
+        reaches(np.ones(N))
+        g.result = x
+        return g
+    with pytest.raises(ValueError, match=r"staged value 'x' of eagle.Graph.builder holds_too.*another graph being "
+                                         r"built.*pass the value to the inner builder as an argument"):
+        holds_too(np.ones(N))
