@@ -5,7 +5,7 @@ Checked against plain NumPy (values, vmap), JAX on the same math in float64 (gra
 same program written with a block:
   * one builder in another, called twice; a dict result (named outputs);
   * device control flow in the inner builder: an if and a loop on one-cell arrays;
-  * grad, jvp and vmap of the outer builder;
+  * grad, jvp and vmap of the outer builder, and jax.jvp of its to_jax;
   * a Mutable write of the inner builder to the outer builder's argument lands in it;
   * a NumPy array passed with the staged values is read at every replay, as a builder's argument;
   * a builder called with no staged value builds a graph of its own, as from plain code;
@@ -443,3 +443,13 @@ def test_outer_value_reached_by_name_says_pass_it_as_an_argument():
     with pytest.raises(ValueError, match=r"staged value 'x' of eagle.Graph.builder holds_too.*another graph being "
                                          r"built.*pass the value to the inner builder as an argument"):
         holds_too(np.ones(N))
+
+
+def test_to_jax_of_outer_matches_jax():
+    x, t = rng.normal(size=N), rng.normal(size=N)
+    f = ef.to_jax(outer)
+    flag, n = jnp.asarray(cell(1)), jnp.asarray(cell(2))
+    y, dy = jax.jvp(lambda v: f(v, flag, n), (jnp.asarray(x),), (jnp.asarray(t),))
+    want_y, want_t = jax.jvp(lambda v: outer_np(v, 1, 2, jnp), (x,), (t,))
+    np.testing.assert_allclose(y, [want_y], rtol=RTOL)
+    np.testing.assert_allclose(dy, [want_t], rtol=RTOL)

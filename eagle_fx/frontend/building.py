@@ -1,7 +1,9 @@
 """The staging side of eagle_fx.Graph: builders, blocks, parallel regions, and closing a staged graph.
 
 A BUILDER (`@Graph.builder` on a function with no Graph parameter) makes `g = eagle.Graph()`,
-stages into it, sets `g.result` and returns `g`; calling the builder on arrays builds the graph.
+stages into it, sets `g.result` and returns `g`; calling the builder on arrays builds the graph,
+and calling it inside another builder on the staged values of the graph being built inlines it
+into that graph (nesting.py).
 A BLOCK (a parameter annotated `eagle.Graph`) appends to the graph or branch it is given.
 
 `GraphStaging` is what a Graph is while it is staged (its trace, result tree, forks, host nodes)
