@@ -453,3 +453,19 @@ def test_to_jax_of_outer_matches_jax():
     want_y, want_t = jax.jvp(lambda v: outer_np(v, 1, 2, jnp), (x,), (t,))
     np.testing.assert_allclose(y, [want_y], rtol=RTOL)
     np.testing.assert_allclose(dy, [want_t], rtol=RTOL)
+
+
+def test_inlined_builder_that_does_not_return_its_graph_is_refused():
+    @ef.Graph.builder
+    def forgets(x):
+        g = ef.Graph()
+        g.result = dbl(x)
+
+    @ef.Graph.builder
+    def calls(x):
+        g = ef.Graph()
+        forgets(x)
+        g.result = x
+        return g
+    with pytest.raises(TypeError, match=r"forgets: a builder returns its graph: `return g`"):
+        calls(np.ones(N))

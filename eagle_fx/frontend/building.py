@@ -347,6 +347,13 @@ class GraphStaging:
         return tree_unflatten(treedef, out)
 
 
+def check_returned(builder, graph, ret):
+    """A builder returns the graph it made."""
+    if graph is None or ret is not graph:
+        raise TypeError(f"{builder.__name__}: a builder returns its graph: `return g`; declare the arrays with "
+                        "`g.result = ...`" + ("" if graph is not None else " (and create it first: g = eagle.Graph())"))
+
+
 def _static_positions(fn, signature, argnums, argnames):
     """{position: name} of the parameters `static_argnums` and `static_argnames` name, checked."""
     api = f"eagle_fx.Graph.builder({fn.__name__})"
@@ -446,10 +453,7 @@ class Builder:
                                 "declares g.result = ... and ends with `return g`") from None
             finally:
                 del stagers[depth:]           # the trace its eagle.Graph() pushed
-        if ctx.graph is None or ret is not ctx.graph:
-            raise TypeError(f"{self.__name__}: a builder returns its graph: `return g`; declare the arrays with "
-                            "`g.result = ...`" + ("" if ctx.graph is not None else
-                                                  " (and create it first: g = eagle.Graph())"))
+        check_returned(self, ctx.graph, ret)
         if CONTEXT.deferring:
             ret._close()              # a transform stages it: the outermost call lowers what it makes
         else:

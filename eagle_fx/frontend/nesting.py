@@ -67,15 +67,12 @@ class InlineContext:
 def call(builder, bound, into):
     """Run `builder` on `bound` with its kernel calls staged into `into`; return its stand-in graph."""
     enter = lambda arr: into.trace.plane_of_array(arr)      # arrays read at each replay, as a builder's are
-    from .building import _wrap_arrays
+    from .building import _wrap_arrays, check_returned
     args, kwargs = _wrap_arrays((tuple(bound.args), dict(bound.kwargs)), {}, enter)
     ctx = InlineContext(builder, into)
     with CONTEXT.enter(building=ctx, builder_sources=builder.source):
         ret = builder.converted(*args, **kwargs)
-    if ctx.graph is None or ret is not ctx.graph:
-        raise TypeError(f"{builder.__name__}: a builder returns its graph: `return g`; declare the arrays with "
-                        "`g.result = ...`" + ("" if ctx.graph is not None else
-                                              " (and create it first: g = eagle.Graph())"))
+    check_returned(builder, ctx.graph, ret)
     return ret
 
 
