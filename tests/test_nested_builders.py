@@ -14,7 +14,9 @@ same program written with a block:
   * a cached outer builder called again on new arrays;
   * refusals: running the stand-in, an argument of a third graph, a value of a finished graph, an
     outer value reached by name in a builder that builds its own graph;
-  * a seeded sweep of random nestings (values against NumPy, gradients against JAX).
+  * the inner builder called in a device loop and a device if of the outer one;
+  * a seeded sweep of random nestings, with device loops and ifs around the nested calls (values
+    against NumPy, gradients against JAX).
 """
 from __future__ import annotations
 
@@ -316,49 +318,95 @@ OPS_NP = (lambda x, xp: x + 1.0, lambda x, xp: 2.0 * x, lambda x, xp: xp.sin(x) 
 
 
 @ef.Graph.builder(static_argnames=("plan",))
-def nest(x, plan):
-    """Apply plan: an int applies OPS[int]; a tuple is a nested call of this builder (inlined)."""
+def nest(x, n, plan):
+    """Apply plan: an int applies OPS[int]; a tuple is a nested call of this builder (inlined), run
+    once, n times in a device loop ("loop", ...) or when n is not 0 in a device if ("if", ...)."""
     g = ef.Graph()
     for item in plan:
-        if isinstance(item, tuple):
-            x = nest(x, item).result
-        else:
+        if isinstance(item, int):
             x = OPS[item](x)
+        elif item[0] == "loop":
+            for i in range(n):
+                x = nest(x, n, item[1]).result
+        elif item[0] == "if":
+            if n:
+                x = nest(x, n, item[1]).result
+        else:
+            x = nest(x, n, item).result
     g.result = x
     return g
 
 
 @ef.Graph.builder(static_argnames=("plan",))
-def nest_loss(x, plan):
+def nest_loss(x, n, plan):
     g = ef.Graph()
-    g.result = total(nest(x, plan).result)
+    g.result = total(nest(x, n, plan).result)
     return g
 
 
-def nest_np(x, plan, xp=np):
+def nest_np(x, n, plan, xp=np):
     for item in plan:
-        x = nest_np(x, item, xp) if isinstance(item, tuple) else OPS_NP[item](x, xp)
+        if isinstance(item, int):
+            x = OPS_NP[item](x, xp)
+        elif item[0] in ("loop", "if"):
+            for _ in range(n if item[0] == "loop" else min(n, 1)):
+                x = nest_np(x, n, item[1], xp)
+        else:
+            x = nest_np(x, n, item, xp)
     return x
 
 
 def random_plan(r, depth):
     items = []
     for _ in range(r.integers(1, 4)):
-        if depth > 0 and r.random() < 0.5:
+        u = r.random() if depth > 0 else 1.0
+        if u < 0.3:
             items.append(random_plan(r, depth - 1))
+        elif u < 0.45:
+            items.append(("loop", random_plan(r, depth - 1)))
+        elif u < 0.6:
+            items.append(("if", random_plan(r, depth - 1)))
         else:
             items.append(int(r.integers(len(OPS))))
     return tuple(items)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(8))
 def test_random_nestings_match_numpy_and_jax(seed):
     r = np.random.default_rng(seed)
-    plan = random_plan(r, 3)
-    x = r.uniform(-1.0, 1.0, size=N)
-    np.testing.assert_allclose(nest(x, plan)(), nest_np(x, plan), rtol=RTOL, atol=ATOL)
-    want = jax.grad(lambda v: jnp.sum(nest_np(v, plan, jnp) ** 2))(x)
-    np.testing.assert_allclose(ef.grad(nest_loss)(x, plan), want, rtol=1e-9, atol=ATOL)
+    plan, x, n = random_plan(r, 3), r.uniform(-0.5, 0.5, size=N), cell(1)
+    g = nest(x, n, plan)
+    for k in (1, 2, 0):                   # one graph: the loops' counts and the ifs' condition replay
+        n[0] = k
+        np.testing.assert_allclose(g(), nest_np(x, k, plan), rtol=RTOL, atol=ATOL)
+    k = int(r.integers(1, 3))
+    want = jax.grad(lambda v: jnp.sum(nest_np(v, k, plan, jnp) ** 2))(x)
+    np.testing.assert_allclose(ef.grad(nest_loss)(x, cell(k), plan), want, rtol=1e-9, atol=ATOL)
+
+
+@pytest.mark.parametrize("flag,n,m", [(1, 2, 2), (0, 1, 3), (1, 0, 0), (0, 2, 1)])
+def test_inner_called_in_device_flow_of_outer(flag, n, m):
+    @ef.Graph.builder
+    def around(x, flag, n, m):
+        g = ef.Graph()
+        for i in range(m):
+            x = body(x, flag, n).result["y"]
+        if flag:
+            x = square_of(x).result
+        else:
+            x = body(x, flag, n).result["twice"]
+        g.result = total(x)
+        return g
+
+    def around_np(x, xp=np):
+        for _ in range(m):
+            x = body_np(x, flag, n, xp)
+        x = x * x if flag else 2 * body_np(x, flag, n, xp)
+        return xp.sum(x * x)
+    x = rng.uniform(-1.0, 1.0, size=N)
+    args = (x, cell(flag), cell(n), cell(m))
+    np.testing.assert_allclose(around(*args)(), [around_np(x)], rtol=RTOL)
+    np.testing.assert_allclose(ef.grad(around)(*args), jax.grad(lambda v: around_np(v, jnp))(x), rtol=1e-9, atol=ATOL)
 
 
 # ---------------------------------------------------------------------------------------------
