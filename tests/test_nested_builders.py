@@ -308,6 +308,10 @@ def test_kernels_in_a_plain_function_under_jvp_say_make_it_a_builder():
     with pytest.raises(TransformError, match=r"computed in Python from x.*make the function a "
                                                 r"@eagle_fx.Graph.builder"):
         ef.jvp(plain, (np.ones(N),), (np.ones(N),))
+    _, f_jvp = ef.linearize(plain, np.ones(N))
+    with pytest.raises(TransformError, match=r"eagle_fx.linearize: plain .*make the function a "
+                                                r"@eagle_fx.Graph.builder"):
+        f_jvp(np.ones(N))
 
 
 # ---------------------------------------------------------------------------------------------
