@@ -3,7 +3,8 @@ body into that graph (inlines), and returns a stand-in whose .result the caller 
 
 Checked against plain NumPy (values, vmap), JAX on the same math in float64 (grad, jvp), and the
 same program written with a block:
-  * one builder in another, called twice; a dict result (named outputs);
+  * one builder in another, called twice, stages the Program the block form stages; a dict
+    result (named outputs);
   * device control flow in the inner builder: an if and a loop on one-cell arrays;
   * grad, jvp and vmap of the outer builder, and jax.jvp of its to_jax;
   * a Mutable write of the inner builder to the outer builder's argument lands in it;
@@ -107,9 +108,22 @@ def outer_np(x, flag, n, xp=np):
 # ---------------------------------------------------------------------------------------------
 # values
 
-def test_builder_in_builder_matches_numpy():
+@ef.Graph.builder
+def square_block(g: ef.Graph, x):
+    return dbl(x) * 0.5 * x
+
+
+@ef.Graph.builder
+def fourth_block(x):
+    g = ef.Graph()
+    g.result = square_block(g, square_block(g, x))
+    return g
+
+
+def test_builder_in_builder_matches_numpy_and_stages_the_block_program():
     x = rng.normal(size=N)
     np.testing.assert_allclose(fourth(x)(), x ** 4, rtol=RTOL)
+    assert str(fourth(x).program) == str(fourth_block(x).program)
 
 
 @pytest.mark.parametrize("flag,n", [(0, 0), (1, 0), (0, 3), (1, 2)])
