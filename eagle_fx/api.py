@@ -465,9 +465,11 @@ class Staged:
             which = " or ".join(dict.fromkeys(names[k] for k, _ in wrt))
             raise TransformError(f"{self.api}: {where(self.f)} hands its graph an array of shape "
                                  f"{made[0].array.shape} it computed in Python from {which} (NumPy on an argument "
-                                 "outside a builder: u.sum(), u.copy(), np.array(u), u[[0, 2]], u * 2.0); the graph "
-                                 "sees a constant, so the derivative through it would be lost. Do that arithmetic "
-                                 "inside a builder (@eagle_fx.Graph.builder stages NumPy on its arguments) or in a "
+                                 "outside a builder: u.sum(), u.copy(), np.array(u), u[[0, 2]], u * 2.0; or a kernel "
+                                 "called on it with no builder staging: an eagle_fx.Graph() made in a plain function "
+                                 "runs its kernel calls at once); the graph sees a constant, so the derivative through "
+                                 "it would be lost. Do that inside a builder (make the function a "
+                                 "@eagle_fx.Graph.builder: it stages kernel calls and NumPy on its arguments) or in a "
                                  "kernel, and hand the graph the argument itself")
 
     def refuse_views(self, wrt):

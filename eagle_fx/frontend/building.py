@@ -1,7 +1,9 @@
 """The staging side of eagle_fx.Graph: builders, blocks, parallel regions, and closing a staged graph.
 
 A BUILDER (`@Graph.builder` on a function with no Graph parameter) makes `g = eagle.Graph()`,
-stages into it, sets `g.result` and returns `g`; calling the builder on arrays builds the graph.
+stages into it, sets `g.result` and returns `g`; calling the builder on arrays builds the graph,
+and calling it inside another builder on the staged values of the graph being built inlines it
+into that graph (nesting.py).
 A BLOCK (a parameter annotated `eagle.Graph`) appends to the graph or branch it is given.
 
 `GraphStaging` is what a Graph is while it is staged (its trace, result tree, forks, host nodes)
@@ -18,7 +20,7 @@ import numpy as np
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import TreeDef, make_node, node_children, tree_flatten, tree_unflatten
 
-from . import eager, staging
+from . import eager, nesting, staging
 from .autograph import convert_builder
 from ..backends import select as _select
 from ..ir.closed import Closed, Recording
@@ -170,6 +172,12 @@ class GraphStaging:
     closing of it into a Program and a closed Program."""
 
     _checkpoints = None             # record=True, checkpoints=K: loops keep at most K states (recording.py)
+
+    def __new__(cls, *args, **kwargs):
+        ctx = CONTEXT.innermost("building")
+        if isinstance(ctx, nesting.InlineContext) and ctx.graph is None:
+            return ctx.make_graph()         # a builder inlined into the graph being built (nesting.py)
+        return super().__new__(cls)
 
     def __init__(self, record: bool = False, backend=None, mesh=None, checkpoints=None):
         self._record = bool(record)
@@ -339,6 +347,13 @@ class GraphStaging:
         return tree_unflatten(treedef, out)
 
 
+def check_returned(builder, graph, ret):
+    """A builder returns the graph it made."""
+    if graph is None or ret is not graph:
+        raise TypeError(f"{builder.__name__}: a builder returns its graph: `return g`; declare the arrays with "
+                        "`g.result = ...`" + ("" if graph is not None else " (and create it first: g = eagle.Graph())"))
+
+
 def _static_positions(fn, signature, argnums, argnames):
     """{position: name} of the parameters `static_argnums` and `static_argnames` name, checked."""
     api = f"eagle_fx.Graph.builder({fn.__name__})"
@@ -405,6 +420,9 @@ class Builder:
         args, kwargs = release(args), release(kwargs)      # a plain function's guarded arguments (guards.py)
         bound = self._bind(args, kwargs)
         bound.apply_defaults()
+        into = nesting.target(self, bound) if CONTEXT.graph_stagers else None
+        if into is not None:             # called on the staged values of the graph being built: inline
+            return nesting.call(self, bound, into)
         from . import builder_cache
         if builder_cache.enabled():      # a direct call: the staging of an earlier call with this layout, rebound
             return builder_cache.call(self, bound, lambda: self._stage(bound))
@@ -440,10 +458,7 @@ class Builder:
                                 "declares g.result = ... and ends with `return g`") from None
             finally:
                 del stagers[depth:]           # the trace its eagle.Graph() pushed
-        if ctx.graph is None or ret is not ctx.graph:
-            raise TypeError(f"{self.__name__}: a builder returns its graph: `return g`; declare the arrays with "
-                            "`g.result = ...`" + ("" if ctx.graph is not None else
-                                                  " (and create it first: g = eagle.Graph())"))
+        check_returned(self, ctx.graph, ret)
         if CONTEXT.deferring:
             ret._close()              # a transform stages it: the outermost call lowers what it makes
         else:

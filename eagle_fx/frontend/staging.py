@@ -637,8 +637,10 @@ def _refuse_foreign(plane: Plane, use):
             f"{use} is the staged value{name} made by {by}{at}, which has finished: it stands for a buffer "
             "of that graph, not a value. Return it through that graph's g.result and pass the array (after a "
             "launch), or compute it in this builder")
-    raise ValueError(f"{use} is the staged value{name} of {by}{at}, another graph being built; pass "
-                     "arrays between graphs as NumPy arrays")
+    raise ValueError(f"{use} is the staged value{name} of {by}{at}, another graph being built, reached from "
+                     "a graph of its own. To compose builders, pass the value to the inner builder as an argument "
+                     "(a builder called on the staged values of the graph being built stages into that graph); "
+                     "else pass arrays between graphs as NumPy arrays")
 
 
 def _in_host_node(graph, fn):
