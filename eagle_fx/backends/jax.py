@@ -23,6 +23,7 @@ from hawk_fx.core import Program, Var
 from hawk_fx.emit.jax import is_jax_array, require_jax
 from hawk_fx.context import CONTEXT
 
+from .aligned import aligned_empty, is_aligned
 from .jax_lower import LoweringError, lower
 
 __all__ = ["JaxExecutable", "LoweringError", "check_arrays", "follow_committed", "plane_sharding"]
@@ -184,13 +185,6 @@ def _written_inputs(prog):
 ALIGNED_BYTES = 1 << 16      # NumPy arguments from this size on reach XLA through an aligned buffer
 
 
-def _aligned_empty(a):
-    """An uninitialised C-contiguous array like `a` whose data starts on a 64-byte boundary."""
-    raw = np.empty(a.nbytes + 64, np.uint8)
-    off = -raw.ctypes.data % 64
-    return raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
-
-
 class JaxExecutable:
     backend_name = "jax"
 
@@ -224,7 +218,8 @@ class JaxExecutable:
         self._lowered_fn = None
         self._compiled = None
         self._staged = None         # per argument: the aligned buffer a large NumPy argument is copied into
-        self._lean = False
+        self._lean = self._numpy_lean = False
+        self._back = None           # what a NumPy-mode replay copies back: (output, argument or None, result array)
         self.values = None          # the outputs of the last replay (jax mode), in out_vars order
         self.stable: dict = {}      # Var -> the NumPy array a replay copies it into (NumPy mode)
         if not self.on_jax:
@@ -260,6 +255,7 @@ class JaxExecutable:
             self._compiled = self._lowered().compile()
             lw = self.lowering            # traced now: its host nodes and trip checks are known
             self._lean = self.on_jax and not (lw.trip_checks or lw.has_host)
+            self._numpy_lean = not (self.on_jax or lw.trip_checks or lw.has_host or self.shardings)
         return self._compiled
 
     # -- running -------------------------------------------------------------------------------
@@ -286,19 +282,32 @@ class JaxExecutable:
         of the executable's first. Written (donated) arguments are passed as they are."""
         staged = self._staged
         if staged is None:
-            staged = self._staged = [None if k in self.donated or a.nbytes < ALIGNED_BYTES else _aligned_empty(a)
-                                     for k, a in enumerate(self.arrays)]
+            staged = self._staged = [None if k in self.donated or a.nbytes < ALIGNED_BYTES else
+                                     aligned_empty(a.shape, a.dtype) for k, a in enumerate(self.arrays)]
             self._any_staged = any(s is not None for s in staged)
         if not self._any_staged:
             return self.arrays
         out = []
         for a, s in zip(self.arrays, staged):
-            if s is None or a.ctypes.data % 64 == 0 and a.flags.c_contiguous:
+            if s is None or is_aligned(a):
                 out.append(a)
             else:
                 np.copyto(s, a)
                 out.append(s)
         return out
+
+    def _copy_plan(self):
+        """(output index, written argument index, None) per written argument, then (output index,
+        None, result array) per result: made at the first replay, after a tiered executable has
+        pointed `stable` at its own result arrays (it calls `results_moved`)."""
+        plan = [(j, i, None) for j, i in self.written]
+        plan += [(j, None, self.stable[v]) for j, v in enumerate(self.out_vars) if v in self.stable]
+        self._back = plan
+        return plan
+
+    def results_moved(self):
+        """`stable` changed: the next replay makes its copy plan again."""
+        self._back = None
 
     def replay(self, times: int = 1):
         # The last replay's outputs are let go before the next one runs: unless the caller holds
@@ -315,6 +324,15 @@ class JaxExecutable:
                 del outs
             return
         lw = self.lowering
+        if self._numpy_lean:        # NumPy arguments, no host node, no trip check, no mesh
+            inputs, arrays = self._aligned_inputs, self.arrays
+            back = self._back or self._copy_plan()
+            for _ in range(times):
+                outs = run(*inputs())
+                for j, i, dst in back:
+                    np.copyto(arrays[i] if dst is None else dst, np.asarray(outs[j]))
+                del outs
+            return
         for _ in range(times):
             self.values = outs = None
             if lw.trip_checks:

@@ -266,6 +266,7 @@ class TieredExecutable:
             mine = self.numpy.array_of(v)
             if mine is not None and mine.shape == dst.shape and mine.dtype == dst.dtype:
                 exe.stable[v] = mine
+        exe.results_moved()
         if len({id(a) for a in exe.stable.values()}) != len(exe.stable):
             return "two of its planes share one NumPy buffer"
         for v in [*self.prog.outputs, *self.keep]:
