@@ -183,6 +183,7 @@ def _written_inputs(prog):
 
 
 ALIGNED_BYTES = 1 << 16      # NumPy arguments from this size on reach XLA through an aligned buffer
+MIRROR_BYTES = 4096          # NumPy arguments up to this size are passed as a device array while unchanged
 
 
 class JaxExecutable:
@@ -214,7 +215,16 @@ class JaxExecutable:
         # arguments are donated (their outputs reuse them; the caller's arrays get the values copied
         # back). jax.Arrays are never donated: the caller may hold them.
         self.donated = () if self.on_jax else tuple(sorted({i for _, i in self.written}))
-        self._jit = jax.jit(lambda *xs: fn(*xs), in_shardings=shardings, donate_argnums=self.donated)
+        # small NumPy arguments are mirrored (_mirrored_inputs): the read-only ones are returned too, after
+        # the results, so that the next replay finds them on the device already
+        self.mirrored = () if self.on_jax or mesh is not None else \
+            tuple(k for k, a in enumerate(self.arrays) if a.nbytes <= MIRROR_BYTES)
+        echo = [k for k in self.mirrored if k not in self.donated]
+        self._mirror = {k: (None, None) for k in self.mirrored}     # argument -> (its bytes, device array)
+        self._mirror_out = [(j, i, True) for j, i in self.written if i in self._mirror]
+        self._mirror_out += [(len(self.out_vars) + e, k, False) for e, k in enumerate(echo)]
+        self._jit = jax.jit((lambda *xs: fn(*xs) + [xs[k] for k in echo]) if echo else (lambda *xs: fn(*xs)),
+                            in_shardings=shardings, donate_argnums=self.donated)
         self._lowered_fn = None
         self._compiled = None
         self._staged = None         # per argument: the aligned buffer a large NumPy argument is copied into
@@ -296,6 +306,22 @@ class JaxExecutable:
                 out.append(s)
         return out
 
+    def _mirrored_inputs(self):
+        """The arguments of a NumPy-mode replay: a small argument whose bytes are those it had at the
+        last replay's end is passed as the device array holding them (that replay's output for a
+        written one, or the argument returned back for a read-only one), not converted again: that
+        conversion is most of a small replay's dispatch. Equal bytes, equal values: nothing else
+        decides, so a write to the caller's array, or a bind, is always seen."""
+        inputs = list(self._aligned_inputs())
+        mirror = self._mirror
+        for k in self.mirrored:
+            b = inputs[k].tobytes()
+            snap, dev = mirror[k]
+            if dev is not None and b == snap:
+                inputs[k] = dev
+            mirror[k] = (b, None)          # a donated one is used up by the call; a failed call leaves none
+        return inputs
+
     def _copy_plan(self):
         """(output index, written argument index, None) per written argument, then (output index,
         None, result array) per result: made at the first replay, after a tiered executable has
@@ -325,12 +351,14 @@ class JaxExecutable:
             return
         lw = self.lowering
         if self._numpy_lean:        # NumPy arguments, no host node, no trip check, no mesh
-            inputs, arrays = self._aligned_inputs, self.arrays
+            inputs, arrays, mirror, mirror_out = self._mirrored_inputs, self.arrays, self._mirror, self._mirror_out
             back = self._back or self._copy_plan()
             for _ in range(times):
                 outs = run(*inputs())
                 for j, i, dst in back:
                     np.copyto(arrays[i] if dst is None else dst, np.asarray(outs[j]))
+                for j, k, written in mirror_out:        # what the next replay may pass instead of the NumPy array
+                    mirror[k] = (arrays[k].tobytes() if written else mirror[k][0], outs[j])
                 del outs
             return
         for _ in range(times):
