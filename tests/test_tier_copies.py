@@ -11,7 +11,7 @@ jax.config.update("jax_enable_x64", True)
 
 import eagle_fx  # noqa: E402
 import hawk_fx as hawk  # noqa: E402
-from eagle_fx.backends.aligned import aligned_copy, aligned_empty, is_aligned  # noqa: E402
+from eagle_fx.backends.aligned import aligned_copy, aligned_empty, is_aligned, span_lead, span_view  # noqa: E402
 from eagle_fx.backends.jax import ALIGNED_BYTES  # noqa: E402
 from eagle_fx.backends.select import use_backend  # noqa: E402
 from eagle_fx.backends.tiered import tier_policy  # noqa: E402
@@ -169,3 +169,69 @@ def test_seeded_sweep_jax_and_auto_agree_with_numpy_under_writes_between_replays
         np.testing.assert_allclose(y, want_y, rtol=1e-14)
         np.testing.assert_array_equal(g.result, y)
         assert not np.shares_memory(g.result, y) and not np.shares_memory(g.result, x)
+
+
+@pytest.mark.parametrize("backend", ["jax", "auto"])
+def test_rebinding_to_an_array_at_another_offset_or_strided_reads_it_right(backend):
+    rng = np.random.default_rng(7)
+    x = offset_array(rng.uniform(-1, 1, N), 16)
+    g = graph_on(backend, passthrough, x)
+    for x1 in (offset_array(rng.uniform(-1, 1, N), 40), offset_array(rng.uniform(-1, 1, N), 0),
+               rng.uniform(-1, 1, 2 * N)[::2], offset_array(rng.uniform(-1, 1, N), 16)):
+        g.bind(x=x1)
+        g()
+        np.testing.assert_array_equal(g.result["same"], x1)
+        np.testing.assert_allclose(g.result["affine"], 3.0 * x1 + 1.0, rtol=1e-15)
+        x1[: N // 2] = 0.25                          # written between replays: seen by the next one
+        g()
+        np.testing.assert_array_equal(g.result["same"], x1)
+
+
+@hawk.kernel
+def norm3(v: hawk.Vector[3]) -> Scalar:
+    return v[0] * v[0] + v[1] * v[1] + v[2] * v[2]
+
+
+@eagle_fx.Graph.builder
+def norms(v):
+    g = eagle_fx.Graph()
+    g.result = norm3(v)
+    return g
+
+
+@pytest.mark.parametrize("offset, dtype", [(8, np.float64), (24, np.float64), (4, np.float32), (60, np.float32)])
+def test_planes_of_every_offset_and_dtype_read_in_place_match_numpy(offset, dtype):
+    rng = np.random.default_rng(offset)
+    n = ALIGNED_BYTES // 4
+    v = offset_array(rng.uniform(-1, 1, 3 * n).astype(dtype), offset).reshape(3, n)
+    with use_backend("jax"):
+        g = norms(v)
+    g()
+    want = (v.astype(np.float64) ** 2).sum(axis=0)
+    np.testing.assert_allclose(g.result, want, rtol=1e-5 if dtype == np.float32 else 1e-14)
+    v[1] = 0.0
+    g()
+    np.testing.assert_allclose(g.result, (v.astype(np.float64) ** 2).sum(axis=0), rtol=1e-5 if dtype == np.float32
+                               else 1e-14)
+
+
+def test_a_span_covers_the_array_inside_its_own_pages():
+    rng = np.random.default_rng(11)
+    for _ in range(50):
+        item = int(rng.choice([1, 2, 4, 8, 16]))
+        dtype = {1: np.uint8, 2: np.float16, 4: np.float32, 8: np.float64, 16: np.complex128}[item]
+        size = int(rng.integers(1, 5000))
+        off = int(rng.integers(1, 64 // item)) * item
+        a = offset_array(np.arange(size).astype(dtype), off)
+        lead = span_lead(a)
+        assert lead == off // item
+        view = span_view(a, lead)
+        start, end = view.ctypes.data, view.ctypes.data + view.nbytes
+        assert start % 64 == 0 and end % 64 == 0
+        assert start <= a.ctypes.data and a.ctypes.data + a.nbytes <= end and end - start < a.nbytes + 128
+        assert start // 4096 == a.ctypes.data // 4096                       # no page before the array's first
+        assert (end - 1) // 4096 == (a.ctypes.data + a.nbytes - 1) // 4096  # nor after its last
+        np.testing.assert_array_equal(view[lead:lead + size], a)
+        assert not view.flags.writeable
+    assert span_lead(offset_array(np.ones(8), 0)) is None                 # aligned: read as it is
+    assert span_lead(np.ones((4, 6))[:, ::2]) is None                      # strided: copied

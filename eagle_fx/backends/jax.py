@@ -23,7 +23,7 @@ from hawk_fx.core import Program, Var
 from hawk_fx.emit.jax import is_jax_array, require_jax
 from hawk_fx.context import CONTEXT
 
-from .aligned import aligned_empty, is_aligned
+from .aligned import SpanInput, aligned_empty, is_aligned, span_lead, span_size
 from .jax_lower import LoweringError, lower
 
 __all__ = ["JaxExecutable", "LoweringError", "check_arrays", "follow_committed", "plane_sharding"]
@@ -210,7 +210,7 @@ class JaxExecutable:
         if mesh is not None and not self.on_jax:
             shardings = [plane_sharding(mesh, np.shape(a), n, self.names, k) for k, a in enumerate(self.arrays)]
         self.shardings = shardings
-        self.fn = fn                # the pure function of the Program (bench_jax.py jits it without donation)
+        self.fn = fn                # the pure function of the Program
         # NumPy arguments: a replay's device copies of them are its own, so those of the written
         # arguments are donated (their outputs reuse them; the caller's arrays get the values copied
         # back). jax.Arrays are never donated: the caller may hold them.
@@ -223,8 +223,20 @@ class JaxExecutable:
         self._mirror = {k: (None, None) for k in self.mirrored}     # argument -> (its bytes, device array)
         self._mirror_out = [(j, i, True) for j, i in self.written if i in self._mirror]
         self._mirror_out += [(len(self.out_vars) + e, k, False) for e, k in enumerate(echo)]
-        self._jit = jax.jit((lambda *xs: fn(*xs) + [xs[k] for k in echo]) if echo else (lambda *xs: fn(*xs)),
-                            in_shardings=shardings, donate_argnums=self.donated)
+        # large read-only NumPy arguments not on a 64-byte boundary: XLA reads the aligned span around
+        # each in place (aligned.span_view) and the function slices the argument out of it
+        self.spans = {} if self.on_jax or mesh is not None else \
+            {k: lead for k, a in enumerate(self.arrays) if k not in self.donated and a.nbytes >= ALIGNED_BYTES
+             and (lead := span_lead(a)) is not None}
+        spans = {k: (lead, self.arrays[k].size, self.arrays[k].shape) for k, lead in self.spans.items()}
+
+        def wrapped(*xs):
+            if spans:
+                xs = [x if k not in spans else x[spans[k][0]:spans[k][0] + spans[k][1]].reshape(spans[k][2])
+                      for k, x in enumerate(xs)]
+            return fn(*xs) + [xs[k] for k in echo]
+        self.wrapped = wrapped      # what is compiled: the Program's function over the arguments as passed
+        self._jit = jax.jit(wrapped, in_shardings=shardings, donate_argnums=self.donated)
         self._lowered_fn = None
         self._compiled = None
         self._staged = None         # per argument: the aligned buffer a large NumPy argument is copied into
@@ -252,8 +264,19 @@ class JaxExecutable:
             for k, a in enumerate(self.arrays):
                 sh = getattr(a, "sharding", None) if self.on_jax else (self.shardings[k] if self.shardings else None)
                 structs.append(jax.ShapeDtypeStruct(np.shape(a), np.dtype(a.dtype), sharding=sh))
-            self._lowered_fn = self._jit.lower(*structs)
+            self._lowered_fn = self._jit.lower(*self.as_passed(structs))
         return self._lowered_fn
+
+    def as_passed(self, structs):
+        """The shapes the compiled function takes, from those of the bound arrays: an argument read
+        through its aligned span is passed as that span (one dimension)."""
+        import jax
+        out = list(structs)
+        for k, lead in self.spans.items():
+            a = out[k]
+            out[k] = jax.ShapeDtypeStruct((span_size(lead, int(np.prod(a.shape)), np.dtype(a.dtype).itemsize),),
+                                          a.dtype)
+        return out
 
     def as_text(self) -> str:
         """The StableHLO text of the lowered function (what XLA compiles)."""
@@ -293,14 +316,17 @@ class JaxExecutable:
         staged = self._staged
         if staged is None:
             staged = self._staged = [None if k in self.donated or a.nbytes < ALIGNED_BYTES else
+                                     SpanInput(a, self.spans[k]) if k in self.spans else
                                      aligned_empty(a.shape, a.dtype) for k, a in enumerate(self.arrays)]
             self._any_staged = any(s is not None for s in staged)
         if not self._any_staged:
             return self.arrays
         out = []
         for a, s in zip(self.arrays, staged):
-            if s is None or is_aligned(a):
+            if s is None or type(s) is not SpanInput and is_aligned(a):
                 out.append(a)
+            elif type(s) is SpanInput:
+                out.append(s.of(a))
             else:
                 np.copyto(s, a)
                 out.append(s)
