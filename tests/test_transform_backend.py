@@ -59,7 +59,8 @@ def test_seeded_sweep_a_transformed_call_agrees_on_every_backend(seed):
     rng = np.random.default_rng(seed)
     x = rng.uniform(-2, 2, int(rng.integers(1, 9)))
     eps = 1e-6
-    fd = np.array([((x + eps * e + 1.0) ** 2).sum() - ((x - eps * e + 1.0) ** 2).sum() for e in np.eye(x.size)]) / (2 * eps)
+    fd = np.array([((x + eps * e + 1.0) ** 2).sum() - ((x - eps * e + 1.0) ** 2).sum()
+                   for e in np.eye(x.size)]) / (2 * eps)
     for backend in (None, "jax", "auto"):
         with use_backend(backend):
             got = eagle_fx.grad(pinned_loss)(x)
