@@ -19,6 +19,7 @@ def aligned_empty(shape, dtype) -> np.ndarray:
 
 
 def is_aligned(a) -> bool:
+    """Whether XLA reads `a` in place: C-contiguous, its data on a 64-byte boundary."""
     return a.ctypes.data % ALIGN == 0 and a.flags.c_contiguous
 
 
