@@ -193,7 +193,7 @@ def donation(rng, quick):
     donated = exe.compile()
     assert exe.donated, "the written argument is not donated"
     structs = [jax.ShapeDtypeStruct(np.shape(a), np.dtype(a.dtype)) for a in exe.arrays]
-    plain = jax.jit(exe.fn).lower(*structs).compile()
+    plain = jax.jit(exe.wrapped).lower(*exe.as_passed(structs)).compile()
 
     def with_(compiled):
         def replay():

@@ -23,6 +23,7 @@ from hawk_fx.core import Program, Var
 from hawk_fx.emit.jax import is_jax_array, require_jax
 from hawk_fx.context import CONTEXT
 
+from .aligned import SpanInput, aligned_empty, is_aligned, span_lead, span_size
 from .jax_lower import LoweringError, lower
 
 __all__ = ["JaxExecutable", "LoweringError", "check_arrays", "follow_committed", "plane_sharding"]
@@ -182,13 +183,7 @@ def _written_inputs(prog):
 
 
 ALIGNED_BYTES = 1 << 16      # NumPy arguments from this size on reach XLA through an aligned buffer
-
-
-def _aligned_empty(a):
-    """An uninitialised C-contiguous array like `a` whose data starts on a 64-byte boundary."""
-    raw = np.empty(a.nbytes + 64, np.uint8)
-    off = -raw.ctypes.data % 64
-    return raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+MIRROR_BYTES = 4096          # NumPy arguments up to this size are passed as a device array while unchanged
 
 
 class JaxExecutable:
@@ -215,16 +210,38 @@ class JaxExecutable:
         if mesh is not None and not self.on_jax:
             shardings = [plane_sharding(mesh, np.shape(a), n, self.names, k) for k, a in enumerate(self.arrays)]
         self.shardings = shardings
-        self.fn = fn                # the pure function of the Program (bench_jax.py jits it without donation)
+        self.fn = fn                # the pure function of the Program
         # NumPy arguments: a replay's device copies of them are its own, so those of the written
         # arguments are donated (their outputs reuse them; the caller's arrays get the values copied
         # back). jax.Arrays are never donated: the caller may hold them.
         self.donated = () if self.on_jax else tuple(sorted({i for _, i in self.written}))
-        self._jit = jax.jit(lambda *xs: fn(*xs), in_shardings=shardings, donate_argnums=self.donated)
+        # small NumPy arguments are mirrored (_mirrored_inputs): the read-only ones are returned too, after
+        # the results, so that the next replay finds them on the device already
+        self.mirrored = () if self.on_jax or mesh is not None else \
+            tuple(k for k, a in enumerate(self.arrays) if a.nbytes <= MIRROR_BYTES)
+        echo = [k for k in self.mirrored if k not in self.donated]
+        self._mirror = {k: (None, None) for k in self.mirrored}     # argument -> (its bytes, device array)
+        self._mirror_out = [(j, i, True) for j, i in self.written if i in self._mirror]
+        self._mirror_out += [(len(self.out_vars) + e, k, False) for e, k in enumerate(echo)]
+        # large read-only NumPy arguments not on a 64-byte boundary: XLA reads the aligned span around
+        # each in place (aligned.span_view) and the function slices the argument out of it
+        self.spans = {} if self.on_jax or mesh is not None else \
+            {k: lead for k, a in enumerate(self.arrays) if k not in self.donated and a.nbytes >= ALIGNED_BYTES
+             and (lead := span_lead(a)) is not None}
+        spans = {k: (lead, self.arrays[k].size, self.arrays[k].shape) for k, lead in self.spans.items()}
+
+        def wrapped(*xs):
+            if spans:
+                xs = [x if k not in spans else x[spans[k][0]:spans[k][0] + spans[k][1]].reshape(spans[k][2])
+                      for k, x in enumerate(xs)]
+            return fn(*xs) + [xs[k] for k in echo]
+        self.wrapped = wrapped      # what is compiled: the Program's function over the arguments as passed
+        self._jit = jax.jit(wrapped, in_shardings=shardings, donate_argnums=self.donated)
         self._lowered_fn = None
         self._compiled = None
         self._staged = None         # per argument: the aligned buffer a large NumPy argument is copied into
-        self._lean = False
+        self._lean = self._numpy_lean = False
+        self._back = None           # what a NumPy-mode replay copies back: (output, argument or None, result array)
         self.values = None          # the outputs of the last replay (jax mode), in out_vars order
         self.stable: dict = {}      # Var -> the NumPy array a replay copies it into (NumPy mode)
         if not self.on_jax:
@@ -247,8 +264,19 @@ class JaxExecutable:
             for k, a in enumerate(self.arrays):
                 sh = getattr(a, "sharding", None) if self.on_jax else (self.shardings[k] if self.shardings else None)
                 structs.append(jax.ShapeDtypeStruct(np.shape(a), np.dtype(a.dtype), sharding=sh))
-            self._lowered_fn = self._jit.lower(*structs)
+            self._lowered_fn = self._jit.lower(*self.as_passed(structs))
         return self._lowered_fn
+
+    def as_passed(self, structs):
+        """The shapes the compiled function takes, from those of the bound arrays: an argument read
+        through its aligned span is passed as that span (one dimension)."""
+        import jax
+        out = list(structs)
+        for k, lead in self.spans.items():
+            a = out[k]
+            out[k] = jax.ShapeDtypeStruct((span_size(lead, int(np.prod(a.shape)), np.dtype(a.dtype).itemsize),),
+                                          a.dtype)
+        return out
 
     def as_text(self) -> str:
         """The StableHLO text of the lowered function (what XLA compiles)."""
@@ -260,6 +288,7 @@ class JaxExecutable:
             self._compiled = self._lowered().compile()
             lw = self.lowering            # traced now: its host nodes and trip checks are known
             self._lean = self.on_jax and not (lw.trip_checks or lw.has_host)
+            self._numpy_lean = not (self.on_jax or lw.trip_checks or lw.has_host or self.shardings)
         return self._compiled
 
     # -- running -------------------------------------------------------------------------------
@@ -286,19 +315,51 @@ class JaxExecutable:
         of the executable's first. Written (donated) arguments are passed as they are."""
         staged = self._staged
         if staged is None:
-            staged = self._staged = [None if k in self.donated or a.nbytes < ALIGNED_BYTES else _aligned_empty(a)
-                                     for k, a in enumerate(self.arrays)]
+            staged = self._staged = [None if k in self.donated or a.nbytes < ALIGNED_BYTES else
+                                     SpanInput(a, self.spans[k]) if k in self.spans else
+                                     aligned_empty(a.shape, a.dtype) for k, a in enumerate(self.arrays)]
             self._any_staged = any(s is not None for s in staged)
         if not self._any_staged:
             return self.arrays
         out = []
         for a, s in zip(self.arrays, staged):
-            if s is None or a.ctypes.data % 64 == 0 and a.flags.c_contiguous:
+            if s is None or type(s) is not SpanInput and is_aligned(a):
                 out.append(a)
+            elif type(s) is SpanInput:
+                out.append(s.of(a))
             else:
                 np.copyto(s, a)
                 out.append(s)
         return out
+
+    def _mirrored_inputs(self):
+        """The arguments of a NumPy-mode replay: a small argument whose bytes are those it had at the
+        last replay's end is passed as the device array holding them (that replay's output for a
+        written one, or the argument returned back for a read-only one), not converted again: that
+        conversion is most of a small replay's dispatch. Equal bytes, equal values: nothing else
+        decides, so a write to the caller's array, or a bind, is always seen."""
+        inputs = list(self._aligned_inputs())
+        mirror = self._mirror
+        for k in self.mirrored:
+            b = inputs[k].tobytes()
+            snap, dev = mirror[k]
+            if dev is not None and b == snap:
+                inputs[k] = dev
+            mirror[k] = (b, None)          # a donated one is used up by the call; a failed call leaves none
+        return inputs
+
+    def _copy_plan(self):
+        """(output index, written argument index, None) per written argument, then (output index,
+        None, result array) per result: made at the first replay, after a tiered executable has
+        pointed `stable` at its own result arrays (it calls `results_moved`)."""
+        plan = [(j, i, None) for j, i in self.written]
+        plan += [(j, None, self.stable[v]) for j, v in enumerate(self.out_vars) if v in self.stable]
+        self._back = plan
+        return plan
+
+    def results_moved(self):
+        """`stable` changed: the next replay makes its copy plan again."""
+        self._back = None
 
     def replay(self, times: int = 1):
         # The last replay's outputs are let go before the next one runs: unless the caller holds
@@ -315,6 +376,17 @@ class JaxExecutable:
                 del outs
             return
         lw = self.lowering
+        if self._numpy_lean:        # NumPy arguments, no host node, no trip check, no mesh
+            inputs, arrays, mirror, mirror_out = self._mirrored_inputs, self.arrays, self._mirror, self._mirror_out
+            back = self._back or self._copy_plan()
+            for _ in range(times):
+                outs = run(*inputs())
+                for j, i, dst in back:
+                    np.copyto(arrays[i] if dst is None else dst, np.asarray(outs[j]))
+                for j, k, written in mirror_out:        # what the next replay may pass instead of the NumPy array
+                    mirror[k] = (arrays[k].tobytes() if written else mirror[k][0], outs[j])
+                del outs
+            return
         for _ in range(times):
             self.values = outs = None
             if lw.trip_checks:

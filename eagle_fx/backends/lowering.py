@@ -20,9 +20,8 @@ def lower(closed, backend=None):
     requested = backend if backend is not None else "jax" if closed.mesh is not None else closed.backend
     if closed.transformed:                  # a transform's graph runs where transforms run
         forced = select.forced()
-        if requested in (None, "numpy") and forced is not None and not (isinstance(forced, str) and
-                                                                           forced in ("numpy", "jax")):
-            requested = forced              # use_backend of a CUDA backend: its graphs run there
+        if requested in (None, "numpy") and forced is not None:
+            requested = forced              # use_backend's backend, whichever (jax, auto, CUDA): its graphs run there
         target, _ = select.resolve_entry(requested or "numpy")
         for e in closed.planes:
             if not isinstance(e.array, np.ndarray) and target is not select.by_array(e.array):

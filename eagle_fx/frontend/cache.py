@@ -48,6 +48,7 @@ from hawk_fx.caches import LRU
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
+from ..backends.aligned import aligned_copy
 from ..backends.select import forced
 from ..backends.templates import template_of
 from ..transforms.program import written_inputs
@@ -359,7 +360,8 @@ def _owned(leaves, shared):
             x = leaves[k]
             owned[k] = owned[same] if same is not None else \
                 np.ndarray(x.shape, x.dtype, buffer=buf, offset=offset, strides=strides)
-    return [o if o is not None or type(x) is not np.ndarray else np.array(x) for o, x in zip(owned, leaves)]
+    # aligned: on the auto and jax backends XLA then reads the copies in place (no copy of its own)
+    return [o if o is not None or type(x) is not np.ndarray else aligned_copy(x) for o, x in zip(owned, leaves)]
 
 
 # -- what staging read by name ------------------------------------------------------------------
