@@ -50,8 +50,9 @@ def recompile(fn, fdef: ast.FunctionDef, extra: dict):
     shares fn's own cells, so a name the enclosing function rebinds later (a kernel redefined
     there) is seen, as Python's closures see it."""
     fdef.decorator_list = []
-    free = list(fn.__code__.co_freevars)
     extra_names = list(extra)
+    free = [a for a in fn.__code__.co_freevars if a not in extra]   # a function rewritten inside another
+    #                                                               # rewritten one closes over its extras
     factory = ast.FunctionDef(
         name="__factory__",
         args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=a) for a in free + extra_names], vararg=None,
@@ -64,11 +65,12 @@ def recompile(fn, fdef: ast.FunctionDef, extra: dict):
     code = compile(mod, fn.__code__.co_filename, "exec")
     ns: dict = {}
     exec(code, fn.__globals__, ns)
-    cells = [c.cell_contents if _cell_full(c) else None for c in (fn.__closure__ or ())]
+    own = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    cells = [own[a].cell_contents if _cell_full(own[a]) else None for a in free]
     new = ns["__factory__"](*cells, *[extra[k] for k in extra_names])
     if new.__closure__:
-        own = dict(zip(free, fn.__closure__ or ()))
-        closure = tuple(own.get(name, c) for name, c in zip(new.__code__.co_freevars, new.__closure__))
+        closure = tuple(own.get(name, c) if name not in extra else c
+                        for name, c in zip(new.__code__.co_freevars, new.__closure__))
         qualname = new.__qualname__
         new = types.FunctionType(new.__code__, new.__globals__, new.__name__, None, closure)
         new.__qualname__ = qualname

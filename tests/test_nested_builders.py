@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 
 import eagle_fx as ef
+import hawk_fx as hk
+from hawk_fx import Scalar
 from eagle_fx.transforms.program import TransformError
 from hawk_fx.core import LeakedTracerError
 from tour_kernels import accumulate, cell, dbl, grow, inc, total, wobble
@@ -535,3 +537,30 @@ def test_inlined_builder_that_does_not_return_its_graph_is_refused():
         return g
     with pytest.raises(TypeError, match=r"forgets: a builder returns its graph: `return g`"):
         calls(np.ones(N))
+
+
+def test_builders_and_kernels_defined_inside_a_builder_body():
+    """A builder, a block and a kernel defined in a builder's own body: each is rewritten inside
+    a rewritten function (both close over the rewrite's runtime name), against NumPy."""
+    @ef.Graph.builder
+    def outer(x):
+        @hk.kernel
+        def cube(v: Scalar) -> Scalar:
+            return v * v * v
+
+        @ef.Graph.builder
+        def inner(v):
+            h = ef.Graph()
+            h.result = cube(v)
+            return h
+
+        @ef.Graph.builder
+        def block(g: ef.Graph, v):
+            return cube(v) + 1.0
+
+        g = ef.Graph()
+        g.result = block(g, inner(cube(x)).result)
+        return g
+
+    x = np.linspace(-1.0, 2.0, 5)
+    np.testing.assert_allclose(outer(x)(), ((x ** 3) ** 3) ** 3 + 1.0, rtol=1e-12)
