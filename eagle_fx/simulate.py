@@ -86,7 +86,7 @@ def _samples_of(x):
 def _count(steps: Mutable[Int32], done: Scalar):
     """A step, counted for the samples still running after it (one that finished in it is counted
     at the end: its mark is set). The mark is added as a number, not a Terminated gate: no select."""
-    steps = steps + hm.int32(hm.logical_not(done))
+    steps = steps + hm.logical_not(done)
 
 
 @hawk.kernel
