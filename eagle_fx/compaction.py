@@ -23,6 +23,8 @@ import numpy as np
 
 from hawk_fx.tree import tree_unflatten
 
+from .backends.select import forced
+
 API = "eagle_fx.simulate"
 MIN_SAMPLES = 1024      # below this many running samples a segment runs to the end: a turn's
 #                         fixed cost (its kernel calls) outweighs the samples' work
@@ -42,6 +44,10 @@ def run_compacted(cfg, state, compact, staged: bool):
                    "event=": "the crossing is refined from each sample's state before it",
                    "key=": "the random streams are drawn by sample position"}[what]
             raise ValueError(f"{API}: compact=True with {what}; {why}, which packing would change: drop compact")
+    backend = forced()
+    if backend not in (None, "numpy"):
+        raise ValueError(f"{API}: compact=True under use_backend({backend!r}); a compacted run packs NumPy planes on "
+                         "the NumPy backend: drop compact, or run it outside use_backend")
     leaves, tree = _leaves_of(state)
     for x in leaves:
         if type(x) is not np.ndarray:
@@ -63,9 +69,9 @@ def run_compacted(cfg, state, compact, staged: bool):
         except (ValueError, TypeError) as err:
             if m == n:
                 raise
-            raise type(err)(f"{err}\n({API} with compact=True: this segment runs over the {m} samples still "
-                            f"running, packed; a per-sample plane the step reads from outside the state keeps all "
-                            f"{n}: put it in the state, or drop compact)") from err
+            raise ValueError(f"{err}\n({API} with compact=True: this segment runs over the {m} samples still "
+                             f"running, packed; a per-sample plane the step reads from outside the state keeps all "
+                             f"{n}: put it in the state, or drop compact)") from err
         finished = np.asarray(r.finished)
         seg_steps = np.asarray(r.steps)
         final = [np.asarray(x) for x in _leaves_of(r.state)[0]]

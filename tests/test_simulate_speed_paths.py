@@ -16,6 +16,7 @@ import eagle_fx as eagle
 import hawk_fx as hawk
 import hawk_fx.math as hm
 from eagle_fx import SimResult, compaction, simulate
+from eagle_fx.backends.select import use_backend
 from hawk_fx import Int32, Mutable, Param, Scalar, Terminated, Vector
 from hawk_fx.roles import Role
 from hawk_fx.emit import numpy as emit_numpy
@@ -296,6 +297,8 @@ def test_compaction_refusals():
         return g
     with pytest.raises(ValueError, match="compact=True inside a builder"):
         inside(y, v)
+    with use_backend("fake-cuda"), pytest.raises(ValueError, match="compact=True under use_backend"):
+        simulate(fall, st, max_steps=5, compact=True)
     jnp = pytest.importorskip("jax.numpy")
     with pytest.raises(TypeError, match="compact=True packs NumPy planes"):
         simulate(fall, {"y": jnp.asarray(y), "v": jnp.asarray(v)}, max_steps=5, compact=True)
