@@ -90,10 +90,12 @@ def _count(steps: Mutable[Int32], done: Scalar):
 
 
 @hawk.kernel
-def _count_hit(steps: Mutable[Int32], hit: Scalar, done: Terminated):
-    """As _count, and a sample where `hit` holds (until, an event) is marked finished."""
-    steps = hm.where(hit, steps, steps + 1)
-    done = hit
+def _count_hit(steps: Mutable[Int32], hit: Scalar, done: Mutable[_Bool]):
+    """As _count, and a sample where `hit` holds (until, an event) is marked finished; the mark
+    is read as a number here too, not a Terminated gate."""
+    stops = done | hit
+    steps = steps + hm.logical_not(stops)
+    done = stops
 
 
 @hawk.kernel
