@@ -152,6 +152,35 @@ def test_a_terminated_kernel_against_a_masked_numpy_update():
             assert got.dtype == want.dtype and np.array_equal(_bits(got), _bits(want)), trial
 
 
+@hawk.kernel
+def shared_values(c: Scalar, x: Scalar, y: Mutable[Scalar]):
+    b = x * 2.0
+    s1 = hm.where(c, x, b)          # b read again below: a fresh buffer
+    s2 = hm.where(c, b, b)          # the same value twice
+    s3 = hm.where(c, s1, x + 1.0)   # written over its new value
+    y = hm.where(c, y, x)           # the old value of a Mutable that may be x's own array
+    return s1 + b, s2, s3
+
+
+def test_bit_selects_over_shared_buffers_and_aliased_arguments():
+    rng = np.random.default_rng(10)
+    for n in (3, 257):
+        c, x = rng.random(n) < 0.5, _random_values(rng, np.float64, n)
+        b = x * 2.0
+        s1 = np.where(c, x, b)
+        want = (s1 + b, b, np.where(c, s1, x + 1.0))
+        y = rng.standard_normal(n)
+        want_y = np.where(c, y, x)
+        got = shared_values(c, x, y)
+        for g, w in zip(got + (y,), want + (want_y,)):
+            assert np.array_equal(_bits(g), _bits(w))
+        z = x.copy()                                   # y and x one array: each read before any write
+        shared_values(c, z, z)
+        assert np.array_equal(_bits(z), _bits(np.where(c, x, x)))
+    src = _source(shared_values, c, x, y)
+    assert "bitwise_xor" in src and "where=" not in src        # every select (4) in the bit form
+
+
 @pytest.mark.parametrize("dtype", [np.bool_, np.float64, np.int32])
 def test_all_done_is_np_all(dtype):
     rng = np.random.default_rng(6)

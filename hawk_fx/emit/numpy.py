@@ -25,7 +25,7 @@ from .. import prims, tables
 from ..core import SAMPLE, UNIFORM, Literal, Program, RuleTable, Var, eager_impl
 from ..accurate import SMALL as SMALL_SUM, fsum, sum_last_axis
 from ..context import CONTEXT
-from .numpy_select import bit_select_lines, bit_select_width, mask_line
+from .numpy_select import bit_select_lines, bit_select_width, mask_line, select_in_place
 
 CHUNK = 32768   # samples per chunk: a few intermediates of this size (reused by liveness) stay in L2
 
@@ -469,6 +469,9 @@ class NumpyKernel:
             elif v not in depends:
                 names[v] = f"U[{len(self.uniform_specs)}]"
                 self.uniform_specs.append((v.aval.shape, v.aval.dtype))
+            elif select_in_place(e, idx, scratch_of, last_use, root):     # into the new value's scratch
+                scratch_of[v] = scratch_of.pop(e.inputs[2])
+                names[v] = names[e.inputs[2]]
             else:
                 key = (v.aval.shape, v.aval.dtype, v.aval.kind == SAMPLE)
                 k = free[key].pop() if free.get(key) else None
@@ -483,10 +486,14 @@ class NumpyKernel:
                 lines.append(f"{names[v]}[0] = {ctx.const(_count_nonzero, 'count')}({ins[0]})")  # _sample_sum's count
             elif e.prim is prims.P["select"] and bit_select_width(e) is not None:    # no branch per sample
                 idt = bit_select_width(e)
-                if (e.inputs[0], idt) not in masks:
-                    masks[e.inputs[0], idt] = f"S[{len(self.scratch_specs)}]"
-                    self.scratch_specs.append(((), idt, True))
-                    lines.append(mask_line(ins[0], masks[e.inputs[0], idt]))
+                if (e.inputs[0], idt) not in masks:     # in a dead scratch of the values' size where one is free
+                    key = ((), v.aval.dtype, True)
+                    k = free[key].pop() if free.get(key) else None
+                    if k is None:
+                        k = len(self.scratch_specs)
+                        self.scratch_specs.append(key)
+                    masks[e.inputs[0], idt] = f"sel_mask{k}"
+                    lines.append(mask_line(ctx, ins[0], f"S[{k}]", idt, f"sel_mask{k}"))
                 lines.extend(bit_select_lines(ctx, names[v], ins, idt, masks[e.inputs[0], idt]))
             else:
                 lines.extend(numpy_emit[e.prim](ctx, names[v], ins, e.params))
