@@ -420,7 +420,7 @@ class NumpyKernel:
                         and np.dtype(w.aval.dtype).kind in "iu" and np.dtype(w.aval.dtype).itemsize >= 4):
                     count_into[e.outputs[0]] = w
 
-        masks: dict = {}        # (a select's bool mark, int dtype) -> the scratch of its bit mask
+        masks: dict = {}        # (a select's bool mark, int dtype) -> the local name of its bit mask
         for idx, e in enumerate(prog.eqns):
             ins = [src(a) for a in e.inputs]
             if (e.prim in prims.ELEMENTWISE and isinstance(prims.ELEMENTWISE[e.prim][1], np.ufunc)
