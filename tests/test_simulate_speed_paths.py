@@ -112,7 +112,7 @@ def test_selects_that_keep_the_plain_form_agree_with_np_where():
     n = 50
 
     @hawk.kernel
-    def mixed(c: Scalar, a: Scalar, b: Role("I", (), np.dtype(np.int32))):
+    def mixed(c: Scalar, a: Scalar, b: Int32):
         return hm.where(c, a, b), hm.where(c > 0.5, 0.0, a), hm.where(c > 0.5, a, b)
 
     c, a = rng.random(n), rng.standard_normal(n)
@@ -123,9 +123,12 @@ def test_selects_that_keep_the_plain_form_agree_with_np_where():
         assert got.dtype == w.dtype and np.array_equal(_bits(got), _bits(w))
 
 
+F32 = Role("F32", (), np.dtype(np.float32))
+
+
 @hawk.kernel
-def mixed_step(x: Mutable[Scalar], k: Mutable[Int32], p: Mutable[Vector[2]], f: Mutable[Role("F", (), np.float32)],
-               done: Terminated, h: Param):
+def mixed_step(x: Mutable[Scalar], k: Mutable[Int32], p: Mutable[Vector[2]], f: Mutable[F32], done: Terminated,
+               h: Param):
     x = x * 0.5 + p[0] * h
     k = k + 3
     p = hm.vec(p[1], -p[0])
