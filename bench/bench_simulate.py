@@ -1,6 +1,6 @@
 """eagle_fx.simulate against hand-written run-until-done loops, in one process.
 
-    python bench/bench_simulate.py            # n = 1e5 samples; --quick: n = 1e4, fewer repeats
+    python bench/bench_simulate.py            # n = 1e5 samples; --quick: fewer repeats; --n N: N samples
 
 The workload: a 2-state ODE (a falling ball, semi-implicit Euler) per sample until it lands, the
 landing step spread from 100 to 2 000 (median 500). Prints the median time ratios of
@@ -9,9 +9,12 @@ landing step spread from 100 to 2 000 (median 500). Prints the median time ratio
     crossing found by an event function and refined) instead of the step's own mark;
   * simulate on the JAX backend (jax.Array state) / jax.jit of lax.while_loop with the same stop
     rule (target <= 1.2);
+  * simulate(..., compact=True) (called as a function: the running samples packed as they
+    finish) / the masked NumPy loop, and / the same call without compact; and the same on a
+    workload where 90% of the samples land within 100 to 150 steps and 10% run on to 2 000
+    (compaction at 10% active);
 and the peak host memory (tracemalloc) of the reverse pass on the NumPy backend with every turn
-stored against checkpoints=K. Compaction of the active samples is not implemented: every turn
-runs over all n samples, finished ones masked.
+stored against checkpoints=K.
 """
 import sys
 import time
@@ -85,6 +88,18 @@ def make_builder(every):
     return run
 
 
+def tail_heights(n, rng):
+    """90% of the samples land within 100 to 150 steps, the other 10% at 2 000: a run that spends
+    most of its steps with 10% of the samples active."""
+    k = np.where(rng.random(n) < 0.9, rng.uniform(100, 150, n), 2000.0)
+    return 0.5 * G * (k * DT) ** 2
+
+
+def run_eager(y, v, compact):
+    r = eagle.simulate(fall, {"y": y, "v": v}, max_steps=CAP, compact=compact)
+    return r.state["y"], r.state["v"], r.steps
+
+
 def masked_numpy(y, v):
     """The hand-written NumPy loop: masked update, stop when every sample has landed."""
     y, v = y.copy(), v.copy()
@@ -128,7 +143,7 @@ def peak_bytes(fn):
 
 def main():
     quick = "--quick" in sys.argv
-    n = 10_000 if quick else 100_000
+    n = int(sys.argv[sys.argv.index("--n") + 1]) if "--n" in sys.argv else 10_000 if quick else 100_000
     number, repeat = (1, 3) if quick else (1, 7)
     rng = np.random.default_rng(0)
     y0, v0 = heights(n, rng), np.zeros(n)
@@ -156,7 +171,16 @@ def main():
                      number, repeat)
     print(f"jax backend,   every= 1: simulate / jax.jit(lax.while_loop) = {r:.2f}  (target <= 1.2)")
 
-    m = min(n, 10_000)
+    for name, (ya, va) in (("spread 100..2000", (y0, v0)), ("10% active", (tail_heights(n, rng), np.zeros(n)))):
+        ref = masked_numpy(ya, va)
+        got = run_eager(ya, va, True)
+        assert all(np.array_equal(a, b) for a, b in zip(got, ref[:2])) and np.array_equal(got[2], ref[2])
+        r = median_ratio(lambda: run_eager(ya, va, True), lambda: masked_numpy(ya, va), number, repeat)
+        r2 = median_ratio(lambda: run_eager(ya, va, True), lambda: run_eager(ya, va, False), number, repeat)
+        print(f"numpy backend, {name:>16}: simulate(compact=True) / masked NumPy loop = {r:.2f}, "
+              f"/ simulate(compact=False) = {r2:.2f}")
+
+    m = min(n, 10_000) if "--reverse-n" not in sys.argv else int(sys.argv[sys.argv.index("--reverse-n") + 1])
 
     @eagle.Graph.builder
     def loss(y, v):
@@ -177,7 +201,6 @@ def main():
     ps, pk = peak_bytes(lambda: stored(ys, vs)), peak_bytes(lambda: ck(ys, vs))
     print(f"reverse, n = {m}: peak host memory stored {ps / 2**20:.1f} MiB, checkpoints=16 {pk / 2**20:.1f} MiB; "
           f"time {t1 - t0:.2f} s vs {t2 - t1:.2f} s")
-    print("compaction of active samples: not implemented (every turn runs over all samples)")
 
 
 if __name__ == "__main__":

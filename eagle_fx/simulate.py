@@ -84,17 +84,19 @@ def _samples_of(x):
 
 
 @hawk.kernel
-def _count(steps: Mutable[Int32], done: Terminated):
+def _count(steps: Mutable[Int32], done: Scalar):
     """A step, counted for the samples still running after it (one that finished in it is counted
-    at the end: its mark is set)."""
-    steps = steps + 1
+    at the end: its mark is set). The mark is added as a number, not a Terminated gate: no select."""
+    steps = steps + hm.logical_not(done)
 
 
 @hawk.kernel
-def _count_hit(steps: Mutable[Int32], hit: Scalar, done: Terminated):
-    """As _count, and a sample where `hit` holds (until, an event) is marked finished."""
-    steps = hm.where(hit, steps, steps + 1)
-    done = hit
+def _count_hit(steps: Mutable[Int32], hit: Scalar, done: Mutable[_Bool]):
+    """As _count, and a sample where `hit` holds (until, an event) is marked finished; the mark
+    is read as a number here too, not a Terminated gate."""
+    stops = done | hit
+    steps = steps + hm.logical_not(stops)
+    done = stops
 
 
 @hawk.kernel
@@ -120,18 +122,25 @@ def _recorded(g: Graph, run, record, rows, planes, always):
     return kept
 
 
+@hawk.kernel
+def _few_active(done: Scalar, most: Param):
+    """The guard of a compacted run's segment: 1 once at most `most` samples are still running."""
+    return hm.uint32(hawk.sum(hm.logical_not(done)) <= most)
+
+
 @Builder
-def _loop(g: Graph, advance, done, steps, count, cap, every):
+def _loop(g: Graph, advance, done, steps, count, cap, every, stop_active=0):
+    guard = hawk.all_done if not stop_active else lambda mark: _few_active(mark, stop_active)
     for _ in range(cap):
         for _k in range(every):
             advance(done)
             count(steps, done)
-        if hawk.all_done(done):
+        if guard(done):
             break
 
 
 def simulate(step, state, *, until=None, max_steps=None, t_end=None, dt=None, every=1, record=None, key=None,
-             event=None):
+             event=None, compact=False):
     """Run `step` on every sample until it marks the sample done, `until` holds, or the sample
     reaches `max_steps` steps (or `t_end`, counting `dt` per step); returns a `SimResult`.
 
@@ -156,12 +165,21 @@ def simulate(step, state, *, until=None, max_steps=None, t_end=None, dt=None, ev
     (`SimResult.t_event`) and the state at it carry the event-time sensitivity in their
     derivatives (dt*/dp = -(dg/dp) / (dg/dt), by the implicit function theorem).
 
+    `compact=True` (outside a builder, NumPy planes): once at most half the samples still run, the
+    running ones are packed into smaller planes and the run goes on over those, so the work falls
+    with the count still running (eagle_fx/compaction.py). It gives the same values, provided each
+    sample's step reads only that sample's state (every per-sample plane the step reads is in the
+    state; no sum over the samples).
+
     Called outside a builder, it builds the graph, runs it once and returns arrays; the arrays in
     `state` are not written. Inside a builder (or a function a transform stages) it stages the
     loop into that graph and returns staged planes, so `grad`, `vjp`, `jvp`, `vmap` and
     `checkpoints=K` apply to it as to any builder loop.
     """
     cfg = _config(step, state, until, max_steps, t_end, dt, every, record, key, event)
+    if compact is not False:
+        from .compaction import run_compacted
+        return run_compacted(cfg, state, compact, staging.active_trace() is not None)
     if staging.active_trace() is not None:
         return _stage(cfg, state, staging.active_trace().graph)
     return _run(cfg, state)
@@ -178,6 +196,7 @@ class _Config:
     key: object
     record: object = None
     event: object = None
+    stop_active: int = 0      # a compacted run's segment stops once at most this many samples run
 
 
 def _config(step, state, until, max_steps, t_end, dt, every, record, key, event) -> _Config:
@@ -318,9 +337,9 @@ def _stage(cfg: _Config, state, graph) -> SimResult:
         """Exactly n_steps steps (fewer once every sample is done): turns of `every` steps, then the rest."""
         turns, rest = divmod(n_steps, cfg.every)
         if turns:
-            _loop(graph, advance, done, steps, count, turns, cfg.every)
+            _loop(graph, advance, done, steps, count, turns, cfg.every, cfg.stop_active)
         if rest:
-            _loop(graph, advance, done, steps, count, 1, rest)
+            _loop(graph, advance, done, steps, count, 1, rest, cfg.stop_active)
 
     trajectory = None
     if cfg.record is None:

@@ -25,6 +25,7 @@ from .. import prims, tables
 from ..core import SAMPLE, UNIFORM, Literal, Program, RuleTable, Var, eager_impl
 from ..accurate import SMALL as SMALL_SUM, fsum, sum_last_axis
 from ..context import CONTEXT
+from .numpy_select import bit_select_lines, bit_select_width, mask_line, select_in_place
 
 CHUNK = 32768   # samples per chunk: a few intermediates of this size (reused by liveness) stay in L2
 
@@ -419,6 +420,7 @@ class NumpyKernel:
                         and np.dtype(w.aval.dtype).kind in "iu" and np.dtype(w.aval.dtype).itemsize >= 4):
                     count_into[e.outputs[0]] = w
 
+        masks: dict = {}        # (a select's bool mark, int dtype) -> the local name of its bit mask
         for idx, e in enumerate(prog.eqns):
             ins = [src(a) for a in e.inputs]
             if (e.prim in prims.ELEMENTWISE and isinstance(prims.ELEMENTWISE[e.prim][1], np.ufunc)
@@ -467,6 +469,9 @@ class NumpyKernel:
             elif v not in depends:
                 names[v] = f"U[{len(self.uniform_specs)}]"
                 self.uniform_specs.append((v.aval.shape, v.aval.dtype))
+            elif select_in_place(e, idx, scratch_of, last_use, root):     # into the new value's scratch
+                scratch_of[v] = scratch_of.pop(e.inputs[2])
+                names[v] = names[e.inputs[2]]
             else:
                 key = (v.aval.shape, v.aval.dtype, v.aval.kind == SAMPLE)
                 k = free[key].pop() if free.get(key) else None
@@ -479,6 +484,17 @@ class NumpyKernel:
             if (e.prim is prims.P["sample_sum"] and not self.batch and isinstance(a, Var)
                     and a.aval.dtype == np.bool_ and not a.aval.shape and a.aval.kind == SAMPLE):
                 lines.append(f"{names[v]}[0] = {ctx.const(_count_nonzero, 'count')}({ins[0]})")  # _sample_sum's count
+            elif e.prim is prims.P["select"] and bit_select_width(e) is not None:    # no branch per sample
+                idt = bit_select_width(e)
+                if (e.inputs[0], idt) not in masks:     # in a dead scratch of the values' size where one is free
+                    key = ((), v.aval.dtype, True)
+                    k = free[key].pop() if free.get(key) else None
+                    if k is None:
+                        k = len(self.scratch_specs)
+                        self.scratch_specs.append(key)
+                    masks[e.inputs[0], idt] = f"sel_mask{k}"
+                    lines.append(mask_line(ctx, ins[0], f"S[{k}]", idt, f"sel_mask{k}"))
+                lines.extend(bit_select_lines(ctx, names[v], ins, idt, masks[e.inputs[0], idt]))
             else:
                 lines.extend(numpy_emit[e.prim](ctx, names[v], ins, e.params))
             for a in {root.get(a, a) for a in e.inputs if isinstance(a, Var)}:
