@@ -56,7 +56,7 @@ def run_compacted(cfg, state, compact, staged: bool):
     n = leaves[0].shape[-1]
     out = [np.array(x, copy=True) for x in leaves]       # each sample's final state, written as it stops
     steps = np.full(n, cfg.limit, np.int32)
-    status = np.full(n, cfg.code, np.int64)
+    status = np.full(n, cfg.code, np.int32)
     running = np.arange(n)                               # the caller's index of each sample still running
     current = leaves
     taken = 0                                            # the steps every running sample has taken

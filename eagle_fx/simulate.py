@@ -103,7 +103,7 @@ def _count_hit(steps: Mutable[Int32], hit: Scalar, done: Mutable[_Bool]):
 def _final(steps: Scalar, done: Scalar, code: Param):
     """The step counts (a finished sample's last step counted) and the status: finished where the
     mark is set, else the bound's code (the loops ran exactly the bound's steps)."""
-    return hm.where(done, steps + 1, steps), hm.where(done, FINISHED, code)
+    return hm.where(done, steps + 1, steps), hm.int32(hm.where(done, FINISHED, code))
 
 
 _ALWAYS = np.ones(1, np.uint32)               # the guard of the recording loop: it runs all its rows

@@ -72,7 +72,7 @@ def test_closed_form_and_the_masked_loop(backend):
     np.testing.assert_allclose(r.state["v"], v, rtol=1e-13)
     np.testing.assert_array_equal(r.steps, steps)
     np.testing.assert_array_equal(r.status, status)
-    assert r.finished.all() and r.steps.dtype == np.int32 and r.trajectory is None
+    assert r.finished.all() and r.steps.dtype == np.int32 and r.status.dtype == np.int32 and r.trajectory is None
     np.testing.assert_allclose(r.t, steps * DT, rtol=1e-15)
     # semi-implicit Euler: v_k = v0 - g k dt, y_k = y0 + dt (k v0 - g dt k (k + 1) / 2); the landing step
     # is the first k with y_k < 0, so y_{k-1} >= 0
