@@ -38,7 +38,6 @@ of the graph being built, and its `g.result` what the call returns. A rule that 
 """
 from __future__ import annotations
 
-import threading
 
 from hawk_fx import custom as _hawk_custom
 from hawk_fx.context import CONTEXT
@@ -258,20 +257,11 @@ class _Sub:
         return res
 
 
-_IN_RULES = threading.local()       # .of: the custom functions whose rules are being staged now
-
-
 def _stage(trace, c, args):
-    busy = getattr(_IN_RULES, "of", None)
-    if busy is None:
-        busy = _IN_RULES.of = []
-    if any(b is c for b in busy):         # its own rule calls it: the body, not the rule inside itself
+    if any(b is c for b in CONTEXT.custom_rules):      # its own rule calls it: the body, not the rule inside itself
         return c._body(args)
-    busy.append(c)
-    try:
+    with CONTEXT.enter(custom_rules=c):
         return _stage_custom(trace, c, args)
-    finally:
-        busy.pop()
 
 
 def _stage_custom(trace, c, args):

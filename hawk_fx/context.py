@@ -26,6 +26,10 @@ The frames, who pushes them and what the innermost one means:
     plain_sums        hawk_fx.emit.jax: sums traced as jnp.sum (transposable), not the compensated reduce
     transform_apis    eagle_fx transforms staging now (their API names): refusals name the composition
     reversible        eagle_fx reverse passes being built to recompute their turns (reverse over reverse)
+    unbounded_recompute  eagle_fx reverse passes for a backend whose stacks have a fixed size (JAX):
+                      a loop with no bound on its turns recomputes them (True / False)
+    custom_rules      eagle_fx custom functions whose rules are being staged now (a rule calling its
+                      own function stages the body)
 
 Two per-thread maps sit beside the stacks: `batch_full` (vmap: an instance array's batched array,
 by id) and `scratch` (buffers a kernel's NumPy body reuses; not staging, but per thread for the
@@ -37,7 +41,7 @@ import threading
 
 STACKS = ("kernel_traces", "graph_stagers", "builder_sources", "host_nodes", "building", "deferring",
           "transforming", "abstract", "lazy_compile", "guards", "recording", "backends", "staging_disabled",
-          "eager_runs", "plain_sums", "transform_apis", "reversible")
+          "eager_runs", "plain_sums", "transform_apis", "reversible", "unbounded_recompute", "custom_rules")
 
 
 class Context(threading.local):

@@ -122,7 +122,8 @@ def test_no_module_keeps_per_thread_state_of_its_own():
         found += [f"{rel}: {m}" for m in re.findall(r"^_\w+\s*(?::[^=\n]*)?=\s*(?:\{\}|dict\(\)|OrderedDict\(\))",
                                                    text, flags=re.M)]
     # registries, not caches: forgetting an entry would lose what the user declared
-    registries = {"hawk_fx/tree.py: _REGISTERED: dict = {}"}       # user classes registered as tree nodes
+    registries = {"hawk_fx/tree.py: _REGISTERED: dict = {}",       # user classes registered as tree nodes
+                  "hawk_fx/loops.py: _warned: dict = {}"}          # warnings.warn_explicit's once-per-line registry
     assert [f for f in found if f not in registries] == []
 
 

@@ -19,14 +19,11 @@ the call passes in) keep their stacks.
 """
 from __future__ import annotations
 
-import threading
-
 from hawk_fx.context import CONTEXT
 from hawk_fx.emit.jax import is_jax_array
 
 from .. import ir
 
-_UNBOUNDED = threading.local()      # .on: this thread's reverse passes recompute loops with no bound
 
 def recomputing() -> bool:
     """Are reverse passes being built reversible (recomputing their turns)?"""
@@ -43,24 +40,14 @@ def holds_reverse(prog) -> bool:
         any(holds_reverse(q) for q in prog.subprograms())
 
 
-class recompute_unbounded:
+def recompute_unbounded(on: bool):
     """`with recompute_unbounded(on):` reverse passes built inside recompute each loop whose turns
-    have no bound (no stack to size), when `on`."""
-
-    def __init__(self, on: bool):
-        self.on = bool(on)
-
-    def __enter__(self):
-        self.saved = getattr(_UNBOUNDED, "on", False)
-        _UNBOUNDED.on = self.on or self.saved
-
-    def __exit__(self, *exc):
-        _UNBOUNDED.on = self.saved
-        return False
+    have no bound (no stack to size), when `on` (or when an enclosing frame said so)."""
+    return CONTEXT.enter(unbounded_recompute=bool(on) or recomputes_unbounded())
 
 
 def recomputes_unbounded() -> bool:
-    return getattr(_UNBOUNDED, "on", False)
+    return bool(CONTEXT.innermost("unbounded_recompute"))
 
 
 def static_stacks(arrays) -> bool:
