@@ -22,6 +22,7 @@ from hawk_fx.core import Eqn, Literal, Program, RuleTable, Var, abstract_eval
 
 from .. import ir
 from . import structure
+from .program import Eqns, inline
 
 batch_broadcast_p = ir.batch_broadcast_p
 # prim -> fn(batcher, e, atoms, flags of the atoms, env, flags, eqns): the _Batcher methods marked so
@@ -196,6 +197,81 @@ class _Batcher:
                         "transform in the other order: eagle_fx.vmap(eagle_fx.jacfwd(f)) rather than "
                         "eagle_fx.jacfwd(eagle_fx.vmap(f)), or eagle_fx.vmap(eagle_fx.vmap(f)) of the unbatched f")
 
+    # -- another vmap's per-instance constructs (masked) meeting this batch: masks over both --------
+    # A masked cond or loop of an inner batch (B1 instances) that reads values of this batch (B2)
+    # becomes one masked construct over the B2 * B1 instances, outer-major: its per-instance
+    # operands (the predicate, the loop's carries and trip count) are merged into one axis
+    # (B2 * B1, ...) around it, and its arms or body, batched again here, see (B2, B1, ...) inside.
+    # Each instance of both batches then keeps its own arm, or runs its own turns, with the one
+    # level of masks every backend lowers.
+
+    def merged(self, a, outer_b, inner_b, B1, eqns, info):
+        """`a` as (B2 * B1, ...): spread over the batch it lacks, then its two batch axes merged."""
+        if not inner_b:
+            if not outer_b:
+                return a
+            a = _bind(eqns, batch_broadcast_p, [a], {"size": B1, "axis": 1}, info)
+        elif not outer_b:
+            a = self.broadcast(a, eqns)
+        return _bind(eqns, ir.reshape_p, [a], {"shape": (self.B * B1,) + a.aval.shape[2:]}, info)
+
+    def split(self, merged, v, env, flags, eqns, info):
+        """A merged (B2 * B1, ...) result as the (B2, B1, ...) value of `v` (batched here)."""
+        nv = _bind(eqns, ir.reshape_p, [merged], {"shape": (self.B,) + v.aval.shape}, info)
+        nv.hint = v.hint
+        env[v], flags[v] = nv, True
+
+    def merged_program(self, prog, k, B1):
+        """`prog` (its inputs from k on and its outputs (B2, B1, ...)) over merged (B2 * B1, ...) ones."""
+        ins = [Var(v.aval, v.hint) for v in prog.inputs[:k]]
+        merged = [Var(ir.plane_aval((self.B * B1,) + v.aval.shape[2:], v.aval.dtype), v.hint) for v in prog.inputs[k:]]
+        b = Eqns()
+        split = [b.bind(ir.reshape_p, [m], {"shape": v.aval.shape})[0] for m, v in zip(merged, prog.inputs[k:])]
+        outs = [b.bind(ir.reshape_p, [o], {"shape": (self.B * B1,) + o.aval.shape[2:]})[0]
+                for o in inline(prog, ins + split, b)]
+        return Program(ins + merged, b, outs)
+
+    def refuse_masked_effects(self, e):
+        if e.params["inplace"] or any(ir.is_stack(v.aval) for v in e.outputs):
+            what = "writes an array in place" if e.params["inplace"] else "saves its turns for a reverse pass"
+            raise VmapError(f"eagle_fx.vmap: a device {'loop' if e.prim is ir.while_p else 'condition'} "
+                            f"({e.info.where}) that an inner vmap runs per instance {what}, and takes values of an "
+                            "outer batch (a Jacobian's basis, or a second vmap); batch a function that does not "
+                            "write its arguments, or take the derivative inside: eagle_fx.vmap(eagle_fx.jacfwd(f))")
+
+    def masked_branches(self, e, atoms, fl, env, flags, eqns):
+        self.refuse_masked_effects(e)
+        B1 = e.inputs[0].aval.shape[0]
+        pred = self.merged(atoms[0], fl[0], True, B1, eqns, e.info)
+        force = [True] * len(e.outputs)
+        arms = tuple(self.merged_program(self.program(a, fl[1:], force_out=force)[0], len(a.inputs), B1)
+                     for a in e.params["branches"])
+        outs = _bind_all(eqns, e.prim, [pred] + list(atoms[1:]), dict(e.params, branches=arms, inplace=()), e.info)
+        for v, o in zip(e.outputs, outs):
+            self.split(o, v, env, flags, eqns, e.info)
+
+    def masked_loop(self, e, atoms, fl, env, flags, eqns):
+        self.refuse_masked_effects(e)
+        if not e.outputs:
+            return self.copy(e, atoms, [], env, flags, eqns)
+        body, cond = e.params["body"], e.params["cond"]
+        w, wa = ir.WhileOperands(e, fl), ir.WhileOperands(e, atoms)
+        nc, nk = w.n_consts, len(w.carries)
+        B1 = e.outputs[0].aval.shape[0]
+        carried = [True] * nk
+        new_body = self.merged_program(self.program(body, [False] + w.consts + carried, force_out=carried)[0],
+                                       1 + nc, B1)
+        new_cond = None if cond is None else \
+            self.merged_program(self.program(cond, w.consts + carried, force_out=[True])[0], nc, B1)
+        head = []
+        if w.head:
+            head = [self.merged(wa.trip, w.trip, len(e.inputs[0].aval.shape) > 1, B1, eqns, e.info)]
+        carries = [self.merged(a, f, True, B1, eqns, e.info) for a, f in zip(wa.carries, w.carries)]
+        params = dict(e.params, body=new_body, cond=new_cond, inplace=(), masked=True)
+        outs = _bind_all(eqns, ir.while_p, head + list(wa.consts) + carries, params, e.info)
+        for v, o in zip(e.outputs, outs):
+            self.split(o, v, env, flags, eqns, e.info)
+
     @batch_rules.register(ir.stack_push_p)
     def push(self, e, atoms, fl, env, flags, eqns):
         if e.params.get("batched"):                # another vmap's stack
@@ -238,7 +314,7 @@ class _Batcher:
     def branches(self, e, atoms, fl, env, flags, eqns):
         if e.params.get("masked"):               # another vmap's per-instance construct
             if any(fl):
-                self.refuse_masked(e, fl)
+                return self.masked_branches(e, atoms, fl, env, flags, eqns)
             return self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
         pred_b, op_flags = fl[0], fl[1:]
         arms = e.params["branches"]
@@ -256,7 +332,7 @@ class _Batcher:
     def loop(self, e, atoms, fl, env, flags, eqns):
         if e.params.get("masked"):               # another vmap's per-instance construct
             if any(fl):
-                self.refuse_masked(e, fl)
+                return self.masked_loop(e, atoms, fl, env, flags, eqns)
             return self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
         body, cond = e.params["body"], e.params["cond"]
         w = ir.WhileOperands(e, fl)
@@ -348,6 +424,13 @@ def _bind(eqns, prim, inputs, params, info):
     out = Var(abstract_eval[prim](*[a.aval for a in inputs], **params)[0])
     eqns.append(Eqn(prim, list(inputs), [out], params, info))
     return out
+
+
+def _bind_all(eqns, prim, inputs, params, info):
+    """Append prim(inputs) with its output types inferred; its outputs."""
+    outs = [Var(a) for a in abstract_eval[prim](*[a.aval for a in inputs], **params)]
+    eqns.append(Eqn(prim, list(inputs), outs, params, info))
+    return outs
 
 
 def batch_program(prog: Program, in_flags, B: int):
