@@ -115,7 +115,9 @@ def _branches(e, env, tan, eqns, ts):
     out_flags = [any(t[j] for t in trial) for j in range(len(e.outputs))]
     new_arms = tuple(jvp_graph(a, op_flags, force=out_flags)[0] for a in arms)
     inputs = [_read(e.inputs[0], env)] + [_read(a, env) for a in ops] + [tan[a] for a, f in zip(ops, op_flags) if f]
-    outs = eqns.bind(e.prim, inputs, dict(e.params, branches=new_arms, inplace=()), e.info)
+    params = dict(e.params, branches=new_arms, inplace=())
+    params.pop("instance", None)            # a masked cond's one-instance equation: not this one's
+    outs = eqns.bind(e.prim, inputs, params, e.info)
     k = len(e.outputs)
     env.update(zip(e.outputs, outs[:k]))
     for v, t in zip([v for v, f in zip(e.outputs, out_flags) if f], outs[k:]):
@@ -154,6 +156,7 @@ def _while(e, env, tan, eqns, ts):
     inputs = ([_read(w.trip, env)] if w.head else []) + [_read(a, env) for a in consts] \
         + [tan[a] for a, f in zip(consts, const_f) if f] + [_read(a, env) for a in init] + t_init
     params = dict(e.params, body=jb, cond=new_cond, n_consts=nc + ntc, inplace=())
+    params.pop("instance", None)            # a masked loop's one-instance equation: not this one's
     outs = eqns.bind(ir.while_p, inputs, params, e.info)
     k = len(e.outputs)
     env.update(zip(e.outputs, outs[:k]))

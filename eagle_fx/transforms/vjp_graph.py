@@ -26,7 +26,7 @@ from .. import ir
 from . import structure
 from .kernel_residuals import split_kernel
 from .reverse_again import recomputing
-from .vmap import batch_broadcast_p
+from .vmap import batch_broadcast_p, batch_program
 from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, inline, is_float, \
     refuse_untransformable
 
@@ -139,8 +139,43 @@ class _Vjp:
                                  "batch (eagle_fx.vmap(eagle_fx.jacrev(f)) rather than eagle_fx.jacrev(eagle_fx.vmap(f))), "
                                  "or in forward mode (eagle_fx.jacfwd)")
 
+    def per_instance(self, e, cts, env, ct, eqns):
+        """Reverse mode over a cond or loop vmap runs per instance (masked): the vjp of its
+        one-instance equation, batched as vmap batched that equation; the cotangents of operands
+        every instance shares are summed over the instances. The construct runs again inside
+        (its turns are saved, or recomputed, there)."""
+        inst = e.params.get("instance")
+        if inst is None or len(inst.eqn.inputs) != len(e.inputs) or len(inst.eqn.outputs) != len(e.outputs):
+            self.refuse_masked(e)
+        e0 = inst.eqn
+        ins = list(dict.fromkeys(a for a in e0.inputs if isinstance(a, Var)))
+        outer_of, flag_of = {}, {}
+        for a0, a, f in zip(e0.inputs, e.inputs, inst.flags):
+            if isinstance(a0, Var):
+                outer_of[a0] = a
+                flag_of[a0] = flag_of.get(a0, False) or f
+        sub = _Vjp(self.capacity, self.api, self.checkpoints)
+        sub.recompute, sub.top, sub.alias = self.recompute, self.top, dict(self.alias)
+        for v in ins:
+            if isinstance(outer_of[v], Var):
+                sub.alias[v] = self.alias.get(outer_of[v], outer_of[v])
+        wrt = [is_float(v.aval) for v in ins]
+        floats = [is_float(v.aval) for v in e0.outputs]
+        one = sub.program(Program(ins, [e0], list(e0.outputs)), wrt)
+        batched, out_flags = batch_program(one, [flag_of[v] for v in ins] + [True] * sum(floats), inst.B)
+        seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v, f in zip(cts, e.outputs, floats) if f]
+        outs = inline(batched, [_read(outer_of[v], env) for v in ins] + seeds, eqns)
+        k = len(e0.outputs)
+        for v, g, g_b in zip([v for v, w in zip(ins, wrt) if w], outs[k:], out_flags[k:]):
+            if g_b and not flag_of[v]:
+                g = eqns.bind(ir.batch_sum_p, [g], {"axis": 0})[0]
+            elif flag_of[v] and not g_b:
+                g = eqns.bind(batch_broadcast_p, [g], {"size": inst.B})[0]
+            _accumulate(ct, outer_of[v], g, eqns)
+
     def branches(self, e, cts, env, ct, eqns):
-        self.refuse_masked(e)
+        if e.params.get("masked"):
+            return self.per_instance(e, cts, env, ct, eqns)
         ops = e.inputs[1:]
         op_wrt = [isinstance(a, Var) and is_float(a.aval) for a in ops]
         arms = []
@@ -180,7 +215,6 @@ class _Vjp:
 
     def forward_loop(self, e, env, eqns):
         """The loop, also stacking each turn's carries (unless checkpointed) and counting its turns."""
-        self.refuse_masked(e)
         body, cond = e.params["body"], e.params["cond"]
         w = ir.WhileOperands(e)
         consts, init = w.consts, w.carries
@@ -205,6 +239,8 @@ class _Vjp:
         return outs[k:k + len(stacks)], outs[-1]
 
     def loop(self, e, cts, env, ct, eqns, saved):
+        if e.params.get("masked"):
+            return self.per_instance(e, cts, env, ct, eqns)
         if self.checkpoints:
             return self.revolve(e, cts, env, ct, eqns, saved[1])
         if self.recompute:
@@ -285,6 +321,10 @@ def _copy(v, e, env, eqns, saved):
 
 @forward_rules.register(ir.while_p)
 def _forward_loop(v, e, env, eqns, saved):
+    if e.params.get("masked"):       # per instance: its reverse runs it again (_Vjp.per_instance)
+        copy_eqn(e, env, eqns)
+        saved[e] = None
+        return
     saved[e] = v.forward_loop(e, env, eqns)
 
 

@@ -33,6 +33,19 @@ class VmapError(ValueError):
     pass
 
 
+class Instance:
+    """What a masked construct batches: its one-instance equation, the batched flag of each operand,
+    and B. Reverse mode differentiates that equation and batches its vjp (transforms/vjp_graph.py)."""
+
+    __slots__ = ("eqn", "flags", "B")
+
+    def __init__(self, eqn, flags, B):
+        self.eqn, self.flags, self.B = eqn, tuple(flags), B
+
+    def __repr__(self):
+        return f"Instance({self.eqn.prim}, B={self.B})"
+
+
 class _Batcher:
     def __init__(self, B: int):
         self.B = B
@@ -246,7 +259,7 @@ class _Batcher:
         force = [True] * len(e.outputs)
         arms = tuple(self.merged_program(self.program(a, fl[1:], force_out=force)[0], len(a.inputs), B1)
                      for a in e.params["branches"])
-        outs = _bind_all(eqns, e.prim, [pred] + list(atoms[1:]), dict(e.params, branches=arms, inplace=()), e.info)
+        outs = _bind_all(eqns, e.prim, [pred] + list(atoms[1:]), _without_instance(e.params, branches=arms, inplace=()), e.info)
         for v, o in zip(e.outputs, outs):
             self.split(o, v, env, flags, eqns, e.info)
 
@@ -267,7 +280,7 @@ class _Batcher:
         if w.head:
             head = [self.merged(wa.trip, w.trip, len(e.inputs[0].aval.shape) > 1, B1, eqns, e.info)]
         carries = [self.merged(a, f, True, B1, eqns, e.info) for a, f in zip(wa.carries, w.carries)]
-        params = dict(e.params, body=new_body, cond=new_cond, inplace=(), masked=True)
+        params = _without_instance(e.params, body=new_body, cond=new_cond, inplace=(), masked=True)
         outs = _bind_all(eqns, ir.while_p, head + list(wa.consts) + carries, params, e.info)
         for v, o in zip(e.outputs, outs):
             self.split(o, v, env, flags, eqns, e.info)
@@ -326,6 +339,8 @@ class _Batcher:
                                 "with per-instance values; batch that array (in_axes=0)")
         new_arms = tuple(self.program(a, op_flags, force_out=out_b)[0] for a in arms)
         params = dict(e.params, branches=new_arms, masked=pred_b)
+        if pred_b:
+            params["instance"] = Instance(e, fl, self.B)
         self.copy(e, atoms, out_b, env, flags, eqns, params)
 
     @batch_rules.register(ir.while_p)
@@ -362,6 +377,8 @@ class _Batcher:
             if f and not fl[k]:
                 atoms[k] = self.broadcast(atoms[k], eqns)
         params = dict(e.params, body=new_body, cond=new_cond, masked=masked)
+        if masked:
+            params["instance"] = Instance(e, ([trip_b] if w.head else []) + const_f + carry_f, self.B)
         self.copy(e, atoms, carry_f, env, flags, eqns, params)
 
 
@@ -423,6 +440,13 @@ def _bind(eqns, prim, inputs, params, info):
     """Append prim(inputs) with its output type inferred; its one output."""
     out = Var(abstract_eval[prim](*[a.aval for a in inputs], **params)[0])
     eqns.append(Eqn(prim, list(inputs), [out], params, info))
+    return out
+
+
+def _without_instance(params, **changes):
+    """A masked construct's params for a construct that is not one vmap of its one-instance equation."""
+    out = dict(params, **changes)
+    out.pop("instance", None)
     return out
 
 
