@@ -26,7 +26,7 @@ from .. import ir
 from . import structure
 from .kernel_residuals import split_kernel
 from .reverse_again import recomputing
-from .vmap import batch_broadcast_p, batch_program
+from .vmap import batch_broadcast_p, batch_program, has_instance, instance_program
 from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, inline, is_float, \
     refuse_untransformable
 
@@ -144,34 +144,30 @@ class _Vjp:
         one-instance equation, batched as vmap batched that equation; the cotangents of operands
         every instance shares are summed over the instances. The construct runs again inside
         (its turns are saved, or recomputed, there)."""
-        inst = e.params.get("instance")
-        if inst is None or len(inst.eqn.inputs) != len(e.inputs) or len(inst.eqn.outputs) != len(e.outputs):
+        if not has_instance(e):
             self.refuse_masked(e)
-        e0 = inst.eqn
-        ins = list(dict.fromkeys(a for a in e0.inputs if isinstance(a, Var)))
-        outer_of, flag_of = {}, {}
-        for a0, a, f in zip(e0.inputs, e.inputs, inst.flags):
-            if isinstance(a0, Var):
-                outer_of[a0] = a
-                flag_of[a0] = flag_of.get(a0, False) or f
+        inst = e.params["instance"]
+        one, at = instance_program(e)
+        outer, b_flags = [e.inputs[k] for k in at], [inst.flags[k] for k in at]
         sub = _Vjp(self.capacity, self.api, self.checkpoints)
         sub.recompute, sub.top, sub.alias = self.recompute, self.top, dict(self.alias)
-        for v in ins:
-            if isinstance(outer_of[v], Var):
-                sub.alias[v] = self.alias.get(outer_of[v], outer_of[v])
-        wrt = [is_float(v.aval) for v in ins]
-        floats = [is_float(v.aval) for v in e0.outputs]
-        one = sub.program(Program(ins, [e0], list(e0.outputs)), wrt)
-        batched, out_flags = batch_program(one, [flag_of[v] for v in ins] + [True] * sum(floats), inst.B)
+        for v, a in zip(one.inputs, outer):
+            if isinstance(a, Var):
+                sub.alias[v] = self.alias.get(a, a)
+        wrt = [is_float(v.aval) for v in one.inputs]
+        floats = [is_float(v.aval) for v in one.outputs]
+        vjp_one = sub.program(one, wrt)
+        batched, out_flags = batch_program(vjp_one, b_flags + [True] * sum(floats), inst.B)
         seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v, f in zip(cts, e.outputs, floats) if f]
-        outs = inline(batched, [_read(outer_of[v], env) for v in ins] + seeds, eqns)
-        k = len(e0.outputs)
-        for v, g, g_b in zip([v for v, w in zip(ins, wrt) if w], outs[k:], out_flags[k:]):
-            if g_b and not flag_of[v]:
+        outs = inline(batched, [_read(a, env) for a in outer] + seeds, eqns)
+        k = len(e.outputs)
+        grads = zip(*[[x for x, w in zip(seq, wrt) if w] for seq in (outer, b_flags)])
+        for (a, b), g, g_b in zip(grads, outs[k:], out_flags[k:]):
+            if g_b and not b:
                 g = eqns.bind(ir.batch_sum_p, [g], {"axis": 0})[0]
-            elif flag_of[v] and not g_b:
+            elif b and not g_b:
                 g = eqns.bind(batch_broadcast_p, [g], {"size": inst.B})[0]
-            _accumulate(ct, outer_of[v], g, eqns)
+            _accumulate(ct, a, g, eqns)
 
     def branches(self, e, cts, env, ct, eqns):
         if e.params.get("masked"):

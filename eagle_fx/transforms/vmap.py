@@ -252,7 +252,22 @@ class _Batcher:
                             "outer batch (a Jacobian's basis, or a second vmap); batch a function that does not "
                             "write its arguments, or take the derivative inside: eagle_fx.vmap(eagle_fx.jacfwd(f))")
 
+    def instance_again(self, e, atoms, fl, env, flags, eqns):
+        """A masked construct that records its one-instance equation: that equation batched once
+        over the B2 * B1 instances (its operands of either batch merged), so the result is again
+        one vmap of one equation (reverse mode differentiates it so)."""
+        inst = e.params["instance"]
+        B1 = inst.B
+        one, at = instance_program(e)
+        merged = [self.merged(atoms[k], fl[k], inst.flags[k], B1, eqns, e.info) for k in at]
+        both = [fl[k] or inst.flags[k] for k in at]
+        batched, _ = _Batcher(self.B * B1).program(one, both, force_out=[True] * len(e.outputs))
+        for v, o in zip(e.outputs, inline(batched, merged, _Appending(eqns))):
+            self.split(o, v, env, flags, eqns, e.info)
+
     def masked_branches(self, e, atoms, fl, env, flags, eqns):
+        if _has_instance(e):
+            return self.instance_again(e, atoms, fl, env, flags, eqns)
         self.refuse_masked_effects(e)
         B1 = e.inputs[0].aval.shape[0]
         pred = self.merged(atoms[0], fl[0], True, B1, eqns, e.info)
@@ -264,6 +279,8 @@ class _Batcher:
             self.split(o, v, env, flags, eqns, e.info)
 
     def masked_loop(self, e, atoms, fl, env, flags, eqns):
+        if _has_instance(e):
+            return self.instance_again(e, atoms, fl, env, flags, eqns)
         self.refuse_masked_effects(e)
         if not e.outputs:
             return self.copy(e, atoms, [], env, flags, eqns)
@@ -443,6 +460,22 @@ def _bind(eqns, prim, inputs, params, info):
     return out
 
 
+def _has_instance(e):
+    """Does masked `e` record its one-instance equation, operand for operand (not pruned since)?"""
+    inst = e.params.get("instance")
+    return inst is not None and len(inst.eqn.inputs) == len(e.inputs) and len(inst.eqn.outputs) == len(e.outputs)
+
+
+class _Appending:
+    """An Eqns-like view of a plain list of equations, for inline()."""
+
+    def __init__(self, eqns):
+        self.eqns = eqns
+
+    def bind(self, prim, inputs, params, info=None):
+        return _bind_all(self.eqns, prim, inputs, params, info)
+
+
 def _without_instance(params, **changes):
     """A masked construct's params for a construct that is not one vmap of its one-instance equation."""
     out = dict(params, **changes)
@@ -457,6 +490,21 @@ def _bind_all(eqns, prim, inputs, params, info):
     return outs
 
 
-def batch_program(prog: Program, in_flags, B: int):
-    """(batched Program, batched flag per output)."""
-    return _Batcher(B).program(prog, list(in_flags))
+def batch_program(prog: Program, in_flags, B: int, force_out=None):
+    """(batched Program, batched flag per output); force_out: outputs batched even when shared."""
+    return _Batcher(B).program(prog, list(in_flags), force_out)
+
+
+def has_instance(e):
+    """Is `e` a construct vmap runs per instance (masked) that records its one-instance equation?"""
+    return bool(e.params.get("masked")) and _has_instance(e)
+
+
+def instance_program(e):
+    """The one-instance equation of masked `e` as a Program over its Var operands, and their
+    operand positions."""
+    e0 = e.params["instance"].eqn
+    at = [k for k, a in enumerate(e0.inputs) if isinstance(a, Var)]
+    ins = {k: Var(e0.inputs[k].aval) for k in at}
+    return Program(list(ins.values()), [e0.replace(inputs=[ins.get(k, a) for k, a in enumerate(e0.inputs)])],
+                   list(e0.outputs)), at
