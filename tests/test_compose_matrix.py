@@ -180,7 +180,7 @@ def check(chain, against_jax=False):
     want = expected(chain, np.atleast_1d(jax_x).ravel())
     if want is not None and _derivative_over_vmap(chain):
         # the derivative's result spans the instances (a block-diagonal Jacobian): JAX's own composition
-        want = jax.tree_util.tree_map(np.asarray, compose(jax, chain, jax_x))
+        want = jax.tree_util.tree_map(np.asarray, jax.jit(lambda x: compose(jax, chain, x))(jax_x))
     elif against_jax:                                       # JAX's own composition: the oracle's trees and values
         try:
             direct = compose(jax, chain, jax_x)
@@ -216,7 +216,9 @@ DERIVATIVES = {"grad", "value_and_grad", "vjp", "jvp", "jacfwd", "jacrev", "hess
 def _derivative_over_vmap(chain):
     """A derivative with a vmap below it, whose capped loop then runs per instance (XS's instances
     run different turns), and whose result spans the instances."""
-    last = len(chain) - 1 - chain[::-1].index("vmap") if "vmap" in chain else -1
+    if "vmap" not in chain:
+        return False
+    last = len(chain) - 1 - chain[::-1].index("vmap")
     return any(t in DERIVATIVES for t in chain[:last])
 
 
