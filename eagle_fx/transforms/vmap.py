@@ -45,6 +45,27 @@ class Instance:
     def __repr__(self):
         return f"Instance({self.eqn.prim}, B={self.B})"
 
+    def keeping(self, cs, js, keep, reads):
+        """This instance of a loop pruned to its consts `cs` and carries `js` (when its body and
+        guard read no other: else None, and reverse mode over the pruned loop is refused)."""
+        e0 = self.eqn
+        w = ir.WhileOperands(e0)
+        body, cond = e0.params["body"], e0.params["cond"]
+        _, consts, carries = w.body_parts(body.inputs)
+        read = reads(body, [body.outputs[j] for j in js]) | \
+            (reads(cond, cond.outputs) if cond is not None else set())
+        g_consts, g_carries = w.guard_parts(cond.inputs) if cond is not None else ([], [])
+        dropped = [consts[i] for i in range(len(consts)) if i not in cs] + \
+            [carries[j] for j in range(len(carries)) if j not in js]
+        dropped += [g_consts[i] for i in range(len(g_consts)) if i not in cs] + \
+            [g_carries[j] for j in range(len(g_carries)) if j not in js]
+        if any(v in read for v in dropped):
+            return None
+        nc = w.n_consts
+        flags = self.flags[:w.head] + tuple(self.flags[w.head + i] for i in cs) + \
+            tuple(self.flags[w.head + nc + j] for j in js)
+        return Instance(keep(e0, cs, js), flags, self.B)
+
 
 class _Batcher:
     def __init__(self, B: int):
