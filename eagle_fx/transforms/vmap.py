@@ -10,6 +10,9 @@ Rules, one per primitive:
     on a batched cell: every arm runs and each instance keeps its own arm's values ("masked");
   * while: carries found batched by a fixpoint over the body; with a batched guard (or trip
     count) the loop runs until every instance's guard is 0, finished instances frozen (masked);
+  * a masked cond or loop records its one-instance equation and flags (`instance`): the
+    derivative transforms differentiate that equation and batch the result, and a second batch
+    meeting it batches that equation over both batches at once (B2 * B1 instances);
   * derivative primitives: zeros and sums as elementwise ops; a stack of saved loop turns gains
     the batch axis after its turn axis is read per instance (each instance ran its own turns);
   * opaque host nodes are refused.
@@ -22,7 +25,7 @@ from hawk_fx.core import Eqn, Literal, Program, RuleTable, Var, abstract_eval
 
 from .. import ir
 from . import structure
-from .program import Eqns, inline
+from .program import inline
 
 batch_broadcast_p = ir.batch_broadcast_p
 # prim -> fn(batcher, e, atoms, flags of the atoms, env, flags, eqns): the _Batcher methods marked so
@@ -233,11 +236,11 @@ class _Batcher:
 
     # -- another vmap's per-instance constructs (masked) meeting this batch: masks over both --------
     # A masked cond or loop of an inner batch (B1 instances) that reads values of this batch (B2)
-    # becomes one masked construct over the B2 * B1 instances, outer-major: its per-instance
-    # operands (the predicate, the loop's carries and trip count) are merged into one axis
-    # (B2 * B1, ...) around it, and its arms or body, batched again here, see (B2, B1, ...) inside.
-    # Each instance of both batches then keeps its own arm, or runs its own turns, with the one
-    # level of masks every backend lowers.
+    # records its one-instance equation (Instance): that equation is batched once over the
+    # B2 * B1 instances, outer-major, its operands of either batch merged into one axis
+    # (B2 * B1, ...) around it, and its results seen as (B2, B1, ...). Each instance of both
+    # batches keeps its own arm, or runs its own turns, with the one level of masks every backend
+    # lowers; and the result is again one vmap of one equation (reverse mode differentiates it so).
 
     def merged(self, a, outer_b, inner_b, B1, eqns, info):
         """`a` as (B2 * B1, ...): spread over the batch it lacks, then its two batch axes merged."""
@@ -249,34 +252,9 @@ class _Batcher:
             a = self.broadcast(a, eqns)
         return _bind(eqns, ir.reshape_p, [a], {"shape": (self.B * B1,) + a.aval.shape[2:]}, info)
 
-    def split(self, merged, v, env, flags, eqns, info):
-        """A merged (B2 * B1, ...) result as the (B2, B1, ...) value of `v` (batched here)."""
-        nv = _bind(eqns, ir.reshape_p, [merged], {"shape": (self.B,) + v.aval.shape}, info)
-        nv.hint = v.hint
-        env[v], flags[v] = nv, True
-
-    def merged_program(self, prog, k, B1):
-        """`prog` (its inputs from k on and its outputs (B2, B1, ...)) over merged (B2 * B1, ...) ones."""
-        ins = [Var(v.aval, v.hint) for v in prog.inputs[:k]]
-        merged = [Var(ir.plane_aval((self.B * B1,) + v.aval.shape[2:], v.aval.dtype), v.hint) for v in prog.inputs[k:]]
-        b = Eqns()
-        split = [b.bind(ir.reshape_p, [m], {"shape": v.aval.shape})[0] for m, v in zip(merged, prog.inputs[k:])]
-        outs = [b.bind(ir.reshape_p, [o], {"shape": (self.B * B1,) + o.aval.shape[2:]})[0]
-                for o in inline(prog, ins + split, b)]
-        return Program(ins + merged, b, outs)
-
-    def refuse_masked_effects(self, e):
-        if e.params["inplace"] or any(ir.is_stack(v.aval) for v in e.outputs):
-            what = "writes an array in place" if e.params["inplace"] else "saves its turns for a reverse pass"
-            raise VmapError(f"eagle_fx.vmap: a device {'loop' if e.prim is ir.while_p else 'condition'} "
-                            f"({e.info.where}) that an inner vmap runs per instance {what}, and takes values of an "
-                            "outer batch (a Jacobian's basis, or a second vmap); batch a function that does not "
-                            "write its arguments, or take the derivative inside: eagle_fx.vmap(eagle_fx.jacfwd(f))")
-
     def instance_again(self, e, atoms, fl, env, flags, eqns):
-        """A masked construct that records its one-instance equation: that equation batched once
-        over the B2 * B1 instances (its operands of either batch merged), so the result is again
-        one vmap of one equation (reverse mode differentiates it so)."""
+        if not _has_instance(e):          # pruned since, in a way its one-instance equation could not be
+            self.refuse_masked(e, fl)
         inst = e.params["instance"]
         B1 = inst.B
         one, at = instance_program(e)
@@ -284,44 +262,9 @@ class _Batcher:
         both = [fl[k] or inst.flags[k] for k in at]
         batched, _ = _Batcher(self.B * B1).program(one, both, force_out=[True] * len(e.outputs))
         for v, o in zip(e.outputs, inline(batched, merged, _Appending(eqns))):
-            self.split(o, v, env, flags, eqns, e.info)
-
-    def masked_branches(self, e, atoms, fl, env, flags, eqns):
-        if _has_instance(e):
-            return self.instance_again(e, atoms, fl, env, flags, eqns)
-        self.refuse_masked_effects(e)
-        B1 = e.inputs[0].aval.shape[0]
-        pred = self.merged(atoms[0], fl[0], True, B1, eqns, e.info)
-        force = [True] * len(e.outputs)
-        arms = tuple(self.merged_program(self.program(a, fl[1:], force_out=force)[0], len(a.inputs), B1)
-                     for a in e.params["branches"])
-        outs = _bind_all(eqns, e.prim, [pred] + list(atoms[1:]), _without_instance(e.params, branches=arms, inplace=()), e.info)
-        for v, o in zip(e.outputs, outs):
-            self.split(o, v, env, flags, eqns, e.info)
-
-    def masked_loop(self, e, atoms, fl, env, flags, eqns):
-        if _has_instance(e):
-            return self.instance_again(e, atoms, fl, env, flags, eqns)
-        self.refuse_masked_effects(e)
-        if not e.outputs:
-            return self.copy(e, atoms, [], env, flags, eqns)
-        body, cond = e.params["body"], e.params["cond"]
-        w, wa = ir.WhileOperands(e, fl), ir.WhileOperands(e, atoms)
-        nc, nk = w.n_consts, len(w.carries)
-        B1 = e.outputs[0].aval.shape[0]
-        carried = [True] * nk
-        new_body = self.merged_program(self.program(body, [False] + w.consts + carried, force_out=carried)[0],
-                                       1 + nc, B1)
-        new_cond = None if cond is None else \
-            self.merged_program(self.program(cond, w.consts + carried, force_out=[True])[0], nc, B1)
-        head = []
-        if w.head:
-            head = [self.merged(wa.trip, w.trip, len(e.inputs[0].aval.shape) > 1, B1, eqns, e.info)]
-        carries = [self.merged(a, f, True, B1, eqns, e.info) for a, f in zip(wa.carries, w.carries)]
-        params = _without_instance(e.params, body=new_body, cond=new_cond, inplace=(), masked=True)
-        outs = _bind_all(eqns, ir.while_p, head + list(wa.consts) + carries, params, e.info)
-        for v, o in zip(e.outputs, outs):
-            self.split(o, v, env, flags, eqns, e.info)
+            nv = _bind(eqns, ir.reshape_p, [o], {"shape": (self.B,) + v.aval.shape}, e.info)
+            nv.hint = v.hint
+            env[v], flags[v] = nv, True
 
     @batch_rules.register(ir.stack_push_p)
     def push(self, e, atoms, fl, env, flags, eqns):
@@ -365,7 +308,7 @@ class _Batcher:
     def branches(self, e, atoms, fl, env, flags, eqns):
         if e.params.get("masked"):               # another vmap's per-instance construct
             if any(fl):
-                return self.masked_branches(e, atoms, fl, env, flags, eqns)
+                return self.instance_again(e, atoms, fl, env, flags, eqns)
             return self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
         pred_b, op_flags = fl[0], fl[1:]
         arms = e.params["branches"]
@@ -385,7 +328,7 @@ class _Batcher:
     def loop(self, e, atoms, fl, env, flags, eqns):
         if e.params.get("masked"):               # another vmap's per-instance construct
             if any(fl):
-                return self.masked_loop(e, atoms, fl, env, flags, eqns)
+                return self.instance_again(e, atoms, fl, env, flags, eqns)
             return self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
         body, cond = e.params["body"], e.params["cond"]
         w = ir.WhileOperands(e, fl)
@@ -495,13 +438,6 @@ class _Appending:
 
     def bind(self, prim, inputs, params, info=None):
         return _bind_all(self.eqns, prim, inputs, params, info)
-
-
-def _without_instance(params, **changes):
-    """A masked construct's params for a construct that is not one vmap of its one-instance equation."""
-    out = dict(params, **changes)
-    out.pop("instance", None)
-    return out
 
 
 def _bind_all(eqns, prim, inputs, params, info):
