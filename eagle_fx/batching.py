@@ -72,7 +72,11 @@ def _differentiating():
     """Is a derivative staging this vmap? Then vmap(vmap(f)) batches the batched program again
     rather than merging its arguments' batch axes in Python: derivatives follow the arrays given
     to the graph, which a merge would replace by reshaped copies."""
-    return any(a != "eagle_fx.vmap" for a in seams.inside())
+    return any(a in _DERIVATIVES for a in seams.inside())
+
+
+_DERIVATIVES = {f"eagle_fx.{n}" for n in ("jvp", "vjp", "grad", "value_and_grad", "jacfwd", "jacrev", "hessian",
+                                          "linearize", "linear_transpose")}
 
 
 def prefix_leaves(prefix, value, api, what):

@@ -14,7 +14,7 @@ import pytest
 
 import eagle_fx as ef
 import hawk_fx as hawk
-from hawk_fx import Param, Scalar, UInt32
+from hawk_fx import Mutable, Param, Scalar, UInt32
 from hawk_fx import math as hm
 
 jax = pytest.importorskip("jax")
@@ -265,3 +265,57 @@ def test_reverse_mode_over_a_per_instance_loop_whose_unread_carry_was_pruned():
     x, lim = np.array([1.5, 0.3, -1.9]), np.array([0.5, 0.5, 0.4])
     f = ef.vmap(lambda u, v: dropped(u, v))
     close(ef.jacrev(f)(x[:, None].copy(), lim[:, None].copy()), jax.jit(jax.jacrev(jax.vmap(jdropped)))(x, lim))
+
+
+@ef.Graph.builder
+def halving(x, flag, lim):
+    g = ef.Graph()
+    for _ in range(CAP):
+        if not flag:
+            break
+        x = shrink(x)
+        flag = above(x, lim)
+    g.result = score(x)
+    return g
+
+
+@hawk.kernel
+def still_above(x: Scalar, lim: Param, flag: Mutable[UInt32]):
+    flag = hm.uint32(hawk.sum(hm.abs(x) > lim))
+
+
+@ef.Graph.builder
+def halving_in_place(x, flag, lim):
+    g = ef.Graph()
+    for _ in range(CAP):
+        if not flag:
+            break
+        x = shrink(x)
+        still_above(x, lim, flag)        # writes the caller's flag
+    g.result = score(x)
+    return g
+
+
+def test_a_second_batch_over_a_per_instance_loop_that_writes_in_place_is_refused():
+    x = np.random.default_rng(6).uniform(-2.0, 2.0, (2, 3, 1))
+    flags = np.ones((2, 3, 1), np.uint32)
+    keep = flags.copy()
+    inner = ef.vmap(lambda u, f: halving_in_place(u, f, 0.5))
+    with pytest.raises(ValueError, match="writes an array in place") as info:
+        ef.vmap(lambda u, f: inner(u, f))(x, flags)
+    assert "eagle_fx.vmap(eagle_fx.vmap(f))" in str(info.value)
+    np.testing.assert_array_equal(flags, keep)
+    # without the write, the same loop batched twice runs each instance's own turns
+    got = ef.vmap(lambda u, f: ef.vmap(lambda v, g: halving(v, g, 0.5))(u, f))(x, flags)
+    want = jax.vmap(jax.vmap(jhalving))(x[..., 0])
+    close(got, want)
+
+
+def jhalving(s, lim=0.5):
+    """halving with its flag set on entry: the first turn always runs."""
+    def capped(_, state):
+        s, run = state
+        s = jnp.where(run, 0.6 * s + 0.1 * jnp.sin(s), s)
+        return s, run & (jnp.abs(s) > lim)
+    s = jax.lax.fori_loop(0, CAP, capped, (s, True))[0]
+    return s * s + 0.3 * s

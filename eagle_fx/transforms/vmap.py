@@ -255,6 +255,13 @@ class _Batcher:
     def instance_again(self, e, atoms, fl, env, flags, eqns):
         if not _has_instance(e):          # pruned since, in a way its one-instance equation could not be
             self.refuse_masked(e, fl)
+        if e.params["inplace"] or any(ir.is_stack(v.aval) for v in e.outputs):
+            what = "writes an array in place" if e.params["inplace"] else "saves its turns for a reverse pass"
+            raise VmapError(f"eagle_fx.vmap: a device {'loop' if e.prim is ir.while_p else 'condition'} "
+                            f"({e.info.where}) that an inner vmap runs per instance {what}, and takes values of an "
+                            "outer batch (a second vmap); batch a function that does not write its arguments "
+                            "(a derivative's graph does not), or batch both levels at once: "
+                            "eagle_fx.vmap(eagle_fx.vmap(f)) of the unbatched f")
         inst = e.params["instance"]
         B1 = inst.B
         one, at = instance_program(e)
