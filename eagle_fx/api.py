@@ -488,6 +488,15 @@ class Staged:
                     "derivative inside the batches (eagle_fx.vmap(eagle_fx.vmap(eagle_fx.jacfwd(f))), or jacrev, "
                     "grad: each instance's), or merge the axes yourself and batch once: differentiate "
                     "eagle_fx.vmap(f) at x.reshape(B2 * B1, ...)")
+            x = self.leaves[a[0]][a[1]]
+            if e is not None and e.array.size == x.size and sorted(e.array.shape) == sorted(x.shape):
+                names = arg_names(self.f, len(self.args))       # the argument itself, its axes moved: a vmap's in_axes
+                raise TransformError(
+                    f"{seams.composition(self.api, self.fname)}: argument {names[a[0]]} of shape {x.shape} reaches "
+                    f"the graph with its axes moved (shape {e.array.shape}: a vmap whose in_axes batch an axis other "
+                    "than the first), and derivatives follow the arrays given to kernels, not a moved view. Put the "
+                    "batch axis first in the array you pass (np.ascontiguousarray(np.moveaxis(x, axis, 0))) and use "
+                    "in_axes=0")
             if e is not None:
                 names = arg_names(self.f, len(self.args))
                 raise TransformError(f"{self.api}: {where(self.f)} passes a kernel a view of argument {names[a[0]]} "

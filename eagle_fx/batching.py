@@ -15,7 +15,7 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from .frontend import cache
-from . import ir
+from . import ir, seams
 from .frontend.building import Builder
 from .api import Transformed, is_array, name_of, sig, stage
 from .frontend.staging import Extern
@@ -57,7 +57,7 @@ def vmap(f, in_axes=0, out_axes=0):
 
     def make(*args):
         axes = _axes(in_axes, len(args), api)
-        if isinstance(f, Transformed) and f._vmap_of is not None:
+        if isinstance(f, Transformed) and f._vmap_of is not None and not _differentiating():
             return _nested(f, args, axes, out_axes, api, name)
         return _batch(f, args, axes, out_axes, api, name)
     static = cache.static_of(f)
@@ -66,6 +66,17 @@ def vmap(f, in_axes=0, out_axes=0):
             {k: None for k, ax in enumerate(in_axes) if ax is not None} | static
     return Transformed(f"vmap({name})", make, values=not _returns_graph(f), vmap_of=(f, in_axes, out_axes),
                        sig=sig("vmap", f, in_axes, out_axes), static=static)
+
+
+def _differentiating():
+    """Is a derivative staging this vmap? Then vmap(vmap(f)) batches the batched program again
+    rather than merging its arguments' batch axes in Python: derivatives follow the arrays given
+    to the graph, which a merge would replace by reshaped copies."""
+    return any(a in _DERIVATIVES for a in seams.inside())
+
+
+_DERIVATIVES = {f"eagle_fx.{n}" for n in ("jvp", "vjp", "grad", "value_and_grad", "jacfwd", "jacrev", "hessian",
+                                          "linearize", "linear_transpose")}
 
 
 def prefix_leaves(prefix, value, api, what):

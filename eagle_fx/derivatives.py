@@ -192,7 +192,7 @@ def seed_planes(s, values=None):
     out = []
     for j, v in enumerate(r for r in s.results if is_float(r.aval)):
         a = ct_aval(v.aval)
-        val = values[j] if values is not None and j < len(values) else None
+        val = release(values[j]) if values is not None and j < len(values) else None   # vmap finds the instance by id
         out.append(Extern(val if val is not None else np.zeros(a.shape, a.dtype), "ct", "added"))
     return out
 

@@ -135,7 +135,7 @@ def _pp_while(params):
 
 
 def _pp_branches(params):
-    shown = {k: v for k, v in params.items() if k not in ("inplace", "branches", "masked")}
+    shown = {k: v for k, v in params.items() if k not in ("inplace", "branches", "masked", "instance")}
     if params.get("masked"):
         shown["masked"] = True
     if params["inplace"]:

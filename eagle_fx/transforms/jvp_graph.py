@@ -17,8 +17,9 @@ from hawk_fx.diff import jvp_spec
 
 from .. import ir
 from . import structure
-from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, is_float, refuse_untransformable
-from .vmap import batch_broadcast_p
+from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, inline, is_float, \
+    refuse_untransformable
+from .vmap import batch_broadcast_p, batch_program, has_instance, instance_program
 
 API = "eagle_fx.jvp"
 
@@ -105,9 +106,30 @@ def _no_tangent(e, env, tan, eqns, ts):
 
 # -- control flow ------------------------------------------------------------------------------------
 
+def _per_instance(e, env, tan, eqns):
+    """A cond or loop vmap runs per instance (masked): the jvp of its one-instance equation,
+    batched as vmap batched it, so the constructs made record their own one-instance equations
+    (reverse mode over this jvp differentiates them so)."""
+    inst = e.params["instance"]
+    one, at = instance_program(e)
+    t_flags = [e.inputs[k] in tan for k in at]
+    j, out_t = jvp_graph(one, t_flags)
+    b_flags = [inst.flags[k] for k in at]
+    batched, _ = batch_program(j, b_flags + [b for b, t in zip(b_flags, t_flags) if t], inst.B,
+                               force_out=[True] * len(j.outputs))
+    args = [_read(e.inputs[k], env) for k in at] + [tan[e.inputs[k]] for k, t in zip(at, t_flags) if t]
+    outs = inline(batched, args, eqns)
+    k = len(e.outputs)
+    env.update(zip(e.outputs, outs[:k]))
+    for v, t in zip([v for v, f in zip(e.outputs, out_t) if f], outs[k:]):
+        tan[v] = t
+
+
 @jvp_rules.register(ir.cond_p)
 @jvp_rules.register(ir.switch_p)
 def _branches(e, env, tan, eqns, ts):
+    if has_instance(e):
+        return _per_instance(e, env, tan, eqns)
     ops = e.inputs[1:]
     op_flags = [isinstance(a, Var) and a in tan for a in ops]
     arms = e.params["branches"]
@@ -115,7 +137,9 @@ def _branches(e, env, tan, eqns, ts):
     out_flags = [any(t[j] for t in trial) for j in range(len(e.outputs))]
     new_arms = tuple(jvp_graph(a, op_flags, force=out_flags)[0] for a in arms)
     inputs = [_read(e.inputs[0], env)] + [_read(a, env) for a in ops] + [tan[a] for a, f in zip(ops, op_flags) if f]
-    outs = eqns.bind(e.prim, inputs, dict(e.params, branches=new_arms, inplace=()), e.info)
+    params = dict(e.params, branches=new_arms, inplace=())
+    params.pop("instance", None)            # a masked cond's one-instance equation: not this one's
+    outs = eqns.bind(e.prim, inputs, params, e.info)
     k = len(e.outputs)
     env.update(zip(e.outputs, outs[:k]))
     for v, t in zip([v for v, f in zip(e.outputs, out_flags) if f], outs[k:]):
@@ -124,6 +148,8 @@ def _branches(e, env, tan, eqns, ts):
 
 @jvp_rules.register(ir.while_p)
 def _while(e, env, tan, eqns, ts):
+    if has_instance(e):
+        return _per_instance(e, env, tan, eqns)
     body, cond = e.params["body"], e.params["cond"]
     w = ir.WhileOperands(e)
     nc, consts, init = w.n_consts, w.consts, w.carries
@@ -154,6 +180,7 @@ def _while(e, env, tan, eqns, ts):
     inputs = ([_read(w.trip, env)] if w.head else []) + [_read(a, env) for a in consts] \
         + [tan[a] for a, f in zip(consts, const_f) if f] + [_read(a, env) for a in init] + t_init
     params = dict(e.params, body=jb, cond=new_cond, n_consts=nc + ntc, inplace=())
+    params.pop("instance", None)            # a masked loop's one-instance equation: not this one's
     outs = eqns.bind(ir.while_p, inputs, params, e.info)
     k = len(e.outputs)
     env.update(zip(e.outputs, outs[:k]))

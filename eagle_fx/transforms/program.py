@@ -192,10 +192,23 @@ def _prune_carries(e, live):
     cs = [i for i in range(nc) if body_consts[i] in read or (cond is not None and guard_consts[i] in guard)]
     if len(js) == n and len(cs) == nc:
         return e
+    pruned = _loop_keeping(e, cs, js)
+    inst = e.params.get("instance")           # vmap's one-instance loop (a masked one): pruned alike
+    if inst is not None:
+        pruned.params["instance"] = inst.keeping(cs, js, _loop_keeping, _reads)
+    return pruned
+
+
+def _loop_keeping(e, cs, js):
+    """Loop `e` with only its consts `cs` and carries `js` (indices), its body pruned to them."""
+    body, cond = e.params["body"], e.params["cond"]
+    w = ir.WhileOperands(e)
+    _, body_consts, carry_in = w.body_parts(body.inputs)
     new_body = dce(Program([body.inputs[0]] + [body_consts[i] for i in cs] + [carry_in[j] for j in js],
                            body.eqns, [body.outputs[j] for j in js]))
     new_cond = None
     if cond is not None:
+        guard_consts, guard_carries = w.guard_parts(cond.inputs)
         new_cond = cond.replace(inputs=[guard_consts[i] for i in cs] + [guard_carries[j] for j in js])
     inputs = list(e.inputs[:w.head]) + [w.consts[i] for i in cs] + [w.carries[j] for j in js]
     return e.replace(inputs=inputs, outputs=[e.outputs[j] for j in js],

@@ -26,7 +26,7 @@ from .. import ir
 from . import structure
 from .kernel_residuals import split_kernel
 from .reverse_again import recomputes_unbounded, recomputing
-from .vmap import batch_broadcast_p
+from .vmap import batch_broadcast_p, batch_program, has_instance, instance_program
 from .program import Eqns, TransformError, copy_eqn, copy_program, ct_aval, dce, inline, is_float, \
     refuse_untransformable
 
@@ -140,8 +140,39 @@ class _Vjp:
                                  "batch (eagle_fx.vmap(eagle_fx.jacrev(f)) rather than eagle_fx.jacrev(eagle_fx.vmap(f))), "
                                  "or in forward mode (eagle_fx.jacfwd)")
 
+    def per_instance(self, e, cts, env, ct, eqns):
+        """Reverse mode over a cond or loop vmap runs per instance (masked): the vjp of its
+        one-instance equation, batched as vmap batched that equation; the cotangents of operands
+        every instance shares are summed over the instances. The construct runs again inside
+        (its turns are saved, or recomputed, there)."""
+        if not has_instance(e):
+            self.refuse_masked(e)
+        inst = e.params["instance"]
+        one, at = instance_program(e)
+        outer, b_flags = [e.inputs[k] for k in at], [inst.flags[k] for k in at]
+        sub = _Vjp(self.capacity, self.api, self.checkpoints)
+        sub.recompute, sub.top, sub.alias = self.recompute, self.top, dict(self.alias)
+        for v, a in zip(one.inputs, outer):
+            if isinstance(a, Var):
+                sub.alias[v] = self.alias.get(a, a)
+        wrt = [is_float(v.aval) for v in one.inputs]
+        floats = [is_float(v.aval) for v in one.outputs]
+        vjp_one = sub.program(one, wrt)
+        batched, out_flags = batch_program(vjp_one, b_flags + [True] * sum(floats), inst.B)
+        seeds = [c or eqns.zeros(ct_aval(v.aval)) for c, v, f in zip(cts, e.outputs, floats) if f]
+        outs = inline(batched, [_read(a, env) for a in outer] + seeds, eqns)
+        k = len(e.outputs)
+        grads = zip(*[[x for x, w in zip(seq, wrt) if w] for seq in (outer, b_flags)])
+        for (a, b), g, g_b in zip(grads, outs[k:], out_flags[k:]):
+            if g_b and not b:
+                g = eqns.bind(ir.batch_sum_p, [g], {"axis": 0})[0]
+            elif b and not g_b:
+                g = eqns.bind(batch_broadcast_p, [g], {"size": inst.B})[0]
+            _accumulate(ct, a, g, eqns)
+
     def branches(self, e, cts, env, ct, eqns):
-        self.refuse_masked(e)
+        if e.params.get("masked"):
+            return self.per_instance(e, cts, env, ct, eqns)
         ops = e.inputs[1:]
         op_wrt = [isinstance(a, Var) and is_float(a.aval) for a in ops]
         arms = []
@@ -186,7 +217,6 @@ class _Vjp:
 
     def forward_loop(self, e, env, eqns):
         """The loop, also stacking each turn's carries (unless checkpointed) and counting its turns."""
-        self.refuse_masked(e)
         body, cond = e.params["body"], e.params["cond"]
         w = ir.WhileOperands(e)
         consts, init = w.consts, w.carries
@@ -211,6 +241,8 @@ class _Vjp:
         return outs[k:k + len(stacks)], outs[-1]
 
     def loop(self, e, cts, env, ct, eqns, saved):
+        if e.params.get("masked"):
+            return self.per_instance(e, cts, env, ct, eqns)
         if self.checkpoints:
             return self.revolve(e, cts, env, ct, eqns, saved[1])
         if self._recomputes(e):
@@ -291,6 +323,10 @@ def _copy(v, e, env, eqns, saved):
 
 @forward_rules.register(ir.while_p)
 def _forward_loop(v, e, env, eqns, saved):
+    if e.params.get("masked"):       # per instance: its reverse runs it again (_Vjp.per_instance)
+        copy_eqn(e, env, eqns)
+        saved[e] = None
+        return
     saved[e] = v.forward_loop(e, env, eqns)
 
 

@@ -10,6 +10,9 @@ Rules, one per primitive:
     on a batched cell: every arm runs and each instance keeps its own arm's values ("masked");
   * while: carries found batched by a fixpoint over the body; with a batched guard (or trip
     count) the loop runs until every instance's guard is 0, finished instances frozen (masked);
+  * a masked cond or loop records its one-instance equation and flags (`instance`): the
+    derivative transforms differentiate that equation and batch the result, and a second batch
+    meeting it batches that equation over both batches at once (B2 * B1 instances);
   * derivative primitives: zeros and sums as elementwise ops; a stack of saved loop turns gains
     the batch axis after its turn axis is read per instance (each instance ran its own turns);
   * opaque host nodes are refused.
@@ -22,6 +25,7 @@ from hawk_fx.core import Eqn, Literal, Program, RuleTable, Var, abstract_eval
 
 from .. import ir
 from . import structure
+from .program import inline
 
 batch_broadcast_p = ir.batch_broadcast_p
 # prim -> fn(batcher, e, atoms, flags of the atoms, env, flags, eqns): the _Batcher methods marked so
@@ -30,6 +34,40 @@ batch_rules = RuleTable("batching")
 
 class VmapError(ValueError):
     pass
+
+
+class Instance:
+    """What a masked construct batches: its one-instance equation, the batched flag of each operand,
+    and B. Reverse mode differentiates that equation and batches its vjp (transforms/vjp_graph.py)."""
+
+    __slots__ = ("eqn", "flags", "B")
+
+    def __init__(self, eqn, flags, B):
+        self.eqn, self.flags, self.B = eqn, tuple(flags), B
+
+    def __repr__(self):
+        return f"Instance({self.eqn.prim}, B={self.B})"
+
+    def keeping(self, cs, js, keep, reads):
+        """This instance of a loop pruned to its consts `cs` and carries `js` (when its body and
+        guard read no other: else None, and reverse mode over the pruned loop is refused)."""
+        e0 = self.eqn
+        w = ir.WhileOperands(e0)
+        body, cond = e0.params["body"], e0.params["cond"]
+        _, consts, carries = w.body_parts(body.inputs)
+        read = reads(body, [body.outputs[j] for j in js]) | \
+            (reads(cond, cond.outputs) if cond is not None else set())
+        g_consts, g_carries = w.guard_parts(cond.inputs) if cond is not None else ([], [])
+        dropped = [consts[i] for i in range(len(consts)) if i not in cs] + \
+            [carries[j] for j in range(len(carries)) if j not in js]
+        dropped += [g_consts[i] for i in range(len(g_consts)) if i not in cs] + \
+            [g_carries[j] for j in range(len(g_carries)) if j not in js]
+        if any(v in read for v in dropped):
+            return None
+        nc = w.n_consts
+        flags = self.flags[:w.head] + tuple(self.flags[w.head + i] for i in cs) + \
+            tuple(self.flags[w.head + nc + j] for j in js)
+        return Instance(keep(e0, cs, js), flags, self.B)
 
 
 class _Batcher:
@@ -196,6 +234,45 @@ class _Batcher:
                         "transform in the other order: eagle_fx.vmap(eagle_fx.jacfwd(f)) rather than "
                         "eagle_fx.jacfwd(eagle_fx.vmap(f)), or eagle_fx.vmap(eagle_fx.vmap(f)) of the unbatched f")
 
+    # -- another vmap's per-instance constructs (masked) meeting this batch: masks over both --------
+    # A masked cond or loop of an inner batch (B1 instances) that reads values of this batch (B2)
+    # records its one-instance equation (Instance): that equation is batched once over the
+    # B2 * B1 instances, outer-major, its operands of either batch merged into one axis
+    # (B2 * B1, ...) around it, and its results seen as (B2, B1, ...). Each instance of both
+    # batches keeps its own arm, or runs its own turns, with the one level of masks every backend
+    # lowers; and the result is again one vmap of one equation (reverse mode differentiates it so).
+
+    def merged(self, a, outer_b, inner_b, B1, eqns, info):
+        """`a` as (B2 * B1, ...): spread over the batch it lacks, then its two batch axes merged."""
+        if not inner_b:
+            if not outer_b:
+                return a
+            a = _bind(eqns, batch_broadcast_p, [a], {"size": B1, "axis": 1}, info)
+        elif not outer_b:
+            a = self.broadcast(a, eqns)
+        return _bind(eqns, ir.reshape_p, [a], {"shape": (self.B * B1,) + a.aval.shape[2:]}, info)
+
+    def instance_again(self, e, atoms, fl, env, flags, eqns):
+        if not _has_instance(e):          # pruned since, in a way its one-instance equation could not be
+            self.refuse_masked(e, fl)
+        if e.params["inplace"] or any(ir.is_stack(v.aval) for v in e.outputs):
+            what = "writes an array in place" if e.params["inplace"] else "saves its turns for a reverse pass"
+            raise VmapError(f"eagle_fx.vmap: a device {'loop' if e.prim is ir.while_p else 'condition'} "
+                            f"({e.info.where}) that an inner vmap runs per instance {what}, and takes values of an "
+                            "outer batch (a second vmap); batch a function that does not write its arguments "
+                            "(a derivative's graph does not), or batch both levels at once: "
+                            "eagle_fx.vmap(eagle_fx.vmap(f)) of the unbatched f")
+        inst = e.params["instance"]
+        B1 = inst.B
+        one, at = instance_program(e)
+        merged = [self.merged(atoms[k], fl[k], inst.flags[k], B1, eqns, e.info) for k in at]
+        both = [fl[k] or inst.flags[k] for k in at]
+        batched, _ = _Batcher(self.B * B1).program(one, both, force_out=[True] * len(e.outputs))
+        for v, o in zip(e.outputs, inline(batched, merged, _Appending(eqns))):
+            nv = _bind(eqns, ir.reshape_p, [o], {"shape": (self.B,) + v.aval.shape}, e.info)
+            nv.hint = v.hint
+            env[v], flags[v] = nv, True
+
     @batch_rules.register(ir.stack_push_p)
     def push(self, e, atoms, fl, env, flags, eqns):
         if e.params.get("batched"):                # another vmap's stack
@@ -238,7 +315,7 @@ class _Batcher:
     def branches(self, e, atoms, fl, env, flags, eqns):
         if e.params.get("masked"):               # another vmap's per-instance construct
             if any(fl):
-                self.refuse_masked(e, fl)
+                return self.instance_again(e, atoms, fl, env, flags, eqns)
             return self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
         pred_b, op_flags = fl[0], fl[1:]
         arms = e.params["branches"]
@@ -250,13 +327,15 @@ class _Batcher:
                                 "with per-instance values; batch that array (in_axes=0)")
         new_arms = tuple(self.program(a, op_flags, force_out=out_b)[0] for a in arms)
         params = dict(e.params, branches=new_arms, masked=pred_b)
+        if pred_b:
+            params["instance"] = Instance(e, fl, self.B)
         self.copy(e, atoms, out_b, env, flags, eqns, params)
 
     @batch_rules.register(ir.while_p)
     def loop(self, e, atoms, fl, env, flags, eqns):
         if e.params.get("masked"):               # another vmap's per-instance construct
             if any(fl):
-                self.refuse_masked(e, fl)
+                return self.instance_again(e, atoms, fl, env, flags, eqns)
             return self.copy(e, atoms, [False] * len(e.outputs), env, flags, eqns)
         body, cond = e.params["body"], e.params["cond"]
         w = ir.WhileOperands(e, fl)
@@ -286,6 +365,8 @@ class _Batcher:
             if f and not fl[k]:
                 atoms[k] = self.broadcast(atoms[k], eqns)
         params = dict(e.params, body=new_body, cond=new_cond, masked=masked)
+        if masked:
+            params["instance"] = Instance(e, ([trip_b] if w.head else []) + const_f + carry_f, self.B)
         self.copy(e, atoms, carry_f, env, flags, eqns, params)
 
 
@@ -350,6 +431,44 @@ def _bind(eqns, prim, inputs, params, info):
     return out
 
 
-def batch_program(prog: Program, in_flags, B: int):
-    """(batched Program, batched flag per output)."""
-    return _Batcher(B).program(prog, list(in_flags))
+def _has_instance(e):
+    """Does masked `e` record its one-instance equation, operand for operand (not pruned since)?"""
+    inst = e.params.get("instance")
+    return inst is not None and len(inst.eqn.inputs) == len(e.inputs) and len(inst.eqn.outputs) == len(e.outputs)
+
+
+class _Appending:
+    """An Eqns-like view of a plain list of equations, for inline()."""
+
+    def __init__(self, eqns):
+        self.eqns = eqns
+
+    def bind(self, prim, inputs, params, info=None):
+        return _bind_all(self.eqns, prim, inputs, params, info)
+
+
+def _bind_all(eqns, prim, inputs, params, info):
+    """Append prim(inputs) with its output types inferred; its outputs."""
+    outs = [Var(a) for a in abstract_eval[prim](*[a.aval for a in inputs], **params)]
+    eqns.append(Eqn(prim, list(inputs), outs, params, info))
+    return outs
+
+
+def batch_program(prog: Program, in_flags, B: int, force_out=None):
+    """(batched Program, batched flag per output); force_out: outputs batched even when shared."""
+    return _Batcher(B).program(prog, list(in_flags), force_out)
+
+
+def has_instance(e):
+    """Is `e` a construct vmap runs per instance (masked) that records its one-instance equation?"""
+    return bool(e.params.get("masked")) and _has_instance(e)
+
+
+def instance_program(e):
+    """The one-instance equation of masked `e` as a Program over its Var operands, and their
+    operand positions."""
+    e0 = e.params["instance"].eqn
+    at = [k for k, a in enumerate(e0.inputs) if isinstance(a, Var)]
+    ins = {k: Var(e0.inputs[k].aval) for k in at}
+    return Program(list(ins.values()), [e0.replace(inputs=[ins.get(k, a) for k, a in enumerate(e0.inputs)])],
+                   list(e0.outputs)), at
