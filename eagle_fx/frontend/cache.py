@@ -241,7 +241,7 @@ def traced_floats(args, static={}, api="eagle_fx"):
             if not any(type(x) is float or isinstance(x, np.floating) for x in leaves):
                 continue
         if weak is None:
-            weak = _weak_float(args)
+            weak = weak_float(args)
         leaves = [np.array([x], weak if type(x) is float else x.dtype)
                   if type(x) is float or isinstance(x, np.floating) else x for x in leaves]
         if out is None:
@@ -259,7 +259,7 @@ def _hashable(a):
     return True
 
 
-def _weak_float(args):
+def weak_float(args):
     """The dtype a weakly typed Python float takes beside these arguments' floating arrays."""
     kinds = [x.dtype for x in tree_flatten(args, is_leaf=_is_ndarray)[0]
              if type(x) is np.ndarray and x.dtype.kind == "f"]
