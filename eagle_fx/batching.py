@@ -197,7 +197,9 @@ def _stage_instance(f, split, b, api):
             leaves[j] = a[b] if len(a) else np.zeros(a.shape[1:], a.dtype)    # 0 instances: a stand-in gives the shapes
             full[id(leaves[j])] = a
         inst.append(tree_unflatten(tree, leaves) if tree.kind != "leaf" else leaves[0] if leaves else arg)
-    inst = _zero_d_instances(f, split, inst)
+    inst, swaps = _zero_d_instances(f, split, inst)
+    for old, new in swaps:          # keyed by the array staged: a dropped one's id may be reused
+        full[id(new)] = full.pop(id(old))
     CONTEXT.batch_full.update(full)
     try:
         return stage(f, inst, api), full
@@ -211,7 +213,7 @@ def _zero_d_instances(f, split, inst):
     is handed a 0-d view (it stages a one-cell view of that, found by _view_of_instance) and gives
     each instance's derivative 0-d; anything else keeps the one-cell instance a Param takes."""
     if not isinstance(f, Transformed) or f._prepare is None or not any(fl for *_, fl in split):
-        return inst
+        return inst, ()
     zero = [tree_flatten(x, is_leaf=is_array)[0] for x in inst]
     for ls, (*_, big, flat) in zip(zero, split):
         for j in flat:
@@ -219,18 +221,17 @@ def _zero_d_instances(f, split, inst):
     trees = [tree_flatten(x, is_leaf=is_array)[1] for x in inst]
     cand = [tree_unflatten(t, ls) if t.kind != "leaf" else ls[0] if ls else x for t, ls, x in zip(trees, zero, inst)]
     seen = f._prepare(tuple(cand))[0]
-    out = list(inst)
+    out, swaps = list(inst), []
     for k, (x, y, (*_, flat)) in enumerate(zip(inst, seen, split)):
-        if not flat:
-            continue
         ys = tree_flatten(y, is_leaf=is_array)[0]
-        if any(np.shape(ys[j]) == (1,) and ys[j] is not zero[k][j] for j in flat):
+        promoted = [j for j in flat if np.shape(ys[j]) == (1,)]
+        if promoted:
             ls = tree_flatten(x, is_leaf=is_array)[0]
-            for j in flat:
-                if np.shape(ys[j]) == (1,) and ys[j] is not zero[k][j]:
-                    ls[j] = zero[k][j]
+            for j in promoted:
+                swaps.append((ls[j], zero[k][j]))
+                ls[j] = zero[k][j]
             out[k] = tree_unflatten(trees[k], ls) if trees[k].kind != "leaf" else ls[0]
-    return out
+    return out, swaps
 
 
 def _batched_planes(f, split, g, full, B, api, name):
