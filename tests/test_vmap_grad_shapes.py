@@ -117,6 +117,52 @@ def test_a_shared_0d_param_is_read_at_every_call():
         np.testing.assert_allclose(got, np.asarray(want), rtol=1e-12)
 
 
+OFFSET = _load('''
+@hk.kernel
+def shift(x: Vector[2], w: Param) -> Vector[2]:
+    return x + w
+
+
+@hk.kernel
+def total(v: Vector[2]) -> Scalar:
+    return hk.sum(1.5 * v[0] - 0.5 * v[1])
+
+
+@ef.Graph.builder
+def f(w, x):
+    g = ef.Graph()
+    g.result = total(shift(x, w))
+    return g
+''', "f", "offset")
+
+OFFSET_SCALAR = _load('''
+@hk.kernel
+def shifted_total(x: Scalar, w: Param) -> Scalar:
+    return hk.sum(x + w)
+
+
+@ef.Graph.builder
+def f(w, x):
+    g = ef.Graph()
+    g.result = shifted_total(x, w)
+    return g
+''', "f", "offset scalar")
+
+
+@pytest.mark.usefixtures("backend")
+@pytest.mark.parametrize("vector", [True, False], ids=["vector", "scalar"])
+@pytest.mark.parametrize("w", [0.7, np.array([0.7])], ids=["float", "cell"])
+def test_a_param_added_to_every_sample_sums_its_cotangent_over_the_samples(w, vector):
+    """d/dw sum_i (1.5 (x0_i + w) - 0.5 (x1_i + w)) = n, and d/dw sum_i (x_i + w) = n in one
+    kernel: the reduction's one cotangent reaches w through no per-sample factor, and still
+    counts once per sample."""
+    f = OFFSET if vector else OFFSET_SCALAR
+    x = np.random.default_rng(3).random((B, 2, N) if vector else (B, N))
+    np.testing.assert_allclose(ef.grad(f)(w, x[0]), np.full(np.shape(w), float(N)), rtol=1e-12)
+    got = ef.vmap(ef.grad(f), in_axes=(None, 0))(w, x)
+    np.testing.assert_allclose(got, np.full((B,) + np.shape(w), float(N)), rtol=1e-12)
+
+
 # ---------------------------------------------------------------------------------------------
 # a seeded sweep over small random kernels
 
