@@ -84,6 +84,8 @@ def _shared_floats(f, in_axes):
         return None
 
     def prepare(args):
+        if f._vmap_of is not None:          # a nested vmap: a float is shared at both levels, the inner decides
+            return f._prepare(args)
         axes = _axes(in_axes, len(args), "eagle_fx.vmap")
         weak, out, at = None, list(args), []
         for k, (a, ax) in enumerate(zip(args, axes)):
@@ -357,9 +359,19 @@ def _nested(f, args, outer_axes, out_axes, api, name):
                             "or it is batched at one level only), so the writes would not reach your array: batch "
                             "it at both levels, outer axis first, in a C-contiguous array "
                             "(np.ascontiguousarray(np.moveaxis(...))) and read the writes from that array")
-    g.views = [(B2, B1) + v.aval.shape[1:] for v in g.result_vars()[0]]
+    inner_views = g.views or [None] * g.n_results     # an instance's own view (a 0-d derivative) kept
+    g.views = [(B2, B1) + v.aval.shape[1:] if w is None else _split_lead(w, B2, B1)
+               for v, w in zip(g.result_vars()[0], inner_views)]
     g.merged_by = f"vmap({name})"
     return g
+
+
+def _split_lead(view, B2, B1):
+    """`view` of a (B2 * B1, ...) result, its leading axis then seen as (B2, B1)."""
+    def fn(a):
+        t = view(a) if callable(view) else a.reshape(view)
+        return t.reshape((B2, B1) + t.shape[1:])
+    return fn
 
 
 def _batched(aval, B):

@@ -326,3 +326,12 @@ def test_random_kernels_vmap_of_derivatives_match_jax(seed):
 @pytest.mark.parametrize("seed", range(6, 60))
 def test_random_kernels_vmap_of_derivatives_match_jax_sweep(seed):
     run_case(seed, 8)
+
+
+@pytest.mark.parametrize("w", [0.5, np.array(0.5), np.array([0.5])], ids=["float", "0d", "cell"])
+def test_nested_vmap_of_grad_has_the_instance_shape(w):
+    x = np.random.default_rng(4).random((2, B, 2, N))
+    got = ef.vmap(ef.vmap(ef.grad(SCALED), in_axes=(None, 0)), in_axes=(None, 0))(w, x)
+    want = jax.vmap(jax.vmap(jax.grad(_scaled_jax), in_axes=(None, 0)), in_axes=(None, 0))(jnp.asarray(w), x)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-12)
