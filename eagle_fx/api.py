@@ -46,6 +46,7 @@ from .frontend.staging import Plane
 from .transforms.program import TransformError, dce
 from . import seams
 from .staged_results import merge, staged_result
+from .result_views import restored_views
 from .transforms.reverse_again import holds_reverse, recomputing, reversible
 
 
@@ -70,7 +71,9 @@ class Transformed(cache.Cached):
     def closed(self, *args):
         """The closed Program it stages for these arguments (nothing lowered)."""
         if self._prepare is not None:
-            args = self._prepare(args)[0]
+            args, restore = self._prepare(args)
+            if restore is not None:       # a promoted float's derivative: seen 0-d, as a direct call gives it
+                return restored_views(self._stage(*args), restore)
         return self._stage(*args)
 
     def graph(self, *args):

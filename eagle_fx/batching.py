@@ -65,7 +65,51 @@ def vmap(f, in_axes=0, out_axes=0):
         static = cache.ALL if isinstance(in_axes, int) else \
             {k: None for k, ax in enumerate(in_axes) if ax is not None} | static
     return Transformed(f"vmap({name})", make, values=not _returns_graph(f), vmap_of=(f, in_axes, out_axes),
-                       sig=sig("vmap", f, in_axes, out_axes), static=static)
+                       sig=sig("vmap", f, in_axes, out_axes), static=static, prepare=_shared_floats(f, in_axes))
+
+
+def _float_number(x):
+    return type(x) is float or isinstance(x, np.floating)
+
+
+def _shared_floats(f, in_axes):
+    """For vmap of a derivative transform (grad, jacfwd...): a Python float in a shared argument
+    that the transform differentiates is handed to it as a 0-d array, so each instance's derivative
+    is 0-d, as the direct call gives it (and JAX), not one-cell as a traced float would make it.
+    Other shared floats become one-cell arrays, as tracing makes them."""
+    if not isinstance(f, Transformed) or f._prepare is None or isinstance(in_axes, int):
+        return None
+    user_static = cache.static_of(f)
+    if user_static is cache.ALL:
+        return None
+
+    def prepare(args):
+        if f._vmap_of is not None:          # a nested vmap: a float is shared at both levels, the inner decides
+            return f._prepare(args)
+        axes = _axes(in_axes, len(args), "eagle_fx.vmap")
+        weak, out, at = None, list(args), []
+        for k, (a, ax) in enumerate(zip(args, axes)):
+            if ax is not None or k in user_static:
+                continue
+            leaves, tree = tree_flatten(a, is_leaf=is_array)
+            if not any(_float_number(x) for x in leaves):
+                continue
+            weak = weak or cache.weak_float(args)
+            out[k] = tree_unflatten(tree, [np.array(x, weak if type(x) is float else x.dtype) if _float_number(x)
+                                           else x for x in leaves])
+            at.append((k, [j for j, x in enumerate(leaves) if _float_number(x)]))
+        if not at:
+            return args, None
+        seen = f._prepare(tuple(out))[0]           # which of them the transform differentiates (made one-cell)
+        for k, js in at:
+            leaves, tree = tree_flatten(out[k], is_leaf=is_array)
+            promoted = tree_flatten(seen[k], is_leaf=is_array)[0]
+            for j in js:
+                if np.shape(promoted[j]) == ():
+                    leaves[j] = leaves[j].reshape(1)
+            out[k] = tree_unflatten(tree, leaves)
+        return tuple(out), None
+    return prepare
 
 
 def _differentiating():
@@ -103,11 +147,11 @@ def prefix_leaves(prefix, value, api, what):
 
 def _batch(f, args, axes, out_axes, api, name):
     B, first = None, None
-    split = []                       # per argument: (tree, leaves, {leaf index: its batched array})
+    split = []       # per argument: (arg, tree, leaves, {leaf index: its batched array}, leaves given as (B,))
     for k, (arg, prefix) in enumerate(zip(args, axes)):
         leaves, tree = tree_flatten(arg, is_leaf=is_array)
         leaf_axes = prefix_leaves(prefix, arg, f"{api}({name})", f"in_axes of argument {k}")
-        big = {}
+        big, flat = {}, set()
         for j, (a, ax) in enumerate(zip(leaves, leaf_axes)):
             at = f"argument {k}" if tree.kind == "leaf" else f"argument {k} (leaf {j} of {tree})"
             if ax is None:
@@ -128,8 +172,9 @@ def _batch(f, args, axes, out_axes, api, name):
                                  f"along its batch axis, {at} has {a.shape[0]}")
             if a.ndim == 1:                    # a batched Param or cell given as (B,)
                 a = a[:, None]
+                flat.add(j)
             big[j] = a
-        split.append((arg, tree, leaves, big))
+        split.append((arg, tree, leaves, big, flat))
     if B is None:
         raise ValueError(f"{api}({name}): no argument is batched; give at least one array an in_axes of 0")
     g, full = _stage_instance(f, split, 0, api)
@@ -159,12 +204,15 @@ def _batch(f, args, axes, out_axes, api, name):
 def _stage_instance(f, split, b, api):
     """f staged on instance b of the batched arguments; and id(instance array) -> its batched array."""
     inst, full = [], {}
-    for arg, tree, leaves, big in split:
+    for arg, tree, leaves, big, _ in split:
         leaves = list(leaves)
         for j, a in big.items():
             leaves[j] = a[b] if len(a) else np.zeros(a.shape[1:], a.dtype)    # 0 instances: a stand-in gives the shapes
             full[id(leaves[j])] = a
         inst.append(tree_unflatten(tree, leaves) if tree.kind != "leaf" else leaves[0] if leaves else arg)
+    inst, swaps = _zero_d_instances(f, split, inst)
+    for old, new in swaps:          # keyed by the array staged: a dropped one's id may be reused
+        full[id(new)] = full.pop(id(old))
     CONTEXT.batch_full.update(full)
     try:
         return stage(f, inst, api), full
@@ -173,13 +221,39 @@ def _stage_instance(f, split, b, api):
             CONTEXT.batch_full.pop(key, None)
 
 
+def _zero_d_instances(f, split, inst):
+    """A (B,) argument's instance is 0-d, as in JAX: a derivative transform that differentiates it
+    is handed a 0-d view (it stages a one-cell view of that, found by _view_of_instance) and gives
+    each instance's derivative 0-d; anything else keeps the one-cell instance a Param takes."""
+    if not isinstance(f, Transformed) or f._prepare is None or not any(fl for *_, fl in split):
+        return inst, ()
+    zero = [tree_flatten(x, is_leaf=is_array)[0] for x in inst]
+    for ls, (*_, big, flat) in zip(zero, split):
+        for j in flat:
+            ls[j] = ls[j].reshape(())
+    trees = [tree_flatten(x, is_leaf=is_array)[1] for x in inst]
+    cand = [tree_unflatten(t, ls) if t.kind != "leaf" else ls[0] if ls else x for t, ls, x in zip(trees, zero, inst)]
+    seen = f._prepare(tuple(cand))[0]
+    out, swaps = list(inst), []
+    for k, (x, y, (*_, flat)) in enumerate(zip(inst, seen, split)):
+        ys = tree_flatten(y, is_leaf=is_array)[0]
+        promoted = [j for j in flat if np.shape(ys[j]) == (1,)]
+        if promoted:
+            ls = tree_flatten(x, is_leaf=is_array)[0]
+            for j in promoted:
+                swaps.append((ls[j], zero[k][j]))
+                ls[j] = zero[k][j]
+            out[k] = tree_unflatten(trees[k], ls) if trees[k].kind != "leaf" else ls[0]
+    return out, swaps
+
+
 def _batched_planes(f, split, g, full, B, api, name):
     """(batched flag, plane) per input of g, staged on instance 0. An instance's own array is
     replaced by the batched one; a view of it made in Python (x[1:] in a plain function) by the
     same view of every instance; an array a plain function made while staging (x * 2.0, which
     may depend on the instance) is found by staging every instance: shared when every instance
     made the same values, else stacked, one per instance (what a loop over instances computes)."""
-    insts = [(a[0], a) for _, _, _, big in split for a in big.values() if len(a)]
+    insts = [(a[0], a) for _, _, _, big, _ in split for a in big.values() if len(a)]
     flags, planes, derived = [], [], []
     for p, e in enumerate(g.planes):
         big = full.get(id(e.array))
@@ -296,9 +370,19 @@ def _nested(f, args, outer_axes, out_axes, api, name):
                             "or it is batched at one level only), so the writes would not reach your array: batch "
                             "it at both levels, outer axis first, in a C-contiguous array "
                             "(np.ascontiguousarray(np.moveaxis(...))) and read the writes from that array")
-    g.views = [(B2, B1) + v.aval.shape[1:] for v in g.result_vars()[0]]
+    inner_views = g.views or [None] * g.n_results     # an instance's own view (a 0-d derivative) kept
+    g.views = [(B2, B1) + v.aval.shape[1:] if w is None else _split_lead(w, B2, B1)
+               for v, w in zip(g.result_vars()[0], inner_views)]
     g.merged_by = f"vmap({name})"
     return g
+
+
+def _split_lead(view, B2, B1):
+    """`view` of a (B2 * B1, ...) result, its leading axis then seen as (B2, B1)."""
+    def fn(a):
+        t = view(a) if callable(view) else a.reshape(view)
+        return t.reshape((B2, B1) + t.shape[1:])
+    return fn
 
 
 def _batched(aval, B):

@@ -39,7 +39,11 @@ def _is_scalar_float(x):
 
 
 def _one_cell(x):
-    return np.array([x], dtype=x.dtype if isinstance(x, (np.ndarray, np.generic)) else np.float64)
+    """A one-cell array of `x`; of a 0-d array, a view, so a graph staged inside another transform
+    (vmap) reads the array it was given, not a copy baked in."""
+    if isinstance(x, np.ndarray):
+        return x.reshape(1)
+    return np.array([x], dtype=x.dtype if isinstance(x, np.generic) else np.float64)
 
 
 def promote(args, positions):

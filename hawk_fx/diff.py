@@ -376,6 +376,11 @@ def _unbroadcast(ct, aval: AVal):
     if ct is None:
         return None
     c_aval = _aval(ct)
+    if aval.kind == SAMPLE and c_aval.kind == UNIFORM and _is_float(aval):
+        # one value for every sample (a reduction's cotangent): spread, so a path from it to a
+        # Param that meets no per-sample factor (hawk.sum(x + w)) still sums it over the samples
+        ct = P["broadcast"].bind(ct, shape=aval.shape, kind=SAMPLE)
+        c_aval = _aval(ct)
     if aval.kind == UNIFORM and c_aval.kind == SAMPLE:
         ct = P["sample_sum"].bind(ct)
         c_aval = _aval(ct)

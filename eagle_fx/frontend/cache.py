@@ -245,7 +245,7 @@ def traced_floats(args, static={}, api="eagle_fx"):
             if not any(type(x) is float or isinstance(x, np.floating) for x in leaves):
                 continue
         if weak is None:
-            weak = _weak_float(args)
+            weak = weak_float(args)
         leaves = [np.array([x], weak if type(x) is float else x.dtype)
                   if type(x) is float or isinstance(x, np.floating) else x for x in leaves]
         if out is None:
@@ -263,7 +263,7 @@ def _hashable(a):
     return True
 
 
-def _weak_float(args):
+def weak_float(args):
     """The dtype a weakly typed Python float takes beside these arguments' floating arrays."""
     leaves = args
     if not all(type(x) in _FLAT for x in args):          # the common case, flat arguments: no tree to walk

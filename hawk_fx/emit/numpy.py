@@ -325,7 +325,7 @@ class NumpyKernel:
         depends: set[Var] = {v for v in prog.inputs if v.aval.kind == SAMPLE}
         for e in prog.eqns:
             if (any(isinstance(a, Var) and a in depends for a in e.inputs) or e.prim in prims.REDUCTION
-                    or e.prim in SAMPLE_SOURCES):
+                    or e.prim in SAMPLE_SOURCES or any(v.aval.kind == SAMPLE for v in e.outputs)):
                 depends.update(e.outputs)
         # a uniform input read only by elementwise ops on per-sample values may be given already
         # spread over the samples (a batched Param inside a device loop: spread once, not per op)
@@ -339,6 +339,15 @@ class NumpyKernel:
             and all((e.prim in prims.ELEMENTWISE or e.prim is prims.P["select"]) and all(o in depends for o in e.outputs)
                     for e in consumers[v])
             for v in prog.inputs)
+        # vmap: a weak scalar computed from an instance's values (select(x == x, 0.0, 0.0)) differs
+        # by instance, so it is held as an array with the batch axes, not as a Python number
+        self.held = set()
+        if self.batch:
+            per_instance = set(prog.inputs)
+            for e in prog.eqns:
+                if any(isinstance(a, Var) and a in per_instance for a in e.inputs):
+                    per_instance.update(e.outputs)
+                    self.held.update(v for v in e.outputs if _is_weak(v))
         names: dict[Var, str] = {}
         for k, v in enumerate(prog.inputs):
             names[v] = f"i{k}"
@@ -424,7 +433,7 @@ class NumpyKernel:
         for idx, e in enumerate(prog.eqns):
             ins = [src(a) for a in e.inputs]
             if (e.prim in prims.ELEMENTWISE and isinstance(prims.ELEMENTWISE[e.prim][1], np.ufunc)
-                    and not _is_weak(e.outputs[0])):
+                    and not self._number(e.outputs[0])):
                 ins = _typed_literals(ctx, e, ins)
             if e.prim in several_results:   # a loop (hawk_fx/loops.py): its results in scratch of their own
                 lines = hoisted if e.outputs[0] not in depends else body
@@ -442,11 +451,11 @@ class NumpyKernel:
             if e.prim in view_emit:
                 names[v] = f"t{len(names)}"
                 view = view_emit[e.prim](ins, e.params)
-                if _is_weak(v) and e.prim is not prims.sample_count_p:
+                if self._number(v) and e.prim is not prims.sample_count_p:
                     view = f"{view}.item(0)"      # a component of a weak Vector: a Python number
                 lines.append(f"{names[v]} = {view}")
                 continue
-            if _is_weak(v):
+            if self._number(v):
                 # Python numbers in, a Python number out (NumPy's weak-scalar rules keep float32)
                 names[v] = f"t{len(names)}"
                 if e.prim in single_pass or e.prim is prims.einsum_p:      # emitters that return with out=None
@@ -518,7 +527,7 @@ class NumpyKernel:
         if len(out_after) > 1:
             for j in out_after:
                 a = prog.outputs[j]
-                if isinstance(a, Var) and a in in_mem and not _is_weak(a):
+                if isinstance(a, Var) and a in in_mem and not self._number(a):
                     after.append(f"c{j} = np.array({after_src[j]})")
                     after_src[j] = f"c{j}"
         after += [f"np.copyto(o{j}, {after_src[j]}, casting='unsafe')" for j in out_after]
@@ -579,6 +588,10 @@ class NumpyKernel:
         code += ["        " + _unpacked(ln) for ln in inner] + ["        return", "    return call"]
         return "\n".join(code) + "\n"
 
+    def _number(self, v) -> bool:
+        """Is `v` held as a Python number at run time (a weak scalar the same for every instance)?"""
+        return _is_weak(v) and v not in self.held
+
     def _strong_operands(self, e, ins, lines, hoisted):
         """A weak value held as an array (a per-sample choice between two Python numbers, a Vector
         of them) is stored in its default dtype; meeting a float32 operand it is converted first,
@@ -586,7 +599,7 @@ class NumpyKernel:
         scratch of its own (per chunk) or, for a uniform value, to U (once per call)."""
         first = 1 if e.prim is prims.P["select"] else 0          # select's condition stays as it is
         values = e.inputs[first:]
-        weak = [k for k, a in enumerate(values, first) if isinstance(a, Var) and a.aval.weak and not _is_weak(a)]
+        weak = [k for k, a in enumerate(values, first) if isinstance(a, Var) and a.aval.weak and not self._number(a)]
         if not weak:
             return ins
         target = prims.promote([a.aval for a in values])
