@@ -731,3 +731,24 @@ def test_emulated_guards(emu_dir):
     c[0] = 1
     lib.emu_guard3(1, H, ptr(ctr), ptr(t), ptr(c))
     assert cond() == 0 and ctr[0] == 3                   # the cap
+
+
+@hawk.kernel
+def _sum_plus(x: Scalar, w: Param) -> Scalar:
+    return hawk.sum(x + w)
+
+
+def test_the_cotangent_of_a_param_summed_with_every_sample_is_n_on_the_emulated_device(emu_dir):
+    """d/dw sum_i (x_i + w) = n: the reduction's one cotangent is spread over the samples before
+    it is summed back into the Param (a per-sample broadcast in the vjp body), on the C too."""
+    from hawk_fx.diff import vjp_spec
+    spec = _sum_plus.specialize(_sum_plus.layout_of([np.ones(EMU_N), np.ones(1)])[0])
+    vs = vjp_spec(spec)
+    ek = cuda.emit_specialization(vs, "sum_plus_vjp", prelude=False)
+    lib = emu_build([ek], emu_dir)
+    x, w, ct = np.random.default_rng(3).normal(size=EMU_N), np.array([0.3]), np.array([1.5])
+    osamp = [p.role == "out_plane" for p in ek.params if p.role.startswith("out")]
+    outs = [np.zeros(EMU_N) if o else np.zeros(1) for o in osamp]
+    emu_run(lib, ek, [x, w, ct], outs)
+    np.testing.assert_allclose(outs[0], np.full(EMU_N, 1.5), rtol=1e-15)     # d/dx_i: the cotangent
+    np.testing.assert_allclose(outs[1], [1.5 * EMU_N], rtol=1e-12)          # d/dw: n times it
