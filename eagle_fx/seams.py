@@ -36,18 +36,20 @@ def as_written(api, make, shown=None):
 
 
 def _names(frames):
-    """The frames as the user wrote them: an API's own staging hidden, repeats of one merged."""
-    names, hiding = [], None
+    """The frames as the user wrote them: an API's own staging hidden, and a frame that repeats
+    the one before it (a transform staging its function again) merged into it."""
+    names, hiding, last = [], None, None
     for a in frames:
         if isinstance(a, _Written):
             if hiding is None:
                 names.extend(a.shown)
-                hiding = a.api
+                hiding = last = a.api
         elif hiding is not None:
             if a == hiding:               # the API staging the user's function: what follows is theirs
                 hiding = None
-        elif a and (not names or names[-1] != a):
+        elif a and a != last:
             names.append(a)
+            last = a
     return names
 
 
