@@ -356,7 +356,8 @@ def _new_gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
                                                                     if has_aux else "") +
                             ("; for second derivatives use eagle_fx.hessian(f), eagle_fx.jacfwd(eagle_fx.jacrev(f)) "
                              "or eagle_fx.jacrev(eagle_fx.jacrev(f))" if jac else
-                             "; for other results use eagle_fx.vjp or eagle_fx.jacrev"))
+                             "; for other results use eagle_fx.vjp or eagle_fx.jacrev") +
+                            (f" (in {seams.composition(api, s.fname)})" if seams.inside() else ""))
         prog = vjp_program(s, wrt, api, checkpoints)
         grads = _grad_trees(s, prog, ks, wrt)
         grads = grads if multi else grads[0]

@@ -17,6 +17,7 @@ from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from .api import (Staged, Transformed, argnums_checked, float_array, graph_of, is_array, name_of, refuse_no_float,
                   sig)
+from . import seams
 from .batching import vmap
 from .derivatives import _grad_trees, jvp_as, promote, seed_planes, vjp_program
 from .staged_results import then
@@ -29,7 +30,8 @@ def jacfwd(f, argnums=0):
     argnums = argnums_checked(argnums, "eagle_fx.jacfwd")
     if isinstance(f, Transformed) and getattr(f, "_jacrev_of", None) is not None:
         inner, a = f._jacrev_of
-        return _tupled(argnums, lambda b: _second(inner, a, b, "eagle_fx.jacfwd", squeeze=False))
+        return _tupled(argnums, lambda b: _second(inner, a, b, "eagle_fx.jacfwd", squeeze=False,
+                                                  shown=("eagle_fx.jacfwd", "eagle_fx.jacrev")))
     return _tupled(argnums, lambda k: _jacobian(f, k, "eagle_fx.jacfwd", forward=True))
 
 
@@ -160,7 +162,7 @@ def _jacobian(f, argnums, api, forward):
         c = vmap(Transformed(f"vjp({name_of(f)})", one), in_axes=0).closed(basis)
         c.views = [then(_reverse_view(out, x.leaves[j].shape), seen, len(out), x.leaves[j].ndim) for j in x.floats]
         return c
-    t = Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, sig=sig(api, f, argnums),
+    t = Transformed(f"{api.split('.')[-1]}({name_of(f)})", seams.as_written(api, make), sig=sig(api, f, argnums),
                     prepare=_prepare(argnums))
     if not forward:
         t._jacrev_of = (f, argnums)
@@ -186,9 +188,10 @@ def _reverse_view(out_shape, in_shape):
     return _lead_aware(lambda j: j.reshape(j.shape[:j.ndim - 1 - len(in_shape)] + out_shape + in_shape))
 
 
-def _second(f, a, b, api, squeeze):
+def _second(f, a, b, api, squeeze, shown=None):
     """jacfwd(jacrev(f, a), b): d/dx_b of the Jacobian of f with respect to x_a, one vmap over the
-    pairs (cotangent basis vector j, tangent basis vector i) of jvp(vjp_j f)(e_i)."""
+    pairs (cotangent basis vector j, tangent basis vector i) of jvp(vjp_j f)(e_i). Refusals name
+    `shown` (default: `api`), the APIs as the user wrote them."""
     def make(*args):
         xa, xb = _Arg(args, a, api), _Arg(args, b, api)
         s = Staged(f, args, api)
@@ -227,7 +230,9 @@ def _second(f, a, b, api, squeeze):
             outer.append(tree_unflatten(xb.tree, inner))
         tree = tree_flatten(tree_unflatten(xa.tree, outer), is_leaf=lambda u: isinstance(u, Var))[1]
         return _reshaped(c, tree, outputs, views)
-    return Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, sig=sig(api + "2", f, a, b, squeeze),
+    label = "".join(f"{n.split('.')[-1]}(" for n in shown or (api,)) + name_of(f) + ")" * len(shown or (api,))
+    return Transformed(label, seams.as_written(api, make, shown),
+                       sig=sig(api + "2", f, a, b, squeeze),
                        prepare=_prepare(a, b))
 
 
