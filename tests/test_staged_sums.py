@@ -217,6 +217,20 @@ def ints(k):
     return g
 
 
+@eagle.Graph.builder
+def masked(x):
+    g = eagle.Graph()
+    g.result = x.sum(where=x > 0)
+    return g
+
+
+@eagle.Graph.builder
+def counts(x):
+    g = eagle.Graph()
+    g.result = np.sum(x > 0)
+    return g
+
+
 def _refused(exc, builder, args, fragment, *words):
     before = [np.array(a, copy=True) for a in args]
     with pytest.raises(exc) as info:
@@ -234,6 +248,16 @@ def test_refusals_name_the_line_and_the_fix(rng):
              "write a kernel")
     _refused(TypeError, into, (rng.normal(size=4), np.zeros(1)), "out=y", "np.sum(out=", "y[...] = np.sum(x)")
     _refused(TypeError, ints, (np.arange(4, dtype=np.int32),), "k.sum()", "int32", "float64")
+    _refused(TypeError, masked, (rng.normal(size=4),), "where=", ".sum(where=", "np.where(mask, x, 0.0)")
+    _refused(TypeError, counts, (rng.normal(size=4),), "np.sum(x > 0)", "np.sum of a bool plane", "astype")
+
+
+def test_graph_sum_outside_a_transform_replays_on_the_bound_arrays(rng):
+    x = rng.normal(size=5)
+    total = waved(x).sum()
+    np.testing.assert_allclose(total(), [np.sum(np.sin(x) * x)], rtol=1e-12)
+    x[...] = rng.normal(size=5)
+    np.testing.assert_allclose(total(), [np.sum(np.sin(x) * x)], rtol=1e-12)
 
 
 def test_graph_sum_of_several_results_is_refused(rng):

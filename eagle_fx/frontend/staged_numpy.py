@@ -240,7 +240,7 @@ def stage_function(func, args, kwargs, where):
     if func is np.round and len(args) == 1 and not kwargs.get("decimals") and not kwargs.get("out"):
         return _kernel_for("round", [args[0]], where, name)(args[0])
     if func in staged_sums.REDUCTIONS and args and isinstance(args[0], Plane):
-        return staged_sums.stage_reduction(staged_sums.REDUCTIONS[func], args[0], where, *args[1:], **kwargs)
+        return staged_sums.stage_reduction(staged_sums.REDUCTIONS[func], name, args[0], where, *args[1:], **kwargs)
     if func is np.clip and len(args) == 3 and not kwargs and all(a is not None for a in args):
         ops = [_operand(a) for a in args]
         return _kernel_for("clip", ops, where, name)(*ops)
@@ -396,12 +396,12 @@ class NdarrayProtocol:
     def sum(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
         if self._staging(".sum()") is None:
             return self._array().sum(axis, dtype, out, keepdims, **kwargs)
-        return staged_sums.stage_reduction("sum", self, self._where(), axis, dtype, out, keepdims, **kwargs)
+        return staged_sums.stage_reduction("sum", ".sum", self, self._where(), axis, dtype, out, keepdims, **kwargs)
 
     def mean(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
         if self._staging(".mean()") is None:
             return self._array().mean(axis, dtype, out, keepdims, **kwargs)
-        return staged_sums.stage_reduction("mean", self, self._where(), axis, dtype, out, keepdims, **kwargs)
+        return staged_sums.stage_reduction("mean", ".mean", self, self._where(), axis, dtype, out, keepdims, **kwargs)
 
     def __array_ufunc__(self, uf, method, *inputs, **kwargs):
         out = kwargs.pop("out", None)

@@ -34,7 +34,7 @@ def reduction_kernel(what: str, shape: tuple, over_samples_only: bool = False):
     return sn.elementwise_kernel(name, (role,), body)
 
 
-def _axis(axis, ndim, where, name):
+def _axis(axis, ndim, at, name):
     """None for the full reduction, -1 for one over the samples; any other axis is refused."""
     if axis is None:
         return None
@@ -47,7 +47,7 @@ def _axis(axis, ndim, where, name):
     elif isinstance(axis, (int, np.integer)) and -ndim <= axis < ndim:
         if axis % ndim == ndim - 1:
             return None if ndim == 1 else -1
-    raise sn._refuse(where, f"{name}(axis={axis!r}) of a plane of shape {_shape_text(ndim)}",
+    raise sn._refuse(at, f"{name}(axis={axis!r}) of a plane of shape {_shape_text(ndim)}",
                      "reduce over every axis (no axis=) or over the samples (axis=-1); " + sn.WRITE_KERNEL)
 
 
@@ -55,29 +55,24 @@ def _shape_text(ndim):
     return f"{ndim} axes" if ndim != 1 else "1 axis"
 
 
-def stage_reduction(what, plane, where, axis=None, dtype=None, out=None, keepdims=False, **rest):
-    """np.sum / np.mean of a staged plane, as NumPy: over every axis (a (1,) one-cell plane, not 0-d),
-    or over the samples (axis=-1: the shape without its last axis)."""
-    name = f"np.{what}"
-    if out is not None or rest.get("where", None) is not None or any(k not in ("where", "initial") for k in rest) \
-            or rest.get("initial", None) is not None:
-        given = [k for k in ("out", "where", "initial") if (out if k == "out" else rest.get(k)) is not None]
-        given += [k for k in rest if k not in ("where", "initial")]
-        raise sn._refuse(where, f"{name}({', '.join(k + '=' for k in given)}...)",
-                         "call it with axis=, keepdims= or dtype= alone (assign the result: y[...] = np.sum(x))")
-    if not isinstance(plane, sn.NdarrayProtocol):
-        raise sn._refuse(where, f"{name} of {type(plane).__name__}", sn.WRITE_KERNEL)
+def stage_reduction(what, name, plane, at, axis=None, dtype=None, out=None, keepdims=False, **rest):
+    """np.sum / np.mean of a staged plane (`name`: as the user wrote it; `at`: the builder line), as NumPy: over every axis (a (1,)
+    one-cell plane, not 0-d), or over the samples (axis=-1: the shape without its last axis)."""
+    given = [k for k, v in (("out", out), *rest.items()) if v is not None]
+    if given:
+        raise sn._refuse(at, f"{name}({', '.join(k + '=' for k in given)}...)",
+                         "call it with axis=, keepdims= or dtype= alone (assign the result: y[...] = np.sum(x); "
+                         "for a masked sum: np.sum(np.where(mask, x, 0.0)))")
     shape = tuple(plane.shape)
     if not 1 <= len(shape) <= 3:
-        raise ValueError(f"{sn.API} {where}: {name} of a plane of shape {shape}; staged sums take planes of 1 to "
+        raise ValueError(f"{sn.API} {at}: {name} of a plane of shape {shape}; staged sums take planes of 1 to "
                          "3 axes (Scalar, Vector[k], Matrix[m, k] planes): write a kernel")
     if dtype is not None:
-        plane = sn.stage_cast(plane, np.dtype(dtype), where)
-    kind = np.dtype(plane.dtype).kind
-    if kind not in "f":
-        raise TypeError(f"{sn.API} {where}: {name} of a {np.dtype(plane.dtype).name} plane; staged sums take float "
+        plane = sn.stage_cast(plane, np.dtype(dtype), at)
+    if np.dtype(plane.dtype).kind != "f":
+        raise TypeError(f"{sn.API} {at}: {name} of a {np.dtype(plane.dtype).name} plane; staged sums take float "
                         "planes: cast first (np.sum(y.astype(np.float64)), or dtype=np.float64)")
-    ax = _axis(axis, len(shape), where, name)
+    ax = _axis(axis, len(shape), at, name)
     result = reduction_kernel(what, shape, over_samples_only=ax is not None)(plane)
     if ax is None:
         return result.reshape((1,) * len(shape)) if keepdims else result
