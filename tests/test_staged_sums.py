@@ -5,6 +5,8 @@ cell), jax.grad / jax.vmap of the same math in x64 (derivatives, batching), a lo
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -95,7 +97,6 @@ def test_dtype_argument_sums_in_that_dtype(rng):
 def test_compensated_like_hawk_sum():
     x = np.array([1e16, 1.0, -1e16, 1.0] * 50)
     out = _reduced(lambda y: np.sum(y))(x)()        # sin(x)*2 + x: the big terms cancel exactly in fsum
-    import math
     np.testing.assert_allclose(out[0], math.fsum(np.sin(x) * 2.0 + x), rtol=1e-12)
 
 

@@ -47,17 +47,14 @@ def _axis(axis, ndim, at, name):
     elif isinstance(axis, (int, np.integer)) and -ndim <= axis < ndim:
         if axis % ndim == ndim - 1:
             return None if ndim == 1 else -1
-    raise sn._refuse(at, f"{name}(axis={axis!r}) of a plane of shape {_shape_text(ndim)}",
+    raise sn._refuse(at, f"{name}(axis={axis!r}) of a plane of {ndim} axes",
                      "reduce over every axis (no axis=) or over the samples (axis=-1); " + sn.WRITE_KERNEL)
 
 
-def _shape_text(ndim):
-    return f"{ndim} axes" if ndim != 1 else "1 axis"
-
-
 def stage_reduction(what, name, plane, at, axis=None, dtype=None, out=None, keepdims=False, **rest):
-    """np.sum / np.mean of a staged plane (`name`: as the user wrote it; `at`: the builder line), as NumPy: over every axis (a (1,)
-    one-cell plane, not 0-d), or over the samples (axis=-1: the shape without its last axis)."""
+    """np.sum / np.mean of a staged plane (`name` as the user wrote it, `at` the builder line), as
+    NumPy: over every axis (a (1,) one-cell plane, not 0-d), or over the samples (axis=-1: the
+    shape without its last axis). Other axes are refused: a kernel reduces over the samples."""
     given = [k for k, v in (("out", out), *rest.items()) if v is not None]
     if given:
         raise sn._refuse(at, f"{name}({', '.join(k + '=' for k in given)}...)",
