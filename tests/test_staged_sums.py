@@ -269,3 +269,20 @@ def test_graph_sum_of_several_results_is_refused(rng):
         return g
     with pytest.raises(TypeError, match=r"eagle_fx.Graph.sum: the graph has 2 results"):
         eagle.grad(lambda u: two(u).sum())(rng.normal(size=3))
+
+
+@pytest.mark.numpy_only
+def test_fake_cuda_sums_as_numpy_and_jax(nvrtc, rng):
+    """The reduction kernels' CUDA lowering (NVRTC-compiled, run on the fake device)."""
+    from eagle_fx.backends.select import use_backend
+    from eagle_fx.testing import fake_cuda  # noqa: F401
+    x, v = rng.normal(size=6), rng.normal(size=(3, 4))
+    with use_backend("fake-cuda"):
+        out = np.asarray(loss(x)())
+        gx = eagle.grad(loss)(x)
+        gv = eagle.grad(lambda u: spun(u).mean())(v)
+        ax = np.asarray(_reduced(lambda y: np.sum(y, axis=-1))(v)())
+    np.testing.assert_allclose(out, [_jloss(jnp.asarray(x))], rtol=1e-12)
+    np.testing.assert_allclose(gx, jax.grad(_jloss)(jnp.asarray(x)), rtol=1e-12)
+    np.testing.assert_allclose(gv, jax.grad(lambda u: _jspin(u).mean())(jnp.asarray(v)), rtol=1e-12)
+    np.testing.assert_allclose(ax, np.sum(np.sin(v) * 2.0 + v, axis=-1), rtol=1e-12)
