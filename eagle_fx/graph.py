@@ -24,7 +24,7 @@ from hawk_fx.emit.jax import is_jax_array
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import make_node, tree_flatten, tree_unflatten
 
-from .frontend import eager, staging, views
+from .frontend import eager, staged_sums, staging, views
 from .backends import select
 from .ir.analysis import count_nodes, count_stages
 from .frontend.building import Builder, GraphStaging, opaque  # noqa: F401  (opaque: `from eagle_fx.graph import opaque`)
@@ -235,6 +235,15 @@ class Graph(GraphStaging):
             return self.array_of(x)
         arr = self._exe.array_of(out_var)         # a user's array in the result: the one bound now
         return x if arr is None else arr
+
+    def sum(self) -> "Graph":
+        """A new Graph whose result is np.sum of this one's (one float result), as a (1,) cell: so a
+        plain function handed to a transform can write `lambda x: f(x).sum()`."""
+        return staged_sums.graph_reduction(self, "sum")
+
+    def mean(self) -> "Graph":
+        """A new Graph whose result is np.mean of this one's (one float result), as a (1,) cell."""
+        return staged_sums.graph_reduction(self, "mean")
 
     def result_copy(self):
         """Copies of the result arrays (as its views show them) after a launch; None without a result."""

@@ -236,14 +236,14 @@ def _refused(exc, builder, args, fragment, *words, untouched=()):
 def reduces(x, y):
     g = eagle.Graph()
     put(x, y)
-    g.result = total(x) * np.mean(x)
+    g.result = total(x) * np.std(x)
     return g
 
 
 @eagle.Graph.builder
 def method_reduces(x):
     g = eagle.Graph()
-    g.result = total(x) * x.sum()
+    g.result = total(x) * x.cumsum()
     return g
 
 
@@ -306,9 +306,9 @@ def stacked_last(x):
 
 def test_refusals_name_the_line_and_the_fix(rng):
     x, y = rng.normal(size=4), np.zeros(4)
-    _refused(TypeError, reduces, (x, y), "np.mean", "np.mean on a staged plane is not staged", "write a kernel",
+    _refused(TypeError, reduces, (x, y), "np.std", "np.std on a staged plane is not staged", "write a kernel",
              "hawk.sum", untouched=(y,))
-    _refused(TypeError, method_reduces, (x,), "x.sum()", ".sum of a staged plane", "write a kernel")
+    _refused(TypeError, method_reduces, (x,), "x.cumsum()", ".cumsum of a staged plane", "write a kernel")
     _refused(TypeError, no_kernel_for_it, (x,), "np.cumsum", "np.cumsum on a staged plane is not staged",
              "write a kernel")
     _refused(TypeError, out_where, (x, y), "out=y", "np.sin(where=...)", "np.where(mask", untouched=(y,))

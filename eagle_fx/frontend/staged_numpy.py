@@ -20,7 +20,7 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.emit.jax import is_jax_array
 
 from .. import ir, seams
-from . import views
+from . import staged_sums, views
 
 # NumPy ufunc -> the hawk_fx.math function of the same meaning
 UFUNCS = {
@@ -78,7 +78,7 @@ def elementwise_kernel(fname: str, roles: tuple, body: str | None = None):
         src = f"def {fname}({params}):\n    return {body}\n"
         filename = f"<eagle_fx numpy {fname}{next(_serial)}>"
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)   # for the kernel's source pass
-        ns = {"hm": hm, "Scalar": hawk_fx.Scalar, "Vector": hawk_fx.Vector, "Matrix": hawk_fx.Matrix,
+        ns = {"hm": hm, "hawk_fx": hawk_fx, "Scalar": hawk_fx.Scalar, "Vector": hawk_fx.Vector, "Matrix": hawk_fx.Matrix,
               "Param": hawk_fx.Param}
         exec(compile(src, filename, "exec"), ns)
         k = _kernels[key] = hawk_fx.kernel(ns[fname])
@@ -239,6 +239,8 @@ def stage_function(func, args, kwargs, where):
         return _kernel_for("where", ops, where, name)(*ops)
     if func is np.round and len(args) == 1 and not kwargs.get("decimals") and not kwargs.get("out"):
         return _kernel_for("round", [args[0]], where, name)(args[0])
+    if func in staged_sums.REDUCTIONS and args and isinstance(args[0], Plane):
+        return staged_sums.stage_reduction(staged_sums.REDUCTIONS[func], name, args[0], where, *args[1:], **kwargs)
     if func is np.clip and len(args) == 3 and not kwargs and all(a is not None for a in args):
         ops = [_operand(a) for a in args]
         return _kernel_for("clip", ops, where, name)(*ops)
@@ -390,6 +392,16 @@ class NdarrayProtocol:
         if self._staging(".astype") is None:
             return self._array().astype(dtype)
         return stage_cast(self, np.dtype(dtype), self._where())
+
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        if self._staging(".sum()") is None:
+            return self._array().sum(axis, dtype, out, keepdims, **kwargs)
+        return staged_sums.stage_reduction("sum", ".sum", self, self._where(), axis, dtype, out, keepdims, **kwargs)
+
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        if self._staging(".mean()") is None:
+            return self._array().mean(axis, dtype, out, keepdims, **kwargs)
+        return staged_sums.stage_reduction("mean", ".mean", self, self._where(), axis, dtype, out, keepdims, **kwargs)
 
     def __array_ufunc__(self, uf, method, *inputs, **kwargs):
         out = kwargs.pop("out", None)
