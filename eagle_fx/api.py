@@ -492,7 +492,7 @@ class Staged:
                     "grad: each instance's), or merge the axes yourself and batch once: differentiate "
                     "eagle_fx.vmap(f) at x.reshape(B2 * B1, ...)")
             x = self.leaves[a[0]][a[1]]
-            if e is not None and e.array.size == x.size and sorted(e.array.shape) == sorted(x.shape):
+            if e is not None and x.ndim > 1 and _axes_moved(e.array, x):
                 names = arg_names(self.f, len(self.args))       # the argument itself, its axes moved: a vmap's in_axes
                 raise TransformError(
                     f"{seams.composition(self.api, self.fname)}: argument {names[a[0]]} of shape {x.shape} reaches "
@@ -513,6 +513,13 @@ class Staged:
 
     def capacity(self, trip, e):
         return loop_capacity(self.api, trip, e, self.prog.inputs, [p.array for p in self.planes])
+
+
+def _axes_moved(view, x) -> bool:
+    """Is `view` all of `x` with its axes permuted (what a vmap over another axis hands a kernel),
+    not a reversed, strided or reshaped view?"""
+    return view.size == x.size and sorted(view.shape) == sorted(x.shape) and \
+        sorted(view.strides) == sorted(x.strides) and view.strides != x.strides
 
 
 def graph_of(s: Staged, prog, outputs, extra_planes):
