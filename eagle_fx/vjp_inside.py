@@ -2,10 +2,12 @@
 
 Outside a transform, vjp runs f and hands back a Python pullback that runs the vjp graph on the
 cotangents it is given. Inside one, the function is being staged: vjp returns f's result as
-staged values (lazy Graphs, as jvp and grad return inside a transform) and a pullback that, called
-on cotangents (arrays the transform batches or tracks, or other transforms' staged results),
-stages f's vjp Program with those cotangents as its seed and returns the cotangent tree as staged
-values, for the outer transform to take back.
+staged values (lazy Graphs, as jvp and grad return inside a transform) and a pullback that,
+called on cotangent arrays (ones the transform batches or tracks, or constants), stages f's vjp
+Program with them as its seed and returns the cotangent tree as staged values, for the outer
+transform to take back. Each call stages its own vjp Program, so a pullback may be called more
+than once. Refused: a cotangent that is another transform's staged result (the seed is a plane),
+and a pullback called after the function that made it was staged (its graph is gone).
 """
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ from hawk_fx.context import CONTEXT
 from hawk_fx.diff import match_tree
 from hawk_fx.tree import tree_flatten, tree_unflatten
 
-from .api import Staged, float_array, graph_of, name_of
+from .api import Staged, float_array, graph_of
 from .frontend.guards import release, where
+from .result_views import restored_views
 from .staged_results import is_part, staged_result
 from .transforms.program import TransformError, ct_aval, is_float
 from . import seams
@@ -41,9 +44,10 @@ def vjp_inside(f, args, api, has_aux, checkpoints):
 
     def pullback(ct):
         if not CONTEXT.transforming or (CONTEXT.guards[-1] if CONTEXT.guards else None) is not frame:
-            raise TransformError(f"{here}: the pullback of {s.fname} ({at}) is called outside the transformed "
-                                 "function whose vjp made it; its graph belongs to that function. Call the pullback "
-                                 "inside the function that called eagle_fx.vjp, or call eagle_fx.vjp again here")
+            raise TransformError(f"{here}: the pullback eagle_fx.vjp returned inside a transformed function (of "
+                                 f"{at}) is called outside it; its graph belongs to that function's staging. Call "
+                                 "the pullback inside the function that called eagle_fx.vjp, or call eagle_fx.vjp "
+                                 "again where the pullback is needed")
         leaves = match_tree(ct, out_tree)
         if leaves is None:
             raise ValueError(f"{here}: the cotangent has structure {tree_flatten(ct, is_leaf=is_part)[1]}; "
@@ -51,7 +55,7 @@ def vjp_inside(f, args, api, has_aux, checkpoints):
         cs = [release(leaves[j]) for j in float_out]
         for c, v, j in zip(cs, avals, float_out):
             if is_part(c):
-                raise TransformError(f"{here}: the cotangent of result {j} given to the pullback of {s.fname} ({at}) is "
+                raise TransformError(f"{here}: the cotangent of result {j} given to the pullback of {at} is "
                                      "another transform's staged result; the pullback seeds its graph with arrays. "
                                      "Pass an argument of the transformed function (vmap batches it) or a NumPy array")
             if not isinstance(c, np.ndarray) or c.shape != tuple(v.shape) or c.dtype != v.dtype:
@@ -61,6 +65,8 @@ def vjp_inside(f, args, api, has_aux, checkpoints):
         s2 = Staged(f, args, api)
         wrt = [(k, j) for k, ls in enumerate(s2.leaves) for j, x in enumerate(ls) if float_array(x)]
         prog = vjp_program(s2, wrt, api, checkpoints)
-        out = staged_result(graph_of(s2, prog, _grad_trees(s2, prog, range(len(args)), wrt), seed_planes(s2, cs)))
-        return tuple(_demote(c, k, promoted) for k, c in enumerate(out)) if promoted else out
+        c = graph_of(s2, prog, _grad_trees(s2, prog, range(len(args)), wrt), seed_planes(s2, cs))
+        if promoted:                 # a Python float's cotangent is seen 0-d, as outside
+            c = restored_views(c, lambda out: tuple(_demote(g, k, promoted) for k, g in enumerate(out)))
+        return staged_result(c)
     return (y, pullback, aux) if has_aux else (y, pullback)

@@ -118,6 +118,31 @@ def test_grad_of_pullback_second_order():
           jax.grad(lambda b: jax.vjp(fj, x, b)[1]((c, d))[1][0])(a))
 
 
+def test_jacobians_of_pullback_and_a_python_float():
+    xs, a, cs, ds = data(6)
+    x, c, d = xs[0], cs[0], ds[0]
+    close(ef.jacrev(lambda u: ef.vjp(f, u, a)[1]((c, d))[0])(x),
+          jax.jacrev(lambda u: jax.vjp(fj, u, a)[1]((c, d))[0])(x))
+    close(ef.jacfwd(lambda u: ef.vjp(f, u, a)[1]((c, d))[0])(x),
+          jax.jacfwd(lambda u: jax.vjp(fj, u, a)[1]((c, d))[0])(x))
+    # a Python float argument: its cotangent 0-d, per instance, as JAX's
+    close(ef.vmap(lambda u, c, d: ef.vjp(f, u, 0.7)[1]((c, d)))(xs, cs, ds),
+          jax.vmap(lambda u, c, d: jax.vjp(fj, u, 0.7)[1]((c, d)))(xs, cs, ds))
+
+
+def test_pullback_called_twice():
+    xs, a, cs, ds = data(7)
+
+    def ours(x, c, d):
+        y, pb = ef.vjp(f, x, a)
+        return pb((c, d)), pb((cs[0], ds[0]))
+
+    def theirs(x, c, d):
+        y, pb = jax.vjp(fj, x, a)
+        return pb((c, d)), pb((cs[0], ds[0]))
+    close(ef.vmap(ours)(xs, cs, ds), jax.vmap(theirs)(xs, cs, ds))
+
+
 def test_jvp_of_pullback():
     xs, a, cs, ds = data(3)
     x, c, d, t = xs[0], cs[0], ds[0], cs[1]
@@ -138,7 +163,7 @@ def test_has_aux():
     close(ef.vmap(ours)(xs, cs), jax.vmap(theirs)(xs, cs))
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(3))
 def test_seeded_sweep(seed):
     """Random sizes, scales (the loop runs 0 to CAP turns) and compositions."""
     rng = np.random.default_rng(100 + seed)
@@ -151,10 +176,6 @@ def test_seeded_sweep(seed):
           jax.grad(lambda u: jax.vjp(fj, u, a)[1]((c, d))[1][0])(x))
 
 
-def _line_of(fn):
-    return f":{fn.__code__.co_firstlineno}"
-
-
 def test_refusals():
     xs, a, cs, ds = data(5)
     kept = []
@@ -164,13 +185,13 @@ def test_refusals():
         kept.append(pb)
         return y
     ef.vmap(leak)(xs)
-    with pytest.raises(TransformError, match=r"vmap\(eagle_fx.vjp\(f\)\).*called outside the transformed function"):
+    with pytest.raises(TransformError, match=r"vmap\(eagle_fx.vjp\(f\)\).*inside a transformed function.*line \d+.*called outside it"):
         kept[-1]((cs[0], ds[0]))
     with pytest.raises(ValueError, match=r"vjp\(f\)\).*the cotangent has structure.*same tree"):
         ef.vmap(lambda x, c: ef.vjp(f, x, a)[1](c))(xs, cs)
     with pytest.raises(ValueError, match=r"the cotangent of result 0 is .*\(4,\) float64"):
         ef.vmap(lambda x, c, d: ef.vjp(f, x, a)[1]((c[:2], d)))(xs, cs, ds)
-    with pytest.raises(TransformError, match=r"another transform's staged result"):
+    with pytest.raises(TransformError, match=r"line \d+.*another transform's staged result.*Pass an argument"):
         ef.vmap(lambda x, d: (lambda y, pb: pb((y[0], d)))(*ef.vjp(f, x, a)))(xs, ds)
     # outside any transform the pullback stays Python, as before
     y, pb = ef.vjp(f, xs[0], a)
