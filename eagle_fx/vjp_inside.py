@@ -20,6 +20,7 @@ from hawk_fx.tree import tree_flatten, tree_unflatten
 
 from .api import Staged, float_array, graph_of
 from .frontend.guards import release, where
+from .frontend.staging import Extern
 from .result_views import restored_views
 from .staged_results import is_part, staged_result
 from .ir.closed import closed_of
@@ -29,7 +30,7 @@ from . import seams
 
 def vjp_inside(f, args, api, has_aux, checkpoints):
     """(result, pullback) or (result, pullback, aux), each result a tree of staged values."""
-    from .derivatives import _demote, _grad_trees, _split_aux, promote, seed_planes, vjp_program
+    from .derivatives import _demote, _grad_trees, _split_aux, promote, vjp_program
     args, promoted = promote(release(tuple(args)), range(len(args)))
     s = Staged(f, args, api)
     n_out, aux_tree = _split_aux(s, has_aux, api)
@@ -72,7 +73,13 @@ def vjp_inside(f, args, api, has_aux, checkpoints):
         s2 = Staged(f, args, api)
         wrt = [(k, j) for k, ls in enumerate(s2.leaves) for j, x in enumerate(ls) if float_array(x)]
         prog = vjp_program(s2, wrt, api, checkpoints)
-        seeds = seed_planes(s2, [None if is_part(c) else c for c in cs])
+        # a cotangent array is the user's, as a jvp tangent is: the staging check sees where it comes from
+        # (an argument, a closure, or computed in Python from the arguments: c * 2)
+        # (aux results: zeros, as seed_planes gives them)
+        given = cs + [None] * (sum(is_float(r.aval) for r in s2.results) - len(cs))
+        seeds = [Extern(c, "ct") if c is not None and not is_part(c) else
+                 Extern(np.zeros(v.shape, v.dtype), "ct", "added")
+                 for c, v in zip(given, [ct_aval(r.aval) for r in s2.results if is_float(r.aval)])]
         c = graph_of(s2, prog, _grad_trees(s2, prog, range(len(args)), wrt), seeds)
         c = _seeded_by_parts(c, [(p, closed_of(x)) for p, x in zip(seeds, cs) if is_part(x)])
         if promoted:                 # a Python float's cotangent is seen 0-d, as outside

@@ -94,6 +94,12 @@ def test_vmap_of_pullback():
     close(ours, jax.vmap(lambda x, c, d: jax.vjp(fj, x, a)[1]((c, d)))(xs, cs, ds))
 
 
+def test_vmap_of_pullback_on_a_cotangent_computed_in_python():
+    xs, a, cs, ds = data(9)
+    close(ef.vmap(lambda x, c, d: ef.vjp(f, x, a)[1]((c * 2.0, d)))(xs, cs, ds),
+          jax.vmap(lambda x, c, d: jax.vjp(fj, x, a)[1]((c * 2.0, d)))(xs, cs, ds))
+
+
 def test_vmap_of_result_and_pullback_shared_cotangent():
     xs, a, cs, ds = data(1)
     c, d = cs[0], ds[0]
