@@ -25,7 +25,7 @@ from .api import (Staged, Transformed, holds_jax_arrays, jax_function, traced_hi
                   argnums_of, float_array, graph_of, is_array, name_of, refuse_no_float, run, sig)
 from .frontend.staging import Extern
 from .transforms.jvp_graph import jvp_graph
-from .transforms.program import TransformError, ct_aval, is_float
+from .transforms.program import ct_aval, is_float
 from .transforms.reverse_again import recompute_unbounded, static_stacks
 from .transforms.vjp_graph import vjp_graph
 from .staged_results import staged_result

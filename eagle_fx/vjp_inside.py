@@ -60,10 +60,11 @@ def vjp_inside(f, args, api, has_aux, checkpoints):
             if is_part(c):
                 got = closed_of(c)
                 r = got.result_vars()[0][0].aval
-                if got.views or got.n != s.g.n or tuple(r.shape) != tuple(v.shape) or r.dtype != v.dtype:
+                seen = got.views is not None and any(w is not None for w in got.views)
+                if seen or got.n != s.g.n or tuple(r.shape) != tuple(v.shape) or r.dtype != v.dtype:
                     raise TransformError(f"{here}: the cotangent of result {j} given to the pullback of {at} is "
                                          f"another transform's staged result of {tuple(r.shape)} {r.dtype}"
-                                         + (" seen through a view" if got.views else "") + f"; the result is "
+                                         + (" seen through a view" if seen else "") + f"; the result is "
                                          f"{tuple(v.shape)} {v.dtype} over {s.g.n} samples: give a staged value or "
                                          "array of that shape")
             elif not isinstance(c, np.ndarray) or c.shape != tuple(v.shape) or c.dtype != v.dtype:
@@ -73,9 +74,8 @@ def vjp_inside(f, args, api, has_aux, checkpoints):
         s2 = Staged(f, args, api)
         wrt = [(k, j) for k, ls in enumerate(s2.leaves) for j, x in enumerate(ls) if float_array(x)]
         prog = vjp_program(s2, wrt, api, checkpoints)
-        # a cotangent array is the user's, as a jvp tangent is: the staging check sees where it comes from
-        # (an argument, a closure, or computed in Python from the arguments: c * 2)
-        # (aux results: zeros, as seed_planes gives them)
+        # a cotangent array is the user's, as a jvp tangent is: the staging check sees where it comes
+        # from (an argument, a closure, or computed in Python from the arguments: c * 2); aux: zeros
         given = cs + [None] * (sum(is_float(r.aval) for r in s2.results) - len(cs))
         seeds = [Extern(c, "ct") if c is not None and not is_part(c) else
                  Extern(np.zeros(v.shape, v.dtype), "ct", "added")
@@ -90,8 +90,9 @@ def vjp_inside(f, args, api, has_aux, checkpoints):
 
 def _seeded_by_parts(c, pairs):
     """`c` with each (seed plane, staged value) pair's plane replaced by the Program computing the
-    value: one Program, the value's planes after `c`'s (one input per array), so the outer transform sees the cotangent
-    as the function of the arguments it is (pullback(y) with y from the same vjp)."""
+    value: one Program, the value's planes after `c`'s (one input per array), so the outer
+    transform sees the cotangent as the function of the arguments it is (pullback(y), y from the
+    same vjp)."""
     if not pairs:
         return c
     at = {next(i for i, e in enumerate(c.planes) if e is p): part for p, part in pairs}

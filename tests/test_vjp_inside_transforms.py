@@ -205,7 +205,8 @@ def test_refusals():
         kept.append(pb)
         return y
     ef.vmap(leak)(xs)
-    with pytest.raises(TransformError, match=r"vmap\(eagle_fx.vjp\(f\)\).*inside a transformed function.*line \d+.*called outside it"):
+    outside = r"vmap\(eagle_fx.vjp\(f\)\).*inside a transformed function.*line \d+.*called outside it"
+    with pytest.raises(TransformError, match=outside):
         kept[-1]((cs[0], ds[0]))
     with pytest.raises(ValueError, match=r"vjp\(f\)\).*the cotangent has structure.*same tree"):
         ef.vmap(lambda x, c: ef.vjp(f, x, a)[1](c))(xs, cs)
