@@ -66,6 +66,18 @@ def f_aux(x, a):
     return g
 
 
+@ef.Graph.builder
+def f_tree(p):
+    g = ef.Graph()
+    g.result = (wob(shrink(p["x"], p["a"])), score(p["x"]))
+    return g
+
+
+def f_tree_j(p):
+    u = p["a"] * p["x"] + 0.1 * jnp.sin(p["x"])
+    return jnp.sin(u) * u, jnp.sum(p["x"] ** 2 + 0.3 * p["x"])[None]
+
+
 def fj(x, a):
     for _ in range(CAP):
         flag = jnp.sum(jnp.abs(x) > LIM) > 0
@@ -168,6 +180,15 @@ def test_jvp_of_pullback():
     x, c, d, t = xs[0], cs[0], ds[0], cs[1]
     close(ef.jvp(lambda u: ef.vjp(f, u, a)[1]((c, d)), (x,), (t,)),
           jax.jvp(lambda u: jax.vjp(fj, u, a)[1]((c, d)), (x,), (t,)))
+
+
+def test_tree_argument_and_vmap_of_grad_of_pullback():
+    xs, a, cs, ds = data(11)
+    c, d = cs[0], ds[0]
+    close(ef.vmap(lambda x: ef.vjp(f_tree, {"x": x, "a": a})[1]((c, d)))(xs),
+          jax.vmap(lambda x: jax.vjp(f_tree_j, {"x": x, "a": a})[1]((c, d)))(xs))
+    close(ef.vmap(ef.grad(lambda u: ef.vjp(f, u, a)[1]((c, d))[1]))(xs),
+          jax.vmap(jax.grad(lambda u: jax.vjp(fj, u, a)[1]((c, d))[1][0]))(xs))
 
 
 def test_has_aux():
