@@ -25,10 +25,11 @@ from .api import (Staged, Transformed, holds_jax_arrays, jax_function, traced_hi
                   argnums_of, float_array, graph_of, is_array, name_of, refuse_no_float, run, sig)
 from .frontend.staging import Extern
 from .transforms.jvp_graph import jvp_graph
-from .transforms.program import TransformError, ct_aval, is_float
+from .transforms.program import ct_aval, is_float
 from .transforms.reverse_again import recompute_unbounded, static_stacks
 from .transforms.vjp_graph import vjp_graph
 from .staged_results import staged_result
+from .vjp_inside import vjp_inside
 from . import seams
 from .frontend.guards import where
 
@@ -241,9 +242,8 @@ def vjp_as(f, args, api, has_aux=False, checkpoints=None):
         import jax
         fn, arrays = jax_function(f, args)
         return jax.vjp(fn, *arrays, has_aux=has_aux)
-    if CONTEXT.transforming:
-        raise TransformError(f"{api}: inside a transformed function, use eagle_fx.grad or eagle_fx.jacrev (they "
-                             "return their graph to the outer transform); vjp returns a Python pullback")
+    if CONTEXT.transforming:                     # staged values and a pullback that stages the vjp
+        return vjp_inside(f, args, api, has_aux, checkpoints)
 
     def make(*args):
         s = Staged(f, args, api)
