@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from hawk_fx.core import Var
+from hawk_fx.core import Literal, Var
 from hawk_fx.tree import LEAF, tree_flatten, tree_unflatten
 
 from .graph import Graph
 from .ir.closed import Closed, closed_of
-from .transforms.program import TransformError, copy_program, dce
+from .transforms.program import Eqns, TransformError, copy_eqn, dce
 
 
 def staged_result(c: Closed):
@@ -75,13 +75,25 @@ def _joined(cs, api, fname):
         raise TransformError(f"{api}: {fname} returns graphs of {sorted(n)} samples; a result tree takes graphs of "
                              "one sample count")
     first = cs[0]
-    inputs, eqns, outs, planes, views = [], [], [], [], []
+    inputs, eqns, outs = list(first.program.inputs), list(first.program.eqns), []
+    planes, views = list(first.planes), []
     for k, c in enumerate(cs):
-        p = c.program if k == 0 else copy_program(c.program)
-        inputs += p.inputs
-        eqns += p.eqns
-        outs += p.outputs[:c.n_results]
-        planes += c.planes
+        if k == 0:
+            outs += first.program.outputs[:c.n_results]
+        else:       # a copy reading the Vars of arrays already in: one input per array, so an outer
+            env = {}    # transform maps each argument to one input and keeps its whole cotangent
+            for u, e in zip(c.program.inputs, c.planes):
+                at = next((i for i, q in enumerate(planes) if q.array is e.array), None)
+                if at is None:
+                    inputs.append(Var(u.aval, u.hint))
+                    planes.append(e)
+                    at = len(planes) - 1
+                env[u] = inputs[at]
+            more = Eqns()
+            for e in c.program.eqns:
+                copy_eqn(e, env, more)
+            eqns += list(more)
+            outs += [a if isinstance(a, Literal) else env[a] for a in c.program.outputs[:c.n_results]]
         views += list(c.views) if c.views else [None] * c.n_results
     prog = first.program.replace(inputs=inputs, eqns=eqns, outputs=outs)
     base = first.derive(prog, planes, first.tree, len(outs))
