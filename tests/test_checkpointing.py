@@ -290,3 +290,12 @@ def test_the_jax_backend_refuses_a_checkpointed_reverse():
     from eagle_fx.backends.select import use_backend
     with use_backend("jax"), pytest.raises(ValueError, match="checkpointed"):
         eagle.grad(settle_counted, checkpoints=2)(np.linspace(0.1, 1.0, 4), cell(2))
+
+
+def test_reverse_over_a_checkpointed_reverse_is_refused_saying_what_to_write():
+    """grad over grad(..., checkpoints=K): the revolve equation has no reverse rule; the refusal
+    names checkpoints= and the way that works (the inner derivative without it)."""
+    x = np.linspace(1.0, 2.0, 4)
+    outer = eagle.grad(lambda u: eagle.grad(settle, checkpoints=2)(u, cell(1)).sum())
+    with pytest.raises(eagle.transforms.program.TransformError, match="reverse mode over a checkpointed reverse pass.*without checkpoints"):
+        outer(x)

@@ -371,9 +371,15 @@ def _sum_transpose(v, e, cts, env, ct, eqns, saved):
 
 @vjp_rules.refuse(ir.revolve_p, ir.stack_push_p, ir.stack_read_p)
 def _no_reverse(v, e, cts, env, ct, eqns, saved):
-    """A reverse pass (revolve, stacks of saved turns): reverse mode over it is not supported (the
-    loops that hold one are refused with what to do instead, in _Vjp._cap)."""
-    raise NotImplementedError(f"{v.api}: no reverse rule for primitive '{e.prim}'")
+    """A reverse pass (revolve, stacks of saved turns) met by another reverse mode: reverse over
+    reverse restages it to recompute its turns (reverse_again.py), except a checkpointed one."""
+    if e.prim is ir.revolve_p:
+        raise TransformError(f"{v.api}: reverse mode over a checkpointed reverse pass (checkpoints=, "
+                             f"{e.info.where}) is not supported: take the inner derivative without checkpoints "
+                             "(reverse over reverse then recomputes each turn of the loop from its entry)")
+    raise TransformError(f"{v.api}: reverse mode over a loop's saved turns ({e.prim}, {e.info.where}) is not "
+                         "supported here: take the inner derivative in the same transform (grad(grad(f)), "
+                         "jacrev(grad(f))), which recomputes the turns")
 
 
 @vjp_rules.register(ir.zeros_p)
