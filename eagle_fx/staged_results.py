@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from hawk_fx.core import Literal, Var
+from hawk_fx.core import Var
 from hawk_fx.tree import LEAF, tree_flatten, tree_unflatten
 
 from .graph import Graph
 from .ir.closed import Closed, closed_of
-from .transforms.program import Eqns, TransformError, copy_eqn, dce
+from .transforms.program import Eqns, TransformError, dce, inline
 
 
 def staged_result(c: Closed):
@@ -69,35 +69,33 @@ def _split(outs, cs):
 
 def _joined(cs, api, fname):
     """One closed Program running the Programs of `cs` side by side: their planes one after the
-    other, their results in order (a copy of each Program after the first, with its own Vars)."""
+    other, their results in order (a copy of each Program after the first; one input per array)."""
     n = {c.n for c in cs}
     if len(n) > 1:
         raise TransformError(f"{api}: {fname} returns graphs of {sorted(n)} samples; a result tree takes graphs of "
                              "one sample count")
     first = cs[0]
-    inputs, eqns, outs = list(first.program.inputs), list(first.program.eqns), []
-    planes, views = list(first.planes), []
-    for k, c in enumerate(cs):
-        if k == 0:
-            outs += first.program.outputs[:c.n_results]
-        else:       # a copy reading the Vars of arrays already in: one input per array, so an outer
-            env = {}    # transform maps each argument to one input and keeps its whole cotangent
-            for u, e in zip(c.program.inputs, c.planes):
-                at = next((i for i, q in enumerate(planes) if q.array is e.array), None)
-                if at is None:
-                    inputs.append(Var(u.aval, u.hint))
-                    planes.append(e)
-                    at = len(planes) - 1
-                env[u] = inputs[at]
-            more = Eqns()
-            for e in c.program.eqns:
-                copy_eqn(e, env, more)
-            eqns += list(more)
-            outs += [a if isinstance(a, Literal) else env[a] for a in c.program.outputs[:c.n_results]]
-        views += list(c.views) if c.views else [None] * c.n_results
+    inputs, eqns, planes = list(first.program.inputs), Eqns(first.program.eqns), list(first.planes)
+    outs = list(first.program.outputs[:first.n_results])
+    for c in cs[1:]:        # a copy reading the inputs of arrays already in (shared_input)
+        own = [shared_input(inputs, planes, u, e) for u, e in zip(c.program.inputs, c.planes)]
+        outs += inline(c.program, own, eqns)[:c.n_results]
+    views = [v for c in cs for v in (list(c.views) if c.views else [None] * c.n_results)]
     prog = first.program.replace(inputs=inputs, eqns=eqns, outputs=outs)
     base = first.derive(prog, planes, first.tree, len(outs))
     return base, outs, views
+
+
+def shared_input(inputs, planes, u, e):
+    """The input Var reading plane `e` (for `u`, an input of a Program joined in): the one already
+    there for its array, else a new one appended with `e`. One input per array, so an outer
+    transform maps each argument to one input and keeps its whole cotangent."""
+    at = next((i for i, q in enumerate(planes) if q.array is e.array), None)
+    if at is None:
+        inputs.append(Var(u.aval, u.hint))
+        planes.append(e)
+        at = len(planes) - 1
+    return inputs[at]
 
 
 def lead_view(view, k):

@@ -22,7 +22,7 @@ from .api import Staged, float_array, graph_of
 from .frontend.guards import release, where
 from .frontend.staging import Extern
 from .result_views import restored_views
-from .staged_results import is_part, staged_result
+from .staged_results import is_part, shared_input, staged_result
 from .ir.closed import closed_of
 from .transforms.program import Eqns, TransformError, ct_aval, inline, is_float
 from . import seams
@@ -105,14 +105,7 @@ def _seeded_by_parts(c, pairs):
     for i, v in enumerate(c.program.inputs):
         if i in at:
             part = at[i]
-            own = []
-            for u, e in zip(part.program.inputs, part.planes):
-                k = next((k for k, q in enumerate(planes) if q.array is e.array), None)
-                if k is None:           # one input per array: the outer transform maps planes to arguments
-                    inputs.append(Var(u.aval, u.hint))
-                    planes.append(e)
-                    k = len(planes) - 1
-                own.append(inputs[k])
+            own = [shared_input(inputs, planes, u, e) for u, e in zip(part.program.inputs, part.planes)]
             env[i] = inline(part.program, own, eqns)[0]
             made += [e for e in part.made if not any(e is m for m in made)]
         else:
