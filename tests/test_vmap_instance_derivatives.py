@@ -23,6 +23,8 @@ jnp = jax.numpy
 
 CAP, NMAX = 5, 4
 
+from test_compose_matrix import score, shrink, step, wob  # noqa: E402  (the matrix's kernels, its math)
+
 
 @hawk.kernel
 def above(x: Scalar, lim: Param) -> UInt32:
@@ -32,26 +34,6 @@ def above(x: Scalar, lim: Param) -> UInt32:
 @hawk.kernel
 def positive(x: Scalar) -> UInt32:
     return hm.uint32(hawk.sum(x) > 0.0)
-
-
-@hawk.kernel
-def shrink(x: Scalar) -> Scalar:
-    return 0.6 * x + 0.1 * hm.sin(x)
-
-
-@hawk.kernel
-def step(x: Scalar, a: Param) -> Scalar:
-    return a * x + 0.1 * hm.tanh(x)
-
-
-@hawk.kernel
-def wob(x: Scalar) -> Scalar:
-    return hm.sin(x) * x
-
-
-@hawk.kernel
-def score(x: Scalar) -> Scalar:
-    return hawk.sum(x * x + 0.3 * x)
 
 
 @ef.Graph.builder
