@@ -2,8 +2,6 @@
 dataclass, class registered with eagle_fx.tree.register_pytree_node): a bound graph gives what a
 fresh build with the new arrays gives, and what plain NumPy computes on the same math. A tree of
 another structure is refused naming bind and the argument, and changes nothing."""
-import dataclasses
-from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -19,23 +17,7 @@ def affine(x: Scalar, w: Param, b: Param) -> Scalar:
     return hm.sin(w * x + b)
 
 
-class Pair(NamedTuple):
-    w: np.ndarray
-    b: np.ndarray
-
-
-@dataclasses.dataclass
-class Fields:
-    w: np.ndarray
-    b: np.ndarray
-
-
-class Boxed:
-    def __init__(self, w, b):
-        self.w, self.b = w, b
-
-
-ef.tree.register_pytree_node(Boxed, lambda p: ((p.w, p.b), None), lambda aux, kids: Boxed(*kids))
+from test_vmap_tree_args import Boxed, Fields, Pair  # noqa: E402  (the same tree kinds, registered once)
 
 KINDS = {"dict": lambda w, b: {"w": w, "b": b}, "tuple": lambda w, b: (w, b), "namedtuple": Pair,
          "dataclass": Fields, "registered": Boxed}
