@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import eagle_fx as ef
 import hawk_fx as hawk
-from eagle_fx.frontend import builder_cache
+from eagle_fx.frontend import builder_cache, recycling
 from hawk_fx import Mutable, Scalar
 import tour_builders as tb
 from tour_kernels import accumulate, affine, cell, dbl, inc
@@ -331,12 +331,15 @@ def test_threads_calling_one_builder_each_get_their_own_graph():
     assert tb.whole.cache_info().hits >= 1           # the off switch is global: some calls stage
 
 
-def test_the_cache_keeps_no_callers_array():
+@pytest.mark.parametrize("n", [6, 20_000])
+def test_the_cache_keeps_no_callers_array(n):
+    """Large arrays are freed once the caller drops them; small ones a dropped graph kept for the
+    next call (recycling.py) once the builder's cache is cleared."""
     import gc
     import weakref
-    x0, y0 = np.zeros(6), np.zeros(6)
+    x0, y0 = np.zeros(n), np.zeros(n)
     g0 = tb.void(x0, y0)                              # the call that stages
-    x, y = np.ones(6), np.zeros(6)
+    x, y = np.ones(n), np.zeros(n)
     g = tb.void(x, y)
     assert tb.void.cache_info().hits == 1
     g()
@@ -344,6 +347,9 @@ def test_the_cache_keeps_no_callers_array():
     refs = [weakref.ref(a) for a in (x0, y0, x, y)]
     del g, x, y, g0, x0, y0
     gc.collect()
+    if n * 16 <= recycling.POOL_BYTES:
+        tb.void.clear_cache()
+        gc.collect()
     assert all(r() is None for r in refs)
 
 

@@ -435,28 +435,103 @@ class NumpyExecutable(SlotPlanner):
         ns.update(zip(const_names, self.consts))
         ns["np"], ns["revolve"] = np, checkpoint.run
         thread_scratch = set()
-        own_scratch = self._own_scratch
-        for name, fn, spec, ins, outs, n, batch, in_batched, spread in calls:
+        for call in calls:
+            name, fn = call[:2]
             if fn is not None:
                 ns[name] = fn
                 continue
-            ins = [slots[a] if type(a) is int else a.value for a in ins]
-            out_arrays = [slots[s] for s in outs]
-            kernel = spec.compiled
-            if batch:        # vmap: (B, *shape, n) planes seen as (*shape, B, n); shared ones get a size-1 axis
-                kernel = _batched_kernel(spec, batch)
-                ins = [slots[spread[k]] if k in spread else x if not isinstance(x, np.ndarray)
-                       else (np.moveaxis(x, 0, -2) if b else _shared(x, batch, kernel))
-                       for k, (x, b) in enumerate(zip(ins, in_batched))]
-                out_arrays = [np.moveaxis(o, 0, -2) for o in out_arrays]
-            ns[name] = _call(kernel, ins, out_arrays, n, own_scratch)
-            if self._scratch.get((kernel, n)) is None:
+            ns[name], kernel = self._bound_call(call)
+            if self._scratch.get((kernel, call[5])) is None:
                 thread_scratch.add(kernel)
         # what `release` looks at: the stacks, and the kernels that run on the thread's scratch
         self._releasable = ([slots[k] for k in stacks], list(thread_scratch))
         self.release_needed = any(self._releasable)        # read by the staging cache after each call
         exec(self._code, ns)
         self._replay = ns.pop("replay")     # not kept in its own globals: no cycle, freed when the graph is
+
+    def _bound_call(self, call):
+        """(the callable c{k} of a kernel call of the link plan over the slots' arrays, its kernel)."""
+        kernel, ins, out_arrays = self._call_arrays(call)
+        return _call(kernel, ins, out_arrays, call[5], self._own_scratch), kernel
+
+    def _call_arrays(self, call):
+        """(kernel, input arrays or values, output arrays) of a kernel call of the link plan."""
+        _, _, spec, ins, outs, n, batch, in_batched, spread = call
+        slots = self.slots
+        ins = [slots[a] if type(a) is int else a.value for a in ins]
+        out_arrays = [slots[s] for s in outs]
+        kernel = spec.compiled
+        if batch:        # vmap: (B, *shape, n) planes seen as (*shape, B, n); shared ones get a size-1 axis
+            kernel = _batched_kernel(spec, batch)
+            ins = [slots[spread[k]] if k in spread else x if not isinstance(x, np.ndarray)
+                   else (np.moveaxis(x, 0, -2) if b else _shared(x, batch, kernel))
+                   for k, (x, b) in enumerate(zip(ins, in_batched))]
+            out_arrays = [np.moveaxis(o, 0, -2) for o in out_arrays]
+        return kernel, ins, out_arrays
+
+    def rebind_inputs(self, arrays) -> None:
+        """New arrays in the input slots, laid out as the ones there (a graph used again for a new
+        call): only the views of them and the kernel calls that touch them are bound again, in the
+        generated function's namespace; _link binds everything."""
+        slots = self.slots
+        ns = self._replay.__globals__
+        changed = False
+        for k, arr in zip(self.input_slots, arrays):
+            if slots[k] is not arr:
+                slots[k] = ns[f"b{k}"] = arr
+                changed = True
+        if not changed:
+            return
+        for k, src, index in self.views:
+            slots[k] = ns[f"b{k}"] = slots[src][index]
+        for name, call, fast in self.prepare_rebind():
+            if fast is None:
+                ns[name] = self._bound_call(call)[0]
+                continue
+            bind, args, moving = fast         # a kernel on the graph's own scratch: its generated bind, straight
+            args = list(args)
+            for i, k, axes in moving:
+                args[i] = slots[k] if axes is None else slots[k].transpose(axes)
+            ns[name] = bind(*args)
+
+    def prepare_rebind(self):
+        """What rebind_inputs binds again (made once: it holds the output buffers)."""
+        plan = self.__dict__.get("_input_calls")
+        if plan is None:
+            plan = self._input_calls = self._plan_rebind()
+        return plan
+
+    def _plan_rebind(self):
+        """Per kernel call that reads or writes an input slot or a view of one: (name, its link plan
+        entry, and, for a call on the graph's own scratch with no input copied aside, what its
+        kernel's generated bind takes: (bind, its arguments with None where an input slot goes,
+        (position, slot, axes of the batched view or None) per such slot)). The layout key of a
+        cached call keeps which arguments overlap, so a call bound without private copies stays
+        so on new arrays of the same layout."""
+        reach = set(self.input_slots) | {k for k, _, _ in self.views}
+        out = []
+        for call in self._link_plan[2]:
+            if call[1] is not None:
+                continue
+            _, _, spec, ins, outs, n, batch, in_batched, spread = call
+            moving_in = [j for j, a in enumerate(ins) if type(a) is int and a in reach and j not in spread]
+            moving_out = [j for j, k in enumerate(outs) if k in reach]
+            if not moving_in and not moving_out:
+                continue
+            kernel, arrays, out_arrays = self._call_arrays(call)
+            scratch = self._scratch.get((kernel, n)) if n <= kernel.chunk else None
+            fast = None
+            if (scratch is not None and not overlapping_inputs(arrays, out_arrays)
+                    and (not batch or all(in_batched[j] for j in moving_in))):
+                args = [*arrays, *out_arrays, *scratch, n]
+                moving = []
+                for pos, k in [(j, ins[j]) for j in moving_in] + [(len(arrays) + j, outs[j]) for j in moving_out]:
+                    d = self.slots[k].ndim
+                    moving.append((pos, k, (*range(1, d - 1), 0, d - 1) if batch else None))
+                    args[pos] = None          # not the first call's array: it is not kept alive
+                fast = (kernel._bind, tuple(args), tuple(moving))
+            out.append((call[0], call, fast))
+        return tuple(out)
 
     def _plan_link(self):
         """(slot names, const names, per bound callable (name, host function or None, and for a

@@ -32,12 +32,13 @@ from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 from .. import ir
 from ..backends.templates import template_of
 from ..ir.analysis import prog_params
-from . import cache, staging
+from . import cache, recycling, staging
 
 # what a Graph's __init__ and a builder call set on it: anything else the builder set makes it uncached
 _PLAIN = frozenset(("_record", "_backend", "_mesh", "_trace", "_result_tree", "_has_result", "_program",
                     "_input_names", "unread_args", "_tree_args", "made_by", "_exe", "_backend_used", "_worker",
                     "_worker_error", "_generation", "_views", "_closed_src", "_result_flat"))
+_LEAVES = frozenset((np.ndarray, bool, int, float, str, type(None)))   # never a tree: not walked
 ENABLED = True      # False: every direct builder call stages afresh (the cache's off switch)
 _STACKS = ("building", "deferring", "transforming", "graph_stagers", "builder_sources", "host_nodes",
            "kernel_traces", "recording", "abstract", "eager_runs", "staging_disabled", "guards", "lazy_compile")
@@ -49,7 +50,7 @@ class BuilderEntry:
     each ends as, the result tree, the graph's backend= option, and what staging read by name."""
 
     __slots__ = ("program", "planes", "where", "written", "tree", "n_results", "n", "backend", "names", "accesses",
-                 "waits", "template", "backend_used")
+                 "waits", "template", "backend_used", "reset", "pool")
 
     def __init__(self, g, where, names):
         t = g.trace
@@ -62,6 +63,9 @@ class BuilderEntry:
         # the lowering itself, taken before the graph runs: a call copies its buffers, not its planning
         self.backend_used = g._backend_used
         self.template = template_of(g._exe) if g._backend_used[0].name == "numpy" else None
+        # graphs of this layout that their callers dropped, handed out again (recycling.py)
+        self.reset = self.template.resetter(recycling.POOL_BYTES) if self.template is not None else None
+        self.pool = recycling.Pool() if self.reset is not None else None
         # the nodes' order and the branches' waits, as to_dot draws them: without the planes they
         # touched, which would keep the first call's arrays alive
         light = {id(a): staging.Access(a.seq, a.branch, a.info, (), (), a.what) for a in t.accesses}
@@ -75,8 +79,9 @@ def enabled() -> bool:
     """A direct call from plain code: not nested in a builder, a transform's staging, or an eager run."""
     if not ENABLED:
         return False
+    frames = CONTEXT.__dict__              # this thread's stacks, read as one dict
     for kind in _STACKS:
-        if getattr(CONTEXT, kind):
+        if frames[kind]:
             return False
     return True
 
@@ -139,7 +144,15 @@ def _hit(builder, arguments):
         c.entries.pop_if(key, e)
         return None
     c.hits += 1
-    return _graph_of(builder, e, leaves, arguments)
+    pool = e.pool
+    if pool is None:
+        return _graph_of(builder, e, leaves, arguments)
+    taken = pool.take()
+    if taken is not None:
+        return _again(taken, e, leaves, arguments)
+    g = _graph_of(builder, e, leaves, arguments)
+    pool.keep(g)
+    return g
 
 
 def call(builder, bound, stage):
@@ -193,17 +206,22 @@ def _has_host_nodes(prog) -> bool:
     return False
 
 
+def _again(taken, e, leaves, arguments):
+    """A graph of this layout its caller dropped, set up as a new one on this call's arrays."""
+    g = recycling.rebind(taken, cache.arrays_on(e.where, leaves), e.reset)
+    if g._tree_args:
+        _finish(g, arguments)
+    else:                      # which arguments no node reads is the layout's: the first call's names
+        g.unread_args = {k: arguments[k] for k in g.unread_args}
+    return g
+
+
 def _graph_of(builder, e, leaves, arguments):
     """A new Graph running `e`'s Program on the call's arrays, set up as a fresh build leaves it.
     With a template (a NumPy lowering kept from the first call), its executable is the template's
     copy: the call allocates its buffers and binds them, and plans, generates and resolves nothing."""
     from ..graph import Graph
-    planes = []
-    for (name, origin), (k, a, strides) in zip(e.planes, e.where):
-        if k is not None:
-            x = leaves[k]
-            a = x if (a == x.shape and strides == x.strides) else cache._seen_as(x, a, strides)
-        planes.append(staging.Extern(a, name, origin))
+    planes = [staging.Extern(a, name, origin) for (name, origin), a in zip(e.planes, cache.arrays_on(e.where, leaves))]
     g = Graph(backend=e.backend)
     if e.template is not None:
         g._exe, g._backend_used = e.template.instantiate([p.array for p in planes]), e.backend_used
@@ -235,9 +253,12 @@ def finish(g, bound):
 
 
 def _finish(g, arguments):
+    names = g._input_names
     g.unread_args = {k: v for k, v in arguments.items()
-                     if (type(v) is np.ndarray or staging.is_array(v)) and k not in g._input_names}
+                     if (type(v) is np.ndarray or staging.is_array(v)) and k not in names}
     for k, v in arguments.items():
+        if type(v) in _LEAVES:
+            continue
         if node_children(v) is not None:       # any tree the call takes: containers, dataclasses, registered
             leaves, tree = tree_flatten(v, is_leaf=staging.is_array)
             if any(staging.is_array(x) for x in leaves):

@@ -20,7 +20,7 @@ import numpy as np
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import TreeDef, make_node, node_children, tree_flatten, tree_unflatten
 
-from . import eager, nesting, staging
+from . import builder_cache, eager, nesting, staging
 from .autograph import convert_builder
 from ..backends import select as _select
 from ..ir.closed import Closed, Recording
@@ -405,8 +405,7 @@ class Builder:
 
     def __call__(self, *args, **kwargs):
         if self.graph_param is None:         # a direct call of a layout seen before: no binding, no build
-            from .builder_cache import fast_call
-            g = fast_call(self, args, kwargs)
+            g = builder_cache.fast_call(self, args, kwargs)
             if g is not None:
                 return g
         with staging.collector_paused():
@@ -423,7 +422,6 @@ class Builder:
         into = nesting.target(self, bound) if CONTEXT.graph_stagers else None
         if into is not None:             # called on the staged values of the graph being built: inline
             return nesting.call(self, bound, into)
-        from . import builder_cache
         if builder_cache.enabled():      # a direct call: the staging of an earlier call with this layout, rebound
             return builder_cache.call(self, bound, lambda: self._stage(bound))
         return self._stage(bound)
@@ -463,8 +461,7 @@ class Builder:
             ret._close()              # a transform stages it: the outermost call lowers what it makes
         else:
             ret.build()
-        from .builder_cache import finish
-        finish(ret, bound)
+        builder_cache.finish(ret, bound)
         return ret
 
     def _bind(self, args, kwargs):

@@ -53,6 +53,7 @@ from ..backends.select import forced
 from ..backends.templates import template_of
 from ..transforms.program import written_inputs
 from .building import Builder
+from . import recycling
 from .staging import Extern
 
 MAXSIZE = 64               # entries (layouts) per transformed function
@@ -618,7 +619,7 @@ class GraphEntry:
     array is: (leaf index, shape, strides) for a view of an argument leaf, or (None, the array)
     for one the graph made; taken when staged, as a graph's `bind` later swaps its planes' arrays."""
 
-    __slots__ = ("closed", "where", "names", "template", "backend_used")
+    __slots__ = ("closed", "where", "names", "template", "backend_used", "reset", "pool")
 
     def __init__(self, closed, where, names, graph):
         self.closed, self.where, self.names = closed, where, names
@@ -626,12 +627,14 @@ class GraphEntry:
         used = graph._backend_used
         self.template = template_of(graph._exe) if used is not None and used[0].name == "numpy" else None
         self.backend_used = used
+        # graphs of this layout that their callers dropped, handed out again (recycling.py)
+        self.reset = self.template.resetter(recycling.POOL_BYTES) if self.template is not None else None
+        self.pool = recycling.Pool() if self.reset is not None else None
 
     def rebound(self, leaves):
         """The closed Program seen on these leaves: new planes, the same Program."""
         closed = copy.copy(self.closed)
-        closed.planes = [Extern(a if k is None else _seen_as(leaves[k], a, strides), e.name, e.origin)
-                         for e, (k, a, strides) in zip(self.closed.planes, self.where)]
+        closed.planes = [Extern(a, e.name, e.origin) for e, a in zip(self.closed.planes, arrays_on(self.where, leaves))]
         return closed
 
 
@@ -667,6 +670,17 @@ def _planes_in(closed, leaves):
     return where
 
 
+def arrays_on(where, leaves):
+    """Per plane of a cached layout (_planes_in's `where`), its array on a new call's leaves."""
+    out = []
+    for k, a, strides in where:
+        if k is not None:
+            x = leaves[k]
+            a = x if (a == x.shape and strides == x.strides) else _seen_as(x, a, strides)
+        out.append(a)
+    return out
+
+
 def _seen_as(leaf, shape, strides):
     """The caller's `leaf` seen with a plane's shape and strides (both start at its first byte)."""
     return np.lib.stride_tricks.as_strided(leaf, shape, strides, writeable=leaf.flags.writeable)
@@ -690,10 +704,18 @@ def graph_call(sig, args, stage, handle):
         e = None
     if e is not None:
         c.hits += 1
+        pool = e.pool
+        if pool is not None:
+            taken = pool.take()
+            if taken is not None:
+                return recycling.rebind(taken, arrays_on(e.where, leaves), e.reset)
         closed = e.rebound(leaves)
         if e.template is None:
             return handle(closed)
-        return handle(closed, executable=(*e.backend_used, e.template.instantiate(closed.arrays)))
+        g = handle(closed, executable=(*e.backend_used, e.template.instantiate(closed.arrays)))
+        if pool is not None:
+            pool.keep(g)
+        return g
     rec = Staging()
     with CONTEXT.enter(recording=rec):
         closed = stage(*args)
