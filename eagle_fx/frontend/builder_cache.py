@@ -5,8 +5,9 @@
 the backend `use_backend` asks for) takes the closed Program kept from the first and makes a NEW
 Graph of it, bound to that call's arrays (the caller's arrays themselves, as a fresh build binds
 them), its executable copied from a template of the first call's NumPy lowering (buffers of its
-own, nothing planned or generated; backends/templates.py): each call has its own graph, so two
-graphs alive at once share no buffer and a Mutable argument is written in the caller's array. Python floats stay static here (a builder
+own, nothing planned or generated; backends/templates.py), or a small graph of the layout its
+caller dropped, bound anew (recycling.py): each call has its own graph, so two graphs alive at
+once share no buffer and a Mutable argument is written in the caller's array. Python floats stay static here (a builder
 called directly reads them as numbers); transforms trace them.
 
 What a Graph made this way could not reproduce exactly is not kept, and such a builder stages at
