@@ -641,6 +641,18 @@ class GraphEntry:
 def graph_key(args):
     """(key, leaves, tree) of a call that returns a graph: the layout key, and each array leaf's
     strides and writeability, since the graph is bound to the caller's arrays themselves."""
+    parts, bound = [], []
+    for x in args:                    # flat arguments (the common call): one pass, no tree
+        if type(x) is np.ndarray:
+            parts.append((x.shape, x.dtype))
+            bound.append((x.strides, x.flags.writeable))
+        elif isinstance(x, _STATIC):
+            parts.append(static_key(x))
+            bound.append(None)
+        else:
+            break
+    else:
+        return ((forced(), None, tuple(parts), overlaps(args)), tuple(bound)), args, None
     key, leaves, tree = layout_key(args)
     if key is None:
         return None, leaves, tree
