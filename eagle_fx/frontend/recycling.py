@@ -25,6 +25,7 @@ POOL_SIZE * POOL_BYTES of a caller's small arrays per layout stay alive after th
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 
 POOL_SIZE = 4                # dropped graphs kept per cached layout
@@ -65,18 +66,21 @@ def _graph_refs(item):
 class Pool:
     """The graphs of one cached layout that may be handed out again."""
 
-    __slots__ = ("kept",)
+    __slots__ = ("kept", "lock")
 
     def __init__(self):
         self.kept: list[_Kept] = []
+        self.lock = threading.Lock()
 
     def take(self):
-        """A kept graph nothing outside refers to, or None. The caller binds it anew, then calls
-        `recount`."""
-        for item in self.kept:
-            if (_graph_refs(item) == item.graph_refs and _counts(item) == item.counts
-                    and item.graph._exe._replay is item.replay):
-                return item
+        """(item, its graph) of a kept graph nothing outside refers to, or None; `rebind` sets it up.
+        Under the pool's lock, and the graph returned held: another thread's take, counting
+        after this one, sees the reference and passes it by."""
+        with self.lock:
+            for item in self.kept:
+                if (_graph_refs(item) == item.graph_refs and _counts(item) == item.counts
+                        and item.graph._exe._replay is item.replay):
+                    return item, item.graph
         return None
 
     @staticmethod
@@ -97,12 +101,12 @@ class Pool:
         self.recount(item)
 
 
-def rebind(item, arrays, reset):
+def rebind(taken, arrays, reset):
     """The graph of a taken item set up as a new one on a call's arrays (one per input plane): the
     planes and the executable's input slots rebound, its buffers reset (`reset`), nothing run
     yet, its counts taken again. (The trace's staging maps are left: a built graph stages
     nothing more.)"""
-    g = item.graph
+    item, g = taken
     for p, a in zip(g._trace.input_planes, arrays):
         p.array = a
     g._exe.rebind_inputs(arrays)
