@@ -252,10 +252,15 @@ def test_threads_calling_one_builder_each_get_their_own_answers():
             errors.append(e)
     chain(np.ones(8))
     ts = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)               # threads switch between nearly any two bytecodes
+    try:
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
     assert not errors, errors[0]
 
 
