@@ -28,6 +28,7 @@ from .custom import custom_jvp, custom_vjp
 from .linear import linear_transpose, linearize
 from .shapes import ShapeDtypeStruct, eval_shape
 from .implicit import fixed_point
+from .backends.select import use_backend
 
 __version__ = "0.1.0"
 
@@ -35,4 +36,4 @@ __all__ = ["diff", "make_program", "make_graph", "vmap", "vjp", "jvp", "grad", "
            "hessian", "Graph", "Fork", "Branch", "opaque", "UncappedLoopWarning", "clear_caches", "to_jax",
            "disable_staging", "simulate", "SimResult", "collect",
            "tree", "linearize", "linear_transpose", "eval_shape", "ShapeDtypeStruct", "custom_vjp", "custom_jvp",
-           "fixed_point"]
+           "fixed_point", "use_backend"]
