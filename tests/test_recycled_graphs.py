@@ -123,6 +123,17 @@ def test_a_graph_its_caller_still_reaches_is_not_handed_out(hold):
     del kept
 
 
+def test_a_graph_the_caller_set_an_attribute_on_is_not_handed_out():
+    x = np.ones(8)
+    chain(x)
+    g = chain(x)
+    g.note = "mine"
+    first = id(g)
+    del g
+    g = chain(x + 1.0)
+    assert id(g) != first and not hasattr(g, "note")
+
+
 def test_mutable_writes_land_in_each_callers_array():
     for k in range(6):
         x, y = np.full(5, float(k)), np.zeros(5)

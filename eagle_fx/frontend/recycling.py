@@ -53,10 +53,10 @@ def _watched(g):
 
 
 def _counts(item):
-    """The holders of what a kept graph hands out, and of weakrefs to it: read through this one
-    function when it is kept and when it is taken."""
+    """The holders of what a kept graph hands out, weakrefs to it, a running enqueue and the
+    attributes set on it: read through this one function when it is kept and when it is taken."""
     g = item.graph
-    return (*map(sys.getrefcount, item.watched), weakref.getweakrefcount(g), g._worker is None)
+    return (*map(sys.getrefcount, item.watched), weakref.getweakrefcount(g), g._worker is None, len(g.__dict__))
 
 
 def _graph_refs(item):
