@@ -157,7 +157,8 @@ def _jvp_graph(f, primals, tangents, names, api):
             eqns.append(Eqn(ir.zeros_p, [], [z], {"aval": z.aval}))
             outs.append(z)
     jp = jp.replace(eqns=eqns)
-    t_planes = [Extern(tangent_of(a), f"t_{names[a[0]]}") for a, fl in zip(s.arg_of, flags) if fl]
+    t_planes = [Extern(s.tangent_plane(i, tangent_of(a)), f"t_{names[a[0]]}")
+                for i, (a, fl) in enumerate(zip(s.arg_of, flags)) if fl]
     c = graph_of(s, jp, (tree_unflatten(s.tree, outs[:k]), tree_unflatten(s.tree, outs[k:])), t_planes)
     if s.g.views:                     # a tangent is seen as its primal is (a Jacobian's axes)
         c.views = list(s.g.views) * 2
@@ -179,8 +180,8 @@ def vjp_program(s: Staged, wrt, api, checkpoints=None):
     with recompute_unbounded(static_stacks([p.array for p in s.planes])):   # no stack XLA cannot size
         vp = vjp_graph(s.prog, flags, s.capacity, api, checkpoints)
     k = len(s.results)
-    grads = dict(zip([a for a, w in zip(s.arg_of, flags) if w], vp.outputs[k:]))
     eqns, outs = list(vp.eqns), list(vp.outputs[:k])
+    grads = s.cotangents(flags, vp.outputs[k:], eqns, api)
     for a in wrt:
         if a not in grads:
             x = s.leaves[a[0]][a[1]]

@@ -160,7 +160,9 @@ def _jacobian(f, argnums, api, forward):
             prog = vjp_program(s2, x.wrt(), api)
             return graph_of(s2, prog, _grad_trees(s2, prog, [x.k], x.wrt())[0], seed_planes(s2, [ct]))
         c = vmap(Transformed(f"vjp({name_of(f)})", one), in_axes=0).closed(basis)
-        c.views = [then(_reverse_view(out, x.leaves[j].shape), seen, len(out), x.leaves[j].ndim) for j in x.floats]
+        rows = c.views or [None] * len(x.floats)      # a row's own view: a moved argument's layout
+        c.views = [then(_after(r, _reverse_view(out, x.leaves[j].shape)), seen, len(out), x.leaves[j].ndim)
+                   for r, j in zip(rows, x.floats)]
         return c
     t = Transformed(f"{api.split('.')[-1]}({name_of(f)})", seams.as_written(api, make), sig=sig(api, f, argnums),
                     prepare=_prepare(argnums))
@@ -174,6 +176,13 @@ def _lead_aware(fn):
     of a Jacobian), see staged_results.lead_view."""
     fn.lead_aware = True
     return fn
+
+
+def _after(first, view):
+    """`view` of a result first seen through `first` (a lead-aware view, or None)."""
+    if first is None:
+        return view
+    return _lead_aware(lambda a: view(first(a)))
 
 
 def _forward_view(off, size, out_shape, in_shape):
@@ -210,6 +219,7 @@ def _second(f, a, b, api, squeeze, shown=None):
             return jvp_as(vjp_row, args, xb.tangents(args, ts), api)[1]
         c = vmap(one, in_axes=0).closed(cts, *tans)
         rows = c.result_vars()[0]                      # per floating leaf of x_a: (m * nb, *leaf shape)
+        row_views = iter(c.views or [None] * len(rows))
         lead = () if squeeze and m == 1 else out
         outer, outputs, views = [], [], []
         it = iter(rows)
@@ -217,7 +227,7 @@ def _second(f, a, b, api, squeeze, shown=None):
             if ja not in xa.floats:
                 outer.append(None)
                 continue
-            v = next(it)
+            v, seen = next(it), next(row_views)
             inner = []
             for jb in range(len(xb.leaves)):
                 if jb not in xb.floats:
@@ -225,8 +235,8 @@ def _second(f, a, b, api, squeeze, shown=None):
                     continue
                 inner.append(v)
                 outputs.append(v)
-                views.append(_second_view(m, nb, xb.offset[jb], xb.leaves[jb].size, lead, xa.leaves[ja].shape,
-                                          xb.leaves[jb].shape))
+                views.append(_after(seen, _second_view(m, nb, xb.offset[jb], xb.leaves[jb].size, lead,
+                                                       xa.leaves[ja].shape, xb.leaves[jb].shape)))
             outer.append(tree_unflatten(xb.tree, inner))
         tree = tree_flatten(tree_unflatten(xa.tree, outer), is_leaf=lambda u: isinstance(u, Var))[1]
         return _reshaped(c, tree, outputs, views)
