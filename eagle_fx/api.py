@@ -531,10 +531,12 @@ class Staged:
             if perm_of[a] != perm:
                 names = arg_names(self.f, len(self.args))
                 raise TransformError(
-                    f"{seams.composition(api, self.fname)}: argument {names[a[0]]} of shape "
-                    f"{self.leaves[a[0]][a[1]].shape} reaches the graph twice with its axes in different orders (a "
-                    "vmap batching it along two axes, in_axes=(0, 1) on the same array); its cotangent would be the "
-                    "sum of two arrays of different layouts. Pass a copy for one of them (x.copy())")
+                    f"{seams.composition(api, self.fname)}: {where(self.f)} hands its graph argument {names[a[0]]} "
+                    f"of shape {self.leaves[a[0]][a[1]].shape} twice with its axes in different orders (a vmap "
+                    "batching it along one axis in one place and another axis in another, or x and x.T), and reverse "
+                    "mode cannot add the two cotangents' layouts. Make the two uses two arguments, called with x and "
+                    "a copy made outside (y = x.copy()), differentiate with respect to both (argnums=(0, 1)) and "
+                    "add the two derivatives")
             w = Var(v.aval)
             eqns.append(Eqn(ir.add_any_p, [grads[a], v], [w], {}))
             grads[a] = w
