@@ -165,7 +165,7 @@ def _jacobian(f, argnums, api, forward):
                    for r, j in zip(rows, x.floats)]
         return c
     t = Transformed(f"{api.split('.')[-1]}({name_of(f)})", seams.as_written(api, make), sig=sig(api, f, argnums),
-                    prepare=_prepare(argnums))
+                    prepare=_prepare(argnums, reverse=not forward))
     if not forward:
         t._jacrev_of = (f, argnums)
     return t
@@ -254,9 +254,11 @@ def _second_view(m, nb, off, size, lead, a_shape, b_shape):
     return _lead_aware(view)
 
 
-def _prepare(a, b=None):
+def _prepare(a, b=None, reverse=True):
     """Python-float (or 0-d) leaves of the differentiated arguments staged as one-cell arrays; each
-    Jacobian then loses the size-1 axis such a leaf brought (a's after the result's axes, b's last)."""
+    Jacobian then loses the size-1 axis such a leaf brought (a's after the result's axes, b's last).
+    reverse (a is differentiated by reverse mode): a Jacobian with respect to a Python float is
+    float64, as JAX's (forward mode: the result's dtype)."""
     def prepare(args):
         n = len(args)
         ks = [k % n for k in (a, b) if k is not None and -n <= k < n]
@@ -268,7 +270,11 @@ def _prepare(a, b=None):
         la = tree_flatten(args[ka], is_leaf=is_array)[0]
         lb = tree_flatten(args[kb], is_leaf=is_array)[0] if kb is not None else None
 
-        def fix(x, ja, jb):
+        def fix(x, ja, jb, shape):
+            if reverse and (ka, ja) in promoted.weak:
+                x = x.astype(np.float64)
+            if not shape:
+                return x
             b_nd = np.ndim(lb[jb]) if jb is not None else 0
             drop = set()
             if jb is not None and (kb, jb) in promoted:
@@ -277,7 +283,7 @@ def _prepare(a, b=None):
                 drop.add(x.ndim - b_nd - 1)
             return x.reshape([d for i, d in enumerate(x.shape) if i not in drop]) if drop else x
 
-        def restore(out):
+        def restore(out, shape=True):
             flat, tree = tree_flatten(out, is_leaf=lambda u: u is None or is_array(u))
             pairs = []
             for ja, xa in enumerate(la):
@@ -285,6 +291,9 @@ def _prepare(a, b=None):
                     pairs.append((ja, None))
                 else:
                     pairs += [(ja, jb) for jb in range(len(lb))]
-            return tree_unflatten(tree, [x if x is None else fix(x, ja, jb) for x, (ja, jb) in zip(flat, pairs)])
+            return tree_unflatten(tree, [x if x is None else fix(x, ja, jb, shape)
+                                         for x, (ja, jb) in zip(flat, pairs)])
+        if reverse and any(p[0] == ka for p in promoted.weak):   # for vmap: its instances' shapes are the caller's
+            restore.cast = lambda out: restore(out, shape=False)
         return args, restore
     return prepare
