@@ -207,6 +207,11 @@ def test_a_new_call_replays_with_the_new_values():
     x, w = _args(9, 1, None)
     x = np.asfortranarray(x)                     # another layout of the same shape
     close(J(x, w), jax.jacrev(jax.vmap(jf, in_axes=(1, None)))(x, w), "Fortran order")
+    rng = np.random.default_rng(12)
+    for _ in range(2):                           # jvp replayed: the tangent read through the moved view
+        t = rng.normal(size=x.shape)
+        ty = ef.jvp(F, (x, w), (t, None))[1]
+        close(ty, jax.jvp(lambda x: jax.vmap(jf, in_axes=(1, None))(x, w), (x,), (t,))[1], "jvp")
 
 
 def test_nested_vmap_on_moved_axes():
