@@ -116,7 +116,7 @@ def jvp_as(f, primals, tangents, api):
         raise ValueError(f"{api}: {len(primals)} primals and {len(tangents)} tangents; give one tangent (or None) "
                          "per argument")
     names = arg_names(f, len(primals))
-    cast = _weak_cast(f, primals)
+    cast = weak_cast(f, primals)
     primals, tangents = _check_tangents(primals, tangents, names, api)
     if CONTEXT.transforming:                     # for the outer transform: lowered only if run
         c = _jvp_graph(f, primals, tangents, names, api)
@@ -128,7 +128,7 @@ def jvp_as(f, primals, tangents, api):
     return tuple(map(cast, out)) if cast else out
 
 
-def _weak_cast(f, primals):
+def weak_cast(f, primals):
     """For jvp of a derivative transform at a Python float with a tangent (staged one-cell, in the
     dtype of the other arrays): the cast that makes the transform's derivative with respect to it
     float64, as called at the float itself (and in JAX). None when there is nothing to cast."""

@@ -19,7 +19,7 @@ from .api import (Staged, Transformed, argnums_checked, float_array, graph_of, i
                   sig)
 from . import seams
 from .batching import vmap
-from .derivatives import _grad_trees, jvp_as, promote, seed_planes, vjp_program
+from .derivatives import _grad_trees, jvp_as, promote, seed_planes, vjp_program, weak_cast
 from .staged_results import then
 from .transforms.program import ct_aval
 
@@ -165,7 +165,7 @@ def _jacobian(f, argnums, api, forward):
                    for r, j in zip(rows, x.floats)]
         return c
     t = Transformed(f"{api.split('.')[-1]}({name_of(f)})", seams.as_written(api, make), sig=sig(api, f, argnums),
-                    prepare=_prepare(argnums, reverse=not forward))
+                    prepare=_prepare(argnums, reverse=not forward, f=None if not forward else f))
     if not forward:
         t._jacrev_of = (f, argnums)
     return t
@@ -254,16 +254,18 @@ def _second_view(m, nb, off, size, lead, a_shape, b_shape):
     return _lead_aware(view)
 
 
-def _prepare(a, b=None, reverse=True):
+def _prepare(a, b=None, reverse=True, f=None):
     """Python-float (or 0-d) leaves of the differentiated arguments staged as one-cell arrays; each
     Jacobian then loses the size-1 axis such a leaf brought (a's after the result's axes, b's last).
     reverse (a is differentiated by reverse mode): a Jacobian with respect to a Python float is
-    float64, as JAX's (forward mode: the result's dtype)."""
+    float64, as JAX's (forward mode: the result's dtype, float64 where `f` is a derivative with
+    respect to a Python float)."""
     def prepare(args):
         n = len(args)
         ks = [k % n for k in (a, b) if k is not None and -n <= k < n]
+        wide = f is not None and weak_cast(f, args) is not None
         args, promoted = promote(args, sorted(set(ks)))
-        if not promoted:
+        if not promoted and not wide:
             return args, None
         ka = ks[0]
         kb = ks[1] if b is not None and len(ks) > 1 else None
@@ -271,7 +273,7 @@ def _prepare(a, b=None, reverse=True):
         lb = tree_flatten(args[kb], is_leaf=is_array)[0] if kb is not None else None
 
         def fix(x, ja, jb, shape):
-            if reverse and (ka, ja) in promoted.weak:
+            if wide or reverse and (ka, ja) in promoted.weak:
                 x = x.astype(np.float64)
             if not shape:
                 return x
@@ -293,7 +295,7 @@ def _prepare(a, b=None, reverse=True):
                     pairs += [(ja, jb) for jb in range(len(lb))]
             return tree_unflatten(tree, [x if x is None else fix(x, ja, jb, shape)
                                          for x, (ja, jb) in zip(flat, pairs)])
-        if reverse and any(p[0] == ka for p in promoted.weak):   # for vmap: its instances' shapes are the caller's
+        if wide or reverse and any(p[0] == ka for p in promoted.weak):   # for vmap: instances have the caller's shapes
             restore.cast = lambda out: restore(out, shape=False)
         return args, restore
     return prepare

@@ -399,3 +399,25 @@ def test_a_seeded_sweep_of_dtypes_and_param_forms_matches_jax_sweep(seed):
     for api, argnum, x_dt, form, w_dt in _dtype_draws(seed, 6):
         for batched in (False, True):
             _dtype_case(fj, f, api, argnum, x_dt, form, w_dt, batched)
+
+
+def test_derivatives_of_a_gradient_at_a_python_float_have_jax_s_dtype():
+    """jvp / jacfwd / jacrev of grad(f) at a Python float w beside a float32 x: float64 where the
+    outer derivative reads grad's float64 result or w's cotangent, float32 where it is x's."""
+    x = np.random.default_rng(5).uniform(0.2, 1.0, (2, N)).astype(np.float32)
+    t = np.ones_like(x)
+    pairs = [
+        (ef.jvp(ef.grad(SCALED), (0.5, x), (1.0, t)), jax.jvp(jax.grad(_scaled_jax), (0.5, x), (1.0, t))),
+        (ef.jacfwd(ef.grad(SCALED))(0.5, x), jax.jacfwd(jax.grad(_scaled_jax))(0.5, x)),
+        (ef.jacrev(ef.grad(SCALED))(0.5, x), jax.jacrev(jax.grad(_scaled_jax))(0.5, x)),
+        (ef.jacfwd(ef.grad(SCALED), 1)(0.5, x), jax.jacfwd(jax.grad(_scaled_jax), 1)(0.5, x)),
+        (ef.jacrev(ef.grad(SCALED), 1)(0.5, x), jax.jacrev(jax.grad(_scaled_jax), 1)(0.5, x)),
+        (ef.vjp(SCALED, 0.5, x)[1](np.ones(1, np.float32)), jax.vjp(_scaled_jax, 0.5, x)[1](np.float32(1.0))),
+        (ef.hessian(SCALED)(0.5, x), jax.hessian(_scaled_jax)(0.5, x)),
+    ]
+    for k, (got, want) in enumerate(pairs):
+        for g, w in zip(_leaves(got), _leaves(want)):
+            g, w = np.asarray(g), np.asarray(w)
+            assert g.dtype == w.dtype, f"case {k}: dtype {g.dtype}, JAX {w.dtype}"
+            assert g.size == w.size, f"case {k}: shape {g.shape}, JAX {w.shape}"
+            np.testing.assert_allclose(g.reshape(w.shape), w, rtol=3e-6, err_msg=f"case {k}")
