@@ -154,20 +154,29 @@ def test_a_seeded_sweep_of_axes_and_derivatives_matches_jax(seed):
     check(*_draw(seed), seed=seed)
 
 
+def _moved_pair():
+    return ef.vmap(f, in_axes=(1, None)), jax.vmap(jf, in_axes=(1, None))
+
+
 def test_hessian_and_second_derivatives_through_a_moved_axis():
     x, w = _args(3, 1, None)
-    F = ef.vmap(f, in_axes=(1, None))
-    JF = jax.vmap(jf, in_axes=(1, None))
+    F, JF = _moved_pair()
     loss = lambda x, w: F(x, w).sum()          # noqa: E731
     jloss = lambda x, w: jnp.sum(JF(x, w))     # noqa: E731
     close(ef.hessian(loss)(x, w), jax.hessian(jloss)(x, w), "hessian")
-    close(ef.jacfwd(ef.jacrev(F))(x, w), jax.jacfwd(jax.jacrev(JF))(x, w), "jacfwd(jacrev)")
-    close(ef.jacrev(ef.jacfwd(F))(x, w), jax.jacrev(jax.jacfwd(JF))(x, w), "jacrev(jacfwd)")
     v = np.random.default_rng(4).normal(size=x.shape)
     g, hv = ef.jvp(ef.grad(loss), (x, w), (v, None))
     jg, jhv = jax.jvp(jax.grad(jloss), (x, w), (v, jnp.zeros_like(w)))
     close(g, jg, "jvp(grad): the gradient")
     close(hv, jhv, "jvp(grad): Hessian times v")
+
+
+@pytest.mark.slow
+def test_jacobians_of_jacobians_through_a_moved_axis():
+    x, w = _args(3, 1, None)
+    F, JF = _moved_pair()
+    close(ef.jacfwd(ef.jacrev(F))(x, w), jax.jacfwd(jax.jacrev(JF))(x, w), "jacfwd(jacrev)")
+    close(ef.jacrev(ef.jacfwd(F))(x, w), jax.jacrev(jax.jacfwd(JF))(x, w), "jacrev(jacfwd)")
 
 
 def test_vmap_of_a_derivative_of_a_moved_vmap():
@@ -214,8 +223,10 @@ def test_a_new_call_replays_with_the_new_values():
         close(ty, jax.jvp(lambda x: jax.vmap(jf, in_axes=(1, None))(x, w), (x,), (t,))[1], "jvp")
 
 
+@pytest.mark.slow
 def test_nested_vmap_on_moved_axes():
-    """jacfwd / jacrev / vjp of vmap(vmap(f), in_axes=1): JAX's nested vmap on the same axes."""
+    """jacfwd / jacrev / vjp of vmap(vmap(f), in_axes=1): JAX's nested vmap on the same axes (the
+    default suite checks such compositions in test_composition_labels.py)."""
     rng = np.random.default_rng(10)
     x = rng.uniform(-1.5, 1.5, (3, 5, 2, N))            # outer batch on axis 1 (5), inner on axis 0 (3)
     w = np.array([0.4])

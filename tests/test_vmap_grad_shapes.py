@@ -385,15 +385,15 @@ def test_vmap_of_a_derivative_at_a_python_float_beside_float32_has_jax_s_dtype(a
     assert [np.asarray(d).dtype for d in direct] == [np.asarray(b).dtype for b in batched]
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 def test_a_seeded_sweep_of_dtypes_and_param_forms_matches_jax(seed):
-    for api, argnum, x_dt, form, w_dt in _dtype_draws(seed, 4):
+    for api, argnum, x_dt, form, w_dt in _dtype_draws(seed, 3):
         for batched in (False, True):
             _dtype_case(_lin_jax, LIN, api, argnum, x_dt, form, w_dt, batched)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(3, 30))
+@pytest.mark.parametrize("seed", range(2, 30))
 def test_a_seeded_sweep_of_dtypes_and_param_forms_matches_jax_sweep(seed):
     f, fj = (SCALED, _scaled_jax) if seed % 2 else (LIN, _lin_jax)
     for api, argnum, x_dt, form, w_dt in _dtype_draws(seed, 6):
