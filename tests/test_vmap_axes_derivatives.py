@@ -269,3 +269,19 @@ def test_one_array_batched_along_two_axes_orders():
     # what the refusal says to write: two arguments, a copy made outside, the derivatives added
     gx, gy = ef.jacrev(lambda x, y: F(x, y, w), (0, 1))(x, x.copy())
     close(gx + gy, jax.jacrev(lambda x: JF(x, x, w))(x), "the fix")
+
+
+@pytest.mark.parametrize("backend", ["jax", "fake-cuda"])
+def test_on_the_jax_backend_and_the_cuda_lowering(backend):
+    """The graphs run there too: the moved view of x, its tangent moved as well, the cotangent
+    seen back. (On CUDA, reverse mode only: a tangent moved with x is a strided view, and the
+    CUDA backend refuses an input array that is not C-contiguous, by name.)"""
+    from eagle_fx.backends.select import use_backend
+    x, w = _args(13, 1, None)
+    F, JF = _moved_pair()
+    t = np.random.default_rng(14).normal(size=x.shape)
+    with use_backend(backend):
+        close(ef.jacrev(F)(x, w), jax.jacrev(JF)(x, w), "jacrev")
+        if backend == "jax":
+            close(ef.jvp(F, (x, w), (t, None))[1], jax.jvp(lambda x: JF(x, w), (x,), (t,))[1], "jvp")
+            close(ef.jacfwd(F)(x, w), jax.jacfwd(JF)(x, w), "jacfwd")
