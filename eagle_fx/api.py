@@ -562,7 +562,7 @@ def axes_permutation(view, x):
             return None
         perm.append(p)
         free.remove(p)
-    if perm == sorted(perm) or view.shape != np.transpose(x, perm).shape:
+    if perm == sorted(perm):
         return None
     return tuple(perm)
 

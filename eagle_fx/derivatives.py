@@ -81,12 +81,11 @@ def _demote(tree, k, promoted, shape=True):
     shapes kept) and those of Python floats made float64, as JAX gives them."""
     if not any(p[0] == k for p in promoted):
         return tree
-    weak = getattr(promoted, "weak", ())
     leaves, t = tree_flatten(tree, is_leaf=lambda x: x is None or is_array(x))
     for j, x in enumerate(leaves):
         if (k, j) in promoted and x is not None:
             x = x.reshape(()) if shape else x
-            leaves[j] = x.astype(np.float64) if (k, j) in weak else x
+            leaves[j] = x.astype(np.float64) if (k, j) in promoted.weak else x
     return tree_unflatten(t, leaves)
 
 
@@ -129,9 +128,10 @@ def jvp_as(f, primals, tangents, api):
 
 
 def weak_cast(f, primals):
-    """For jvp of a derivative transform at a Python float with a tangent (staged one-cell, in the
-    dtype of the other arrays): the cast that makes the transform's derivative with respect to it
-    float64, as called at the float itself (and in JAX). None when there is nothing to cast."""
+    """For a derivative transform `f` whose caller stages a Python float it differentiates as a
+    one-cell array (jvp with a tangent for it, jacfwd), which `f` then cannot tell from an array:
+    the cast that makes f's derivative with respect to it float64, as f called at the float itself
+    gives it (and JAX). None when there is nothing to cast."""
     if not isinstance(f, Transformed) or f._prepare is None or \
             not any(type(x) is float for p in primals for x in tree_flatten(p, is_leaf=is_array)[0]):
         return None

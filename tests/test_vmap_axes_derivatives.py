@@ -285,3 +285,11 @@ def test_on_the_jax_backend_and_the_cuda_lowering(backend):
         if backend == "jax":
             close(ef.jvp(F, (x, w), (t, None))[1], jax.jvp(lambda x: JF(x, w), (x,), (t,))[1], "jvp")
             close(ef.jacfwd(F)(x, w), jax.jacfwd(JF)(x, w), "jacfwd")
+
+
+def test_a_transposed_argument_handed_on_by_a_plain_function():
+    """x.T is the same permuted view a vmap makes: followed back to x (it was refused as a view)."""
+    x = np.random.default_rng(15).uniform(-1.5, 1.5, (N, 2))
+    w = np.array([0.6])
+    close(ef.grad(lambda x, w: f(x.T, w))(x, w), jax.grad(lambda x, w: jf(x.T, w)[0])(x, w), "grad")
+    close(ef.jacfwd(lambda x, w: f(x.T, w))(x, w), jax.jacfwd(lambda x, w: jf(x.T, w))(x, w), "jacfwd")
