@@ -30,7 +30,7 @@ import operator
 
 import numpy as np
 
-from hawk_fx.core import Var
+from hawk_fx.core import Eqn, Var
 from hawk_fx.emit.jax import is_jax_array
 from hawk_fx.context import CONTEXT
 from hawk_fx.tree import tree_flatten
@@ -44,7 +44,7 @@ from .graph import Graph
 from .frontend.guards import ValueReadError, guarding, other_values, release, where
 from .frontend.staging import Plane
 from .transforms.program import TransformError, dce
-from . import seams
+from . import ir, seams
 from .staged_results import merge, staged_result
 from .result_views import restored_views
 from .transforms.reverse_again import holds_reverse, recomputing, reversible
@@ -430,6 +430,18 @@ class Staged:
                 if isinstance(x, np.ndarray):
                     where.setdefault(id(x), (k, j))
         self.arg_of = [where.get(id(e.array)) for e in self.planes]
+        # planes holding an argument with its axes permuted (a vmap batching another axis hands its
+        # graph np.moveaxis(x, axis, 0)): {plane index: perm}, the plane is np.transpose(x, perm).
+        # Derivatives follow x: a tangent goes in permuted, a cotangent comes back seen unpermuted.
+        self.moved = {}
+        for i, e in enumerate(self.planes):
+            if self.arg_of[i] is None and e.array.dtype.kind == "f":
+                for kj in where.values():
+                    perm = axes_permutation(e.array, self.leaves[kj[0]][kj[1]])
+                    if perm is not None:
+                        self.arg_of[i], self.moved[i] = kj, perm
+                        break
+        self.back = {}        # a cotangent Var of a moved plane -> the view that shows it in its argument's layout
         # planes that are views of an argument (a[:1] in the builder): not followed by derivatives
         self.view_of = {}
         for e, a in zip(self.planes, self.arg_of):
@@ -491,15 +503,6 @@ class Staged:
                     "derivative inside the batches (eagle_fx.vmap(eagle_fx.vmap(eagle_fx.jacfwd(f))), or jacrev, "
                     "grad: each instance's), or merge the axes yourself and batch once: differentiate "
                     "eagle_fx.vmap(f) at x.reshape(B2 * B1, ...)")
-            x = self.leaves[a[0]][a[1]]
-            if e is not None and x.ndim > 1 and _axes_moved(e.array, x):
-                names = arg_names(self.f, len(self.args))       # the argument itself, its axes moved: a vmap's in_axes
-                raise TransformError(
-                    f"{seams.composition(self.api, self.fname)}: argument {names[a[0]]} of shape {x.shape} reaches "
-                    f"the graph with its axes moved (shape {e.array.shape}: a vmap whose in_axes batch an axis other "
-                    "than the first), and derivatives follow the arrays given to kernels, not a moved view. Put the "
-                    "batch axis first in the array you pass (np.ascontiguousarray(np.moveaxis(x, axis, 0))) and use "
-                    "in_axes=0")
             if e is not None:
                 names = arg_names(self.f, len(self.args))
                 raise TransformError(f"{self.api}: {where(self.f)} passes a kernel a view of argument {names[a[0]]} "
@@ -507,25 +510,80 @@ class Staged:
                                      "staging); derivatives follow the arrays given to kernels: pass the whole "
                                      "array and index it inside the kernel, or pass the part as its own argument")
 
-    def graph(self, prog, extra_planes, tree, n_results):
+    def graph(self, prog, extra_planes, tree, n_results, views=None):
         """The closed Program running `prog` over the staged planes and `extra_planes`."""
-        return self.g.derive(prog, self.planes + list(extra_planes), tree, n_results)
+        return self.g.derive(prog, self.planes + list(extra_planes), tree, n_results, views)
+
+    def tangent_plane(self, i, t):
+        """The tangent array plane i reads for its argument's tangent `t`: permuted as the plane is."""
+        return t if i not in self.moved else np.transpose(t, self.moved[i])
+
+    def cotangents(self, flags, outputs, eqns, api):
+        """{(argument, leaf): its cotangent Var} from `outputs`, one per plane flagged. A leaf the
+        graph reads through more than one plane gets their sum; a moved plane's cotangent is kept
+        in the plane's layout and noted in `back`, to be seen in the argument's."""
+        grads, perm_of = {}, {}
+        for i, v in zip([i for i, fl in enumerate(flags) if fl], outputs):
+            a, perm = self.arg_of[i], self.moved.get(i)
+            if a not in grads:
+                grads[a], perm_of[a] = v, perm
+                continue
+            if perm_of[a] != perm:
+                names = arg_names(self.f, len(self.args))
+                raise TransformError(
+                    f"{seams.composition(api, self.fname)}: {where(self.f)} hands its graph argument {names[a[0]]} "
+                    f"of shape {self.leaves[a[0]][a[1]].shape} twice with its axes in different orders (a vmap "
+                    "batching it along one axis in one place and another axis in another, or x and x.T), and reverse "
+                    "mode cannot add the two cotangents' layouts. Make the two uses two arguments, called with x and "
+                    "a copy made outside (y = x.copy()), differentiate with respect to both (argnums=(0, 1)) and "
+                    "add the two derivatives")
+            w = Var(v.aval)
+            eqns.append(Eqn(ir.add_any_p, [grads[a], v], [w], {}))
+            grads[a] = w
+        for a, perm in perm_of.items():
+            if perm is not None:
+                self.back[grads[a]] = _unpermute(perm)
+        return grads
 
     def capacity(self, trip, e):
         return loop_capacity(self.api, trip, e, self.prog.inputs, [p.array for p in self.planes])
 
 
-def _axes_moved(view, x) -> bool:
-    """Is `view` all of `x` with its axes permuted (what a vmap over another axis hands a kernel),
-    not a reversed, strided or reshaped view?"""
-    return view.size == x.size and sorted(view.shape) == sorted(x.shape) and \
-        sorted(view.strides) == sorted(x.strides) and view.strides != x.strides
+def axes_permutation(view, x):
+    """perm with `view` exactly np.transpose(x, perm) (what a vmap over another axis hands a
+    kernel: the same memory, axes reordered), or None (another view, or x's own layout)."""
+    if view.ndim != x.ndim or view.ndim < 2 or view.dtype != x.dtype or view.size != x.size or \
+            view.__array_interface__["data"][0] != x.__array_interface__["data"][0]:
+        return None
+    perm, free = [], list(range(x.ndim))
+    for n, st in zip(view.shape, view.strides):
+        p = next((p for p in free if x.shape[p] == n and (x.strides[p] == st or n <= 1)), None)
+        if p is None:
+            return None
+        perm.append(p)
+        free.remove(p)
+    if perm == sorted(perm):
+        return None
+    return tuple(perm)
+
+
+def _unpermute(perm):
+    """The view giving a cotangent of np.transpose(x, perm) in x's layout; batch axes in front are kept."""
+    inv = tuple(int(i) for i in np.argsort(perm))
+
+    def view(a):
+        lead = a.ndim - len(inv)
+        return np.transpose(a, tuple(range(lead)) + tuple(lead + i for i in inv))
+    view.lead_aware = True
+    return view
 
 
 def graph_of(s: Staged, prog, outputs, extra_planes):
     """The closed Program running `prog` with result `outputs` (a tree whose leaves are Program Vars)."""
     leaves, tree = tree_flatten(outputs, is_leaf=lambda v: isinstance(v, Var))
-    return s.graph(dce(prog.replace(outputs=leaves)), extra_planes, tree, len(leaves))
+    views = [s.back.get(v) for v in leaves] if s.back else None
+    return s.graph(dce(prog.replace(outputs=leaves)), extra_planes, tree, len(leaves),
+                   views if views and any(w is not None for w in views) else None)
 
 
 

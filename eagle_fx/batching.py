@@ -100,6 +100,8 @@ def _shared_floats(f, in_axes):
             at.append((k, [j for j, x in enumerate(leaves) if _float_number(x)]))
         if not at:
             return args, None
+        # a derivative with respect to a Python float is float64 (JAX's), though staged as its 0-d stand-in
+        cast = getattr(f._prepare(args)[1], "cast", None)
         seen = f._prepare(tuple(out))[0]           # which of them the transform differentiates (made one-cell)
         for k, js in at:
             leaves, tree = tree_flatten(out[k], is_leaf=is_array)
@@ -108,7 +110,7 @@ def _shared_floats(f, in_axes):
                 if np.shape(promoted[j]) == ():
                     leaves[j] = leaves[j].reshape(1)
             out[k] = tree_unflatten(tree, leaves)
-        return tuple(out), None
+        return tuple(out), cast
     return prepare
 
 

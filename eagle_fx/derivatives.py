@@ -28,6 +28,7 @@ from .transforms.jvp_graph import jvp_graph
 from .transforms.program import ct_aval, is_float
 from .transforms.reverse_again import recompute_unbounded, static_stacks
 from .transforms.vjp_graph import vjp_graph
+from .result_views import restored_views
 from .staged_results import staged_result
 from .vjp_inside import vjp_inside
 from . import seams
@@ -39,36 +40,53 @@ def _is_scalar_float(x):
         (isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype.kind == "f")
 
 
-def _one_cell(x):
+def _one_cell(x, weak=np.float64):
     """A one-cell array of `x`; of a 0-d array, a view, so a graph staged inside another transform
-    (vmap) reads the array it was given, not a copy baked in."""
+    (vmap) reads the array it was given, not a copy baked in. A Python float takes `weak`."""
     if isinstance(x, np.ndarray):
         return x.reshape(1)
-    return np.array([x], dtype=x.dtype if isinstance(x, np.generic) else np.float64)
+    return np.array([x], dtype=x.dtype if isinstance(x, np.generic) else weak)
+
+
+class Promoted(set):
+    """The (argument, leaf) pairs `promote` made one-cell. `weak`: those that were Python floats,
+    weakly typed as in JAX: staged in the dtype of the call's float arrays (float32 beside float32
+    arrays), while a derivative with respect to one comes back float64, a Python float's dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.weak = set()
 
 
 def promote(args, positions):
     """The arguments with Python floats and 0-d arrays at `positions` (leaf by leaf) made one-cell
-    arrays, and the set of (argument, leaf) promoted."""
-    out, promoted = list(args), set()
+    arrays, and the set of (argument, leaf) promoted (a Promoted)."""
+    out, promoted, weak = list(args), Promoted(), None
     for k in positions:
         leaves, t = tree_flatten(args[k], is_leaf=is_array)
         for j, x in enumerate(leaves):
             if _is_scalar_float(x):
-                leaves[j] = _one_cell(x)
+                if type(x) is float:
+                    weak = weak or cache.weak_float(args)
+                    promoted.weak.add((k, j))
+                leaves[j] = _one_cell(x, weak)
                 promoted.add((k, j))
         if any(p[0] == k for p in promoted):
             out[k] = tree_unflatten(t, leaves)
     return tuple(out), promoted
 
 
-def _demote(tree, k, promoted):
-    """Argument k's derivative tree with the leaves promoted by `promote` back to 0-d."""
+def _demote(tree, k, promoted, shape=True):
+    """Argument k's derivative tree with the leaves promoted by `promote` back to 0-d (shape=False:
+    shapes kept) and those of Python floats made float64, as JAX gives them."""
     if not any(p[0] == k for p in promoted):
         return tree
     leaves, t = tree_flatten(tree, is_leaf=lambda x: x is None or is_array(x))
-    return tree_unflatten(t, [x.reshape(()) if (k, j) in promoted and x is not None else x
-                              for j, x in enumerate(leaves)])
+    for j, x in enumerate(leaves):
+        if (k, j) in promoted and x is not None:
+            x = x.reshape(()) if shape else x
+            leaves[j] = x.astype(np.float64) if (k, j) in promoted.weak else x
+    return tree_unflatten(t, leaves)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,13 +115,27 @@ def jvp_as(f, primals, tangents, api):
         raise ValueError(f"{api}: {len(primals)} primals and {len(tangents)} tangents; give one tangent (or None) "
                          "per argument")
     names = arg_names(f, len(primals))
+    cast = weak_cast(f, primals)
     primals, tangents = _check_tangents(primals, tangents, names, api)
     if CONTEXT.transforming:                     # for the outer transform: lowered only if run
-        return staged_result(_jvp_graph(f, primals, tangents, names, api))
+        c = _jvp_graph(f, primals, tangents, names, api)
+        return staged_result(restored_views(c, lambda out: tuple(map(cast, out))) if cast else c)
     primals, traced = cache.traced_floats(primals, cache.static_of(f), api)
     with traced_hint(api, traced), cache.staged(sig("jvp", f), (primals, tangents),
                                                 lambda p, t: _jvp_graph(f, p, t, names, api), Graph.from_closed) as e:
-        return run(e.graph)
+        out = run(e.graph)
+    return tuple(map(cast, out)) if cast else out
+
+
+def weak_cast(f, primals):
+    """For a derivative transform `f` whose caller stages a Python float it differentiates as a
+    one-cell array (jvp with a tangent for it, jacfwd), which `f` then cannot tell from an array:
+    the cast that makes f's derivative with respect to it float64, as f called at the float itself
+    gives it (and JAX). None when there is nothing to cast."""
+    if not isinstance(f, Transformed) or f._prepare is None or \
+            not any(type(x) is float for p in primals for x in tree_flatten(p, is_leaf=is_array)[0]):
+        return None
+    return getattr(f._prepare(tuple(primals))[1], "cast", None)
 
 
 def _check_tangents(primals, tangents, names, api):
@@ -121,7 +153,8 @@ def _check_tangents(primals, tangents, names, api):
             if tl is None:
                 continue
             if _is_scalar_float(pl) and np.ndim(tl) == 0:
-                p_leaves[j], t_leaves[j] = _one_cell(pl), _one_cell(np.asarray(tl, dtype=np.asarray(pl).dtype))
+                p_leaves[j] = _one_cell(pl, cache.weak_float(primals))
+                t_leaves[j] = _one_cell(np.asarray(tl, dtype=p_leaves[j].dtype))
                 continue
             if not float_array(pl) or np.shape(tl) != np.shape(pl) or np.asarray(tl).dtype != pl.dtype:
                 need = f"{np.shape(pl)} {pl.dtype}, or None" if float_array(pl) else \
@@ -157,7 +190,8 @@ def _jvp_graph(f, primals, tangents, names, api):
             eqns.append(Eqn(ir.zeros_p, [], [z], {"aval": z.aval}))
             outs.append(z)
     jp = jp.replace(eqns=eqns)
-    t_planes = [Extern(tangent_of(a), f"t_{names[a[0]]}") for a, fl in zip(s.arg_of, flags) if fl]
+    t_planes = [Extern(s.tangent_plane(i, tangent_of(a)), f"t_{names[a[0]]}")
+                for i, (a, fl) in enumerate(zip(s.arg_of, flags)) if fl]
     c = graph_of(s, jp, (tree_unflatten(s.tree, outs[:k]), tree_unflatten(s.tree, outs[k:])), t_planes)
     if s.g.views:                     # a tangent is seen as its primal is (a Jacobian's axes)
         c.views = list(s.g.views) * 2
@@ -179,8 +213,8 @@ def vjp_program(s: Staged, wrt, api, checkpoints=None):
     with recompute_unbounded(static_stacks([p.array for p in s.planes])):   # no stack XLA cannot size
         vp = vjp_graph(s.prog, flags, s.capacity, api, checkpoints)
     k = len(s.results)
-    grads = dict(zip([a for a, w in zip(s.arg_of, flags) if w], vp.outputs[k:]))
     eqns, outs = list(vp.eqns), list(vp.outputs[:k])
+    grads = s.cotangents(flags, vp.outputs[k:], eqns, api)
     for a in wrt:
         if a not in grads:
             x = s.leaves[a[0]][a[1]]
@@ -380,16 +414,18 @@ def _new_gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
         if not promoted:
             return args, None
 
-        def restore(out):
+        def restore(out, shape=True):
             if has_aux or with_value:
                 head, grads = (out[1], out[0]) if not with_value else (out[0], out[1])
             else:
                 grads = out
-            fixed = tuple(_demote(g, k, promoted) for g, k in zip(grads if multi else (grads,), ks))
+            fixed = tuple(_demote(g, k, promoted, shape) for g, k in zip(grads if multi else (grads,), ks))
             fixed = fixed if multi else fixed[0]
             if with_value:
                 return head, fixed
             return (fixed, head) if has_aux else fixed
+        if promoted.weak:             # for vmap, whose instances' shapes are already the caller's
+            restore.cast = lambda out: restore(out, shape=False)
         return args, restore
     return Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, prepare=prepare,
                        sig=sig(api, f, argnums, has_aux, *_opt(checkpoints)))

@@ -19,7 +19,7 @@ from .api import (Staged, Transformed, argnums_checked, float_array, graph_of, i
                   sig)
 from . import seams
 from .batching import vmap
-from .derivatives import _grad_trees, jvp_as, promote, seed_planes, vjp_program
+from .derivatives import _grad_trees, jvp_as, promote, seed_planes, vjp_program, weak_cast
 from .staged_results import then
 from .transforms.program import ct_aval
 
@@ -160,10 +160,12 @@ def _jacobian(f, argnums, api, forward):
             prog = vjp_program(s2, x.wrt(), api)
             return graph_of(s2, prog, _grad_trees(s2, prog, [x.k], x.wrt())[0], seed_planes(s2, [ct]))
         c = vmap(Transformed(f"vjp({name_of(f)})", one), in_axes=0).closed(basis)
-        c.views = [then(_reverse_view(out, x.leaves[j].shape), seen, len(out), x.leaves[j].ndim) for j in x.floats]
+        rows = c.views or [None] * len(x.floats)      # a row's own view: a moved argument's layout
+        c.views = [then(_after(r, _reverse_view(out, x.leaves[j].shape)), seen, len(out), x.leaves[j].ndim)
+                   for r, j in zip(rows, x.floats)]
         return c
     t = Transformed(f"{api.split('.')[-1]}({name_of(f)})", seams.as_written(api, make), sig=sig(api, f, argnums),
-                    prepare=_prepare(argnums))
+                    prepare=_prepare(argnums, reverse=not forward, f=None if not forward else f))
     if not forward:
         t._jacrev_of = (f, argnums)
     return t
@@ -174,6 +176,13 @@ def _lead_aware(fn):
     of a Jacobian), see staged_results.lead_view."""
     fn.lead_aware = True
     return fn
+
+
+def _after(first, view):
+    """`view` of a result first seen through `first` (a lead-aware view, or None)."""
+    if first is None:
+        return view
+    return _lead_aware(lambda a: view(first(a)))
 
 
 def _forward_view(off, size, out_shape, in_shape):
@@ -210,6 +219,7 @@ def _second(f, a, b, api, squeeze, shown=None):
             return jvp_as(vjp_row, args, xb.tangents(args, ts), api)[1]
         c = vmap(one, in_axes=0).closed(cts, *tans)
         rows = c.result_vars()[0]                      # per floating leaf of x_a: (m * nb, *leaf shape)
+        row_views = iter(c.views or [None] * len(rows))
         lead = () if squeeze and m == 1 else out
         outer, outputs, views = [], [], []
         it = iter(rows)
@@ -217,7 +227,7 @@ def _second(f, a, b, api, squeeze, shown=None):
             if ja not in xa.floats:
                 outer.append(None)
                 continue
-            v = next(it)
+            v, seen = next(it), next(row_views)
             inner = []
             for jb in range(len(xb.leaves)):
                 if jb not in xb.floats:
@@ -225,8 +235,8 @@ def _second(f, a, b, api, squeeze, shown=None):
                     continue
                 inner.append(v)
                 outputs.append(v)
-                views.append(_second_view(m, nb, xb.offset[jb], xb.leaves[jb].size, lead, xa.leaves[ja].shape,
-                                          xb.leaves[jb].shape))
+                views.append(_after(seen, _second_view(m, nb, xb.offset[jb], xb.leaves[jb].size, lead,
+                                                       xa.leaves[ja].shape, xb.leaves[jb].shape)))
             outer.append(tree_unflatten(xb.tree, inner))
         tree = tree_flatten(tree_unflatten(xa.tree, outer), is_leaf=lambda u: isinstance(u, Var))[1]
         return _reshaped(c, tree, outputs, views)
@@ -244,21 +254,29 @@ def _second_view(m, nb, off, size, lead, a_shape, b_shape):
     return _lead_aware(view)
 
 
-def _prepare(a, b=None):
+def _prepare(a, b=None, reverse=True, f=None):
     """Python-float (or 0-d) leaves of the differentiated arguments staged as one-cell arrays; each
-    Jacobian then loses the size-1 axis such a leaf brought (a's after the result's axes, b's last)."""
+    Jacobian then loses the size-1 axis such a leaf brought (a's after the result's axes, b's last).
+    reverse (a is differentiated by reverse mode): a Jacobian with respect to a Python float is
+    float64, as JAX's (forward mode: the result's dtype, float64 where `f` is a derivative with
+    respect to a Python float)."""
     def prepare(args):
         n = len(args)
         ks = [k % n for k in (a, b) if k is not None and -n <= k < n]
+        wide = f is not None and weak_cast(f, args) is not None
         args, promoted = promote(args, sorted(set(ks)))
-        if not promoted:
+        if not promoted and not wide:
             return args, None
         ka = ks[0]
         kb = ks[1] if b is not None and len(ks) > 1 else None
         la = tree_flatten(args[ka], is_leaf=is_array)[0]
         lb = tree_flatten(args[kb], is_leaf=is_array)[0] if kb is not None else None
 
-        def fix(x, ja, jb):
+        def fix(x, ja, jb, shape):
+            if wide or reverse and (ka, ja) in promoted.weak:
+                x = x.astype(np.float64)
+            if not shape:
+                return x
             b_nd = np.ndim(lb[jb]) if jb is not None else 0
             drop = set()
             if jb is not None and (kb, jb) in promoted:
@@ -267,7 +285,7 @@ def _prepare(a, b=None):
                 drop.add(x.ndim - b_nd - 1)
             return x.reshape([d for i, d in enumerate(x.shape) if i not in drop]) if drop else x
 
-        def restore(out):
+        def restore(out, shape=True):
             flat, tree = tree_flatten(out, is_leaf=lambda u: u is None or is_array(u))
             pairs = []
             for ja, xa in enumerate(la):
@@ -275,6 +293,9 @@ def _prepare(a, b=None):
                     pairs.append((ja, None))
                 else:
                     pairs += [(ja, jb) for jb in range(len(lb))]
-            return tree_unflatten(tree, [x if x is None else fix(x, ja, jb) for x, (ja, jb) in zip(flat, pairs)])
+            return tree_unflatten(tree, [x if x is None else fix(x, ja, jb, shape)
+                                         for x, (ja, jb) in zip(flat, pairs)])
+        if wide or reverse and any(p[0] == ka for p in promoted.weak):   # for vmap: instances have the caller's shapes
+            restore.cast = lambda out: restore(out, shape=False)
         return args, restore
     return prepare

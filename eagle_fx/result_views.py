@@ -26,15 +26,17 @@ def _stand_in(aval, view):
     return view(a) if callable(view) else a.reshape(view)
 
 
-def _dropped(view, seen, shape):
-    """`view`, then the instance reshaped from `seen` to `shape` (restore only drops size-1 axes)."""
-    if view is None or not callable(view):
+def _dropped(view, seen, shape, dtype=None):
+    """`view`, then the instance reshaped from `seen` to `shape` (restore only drops size-1 axes)
+    and, given a dtype, cast to it (a derivative with respect to a Python float: float64)."""
+    if dtype is None and (view is None or not callable(view)):
         return tuple(shape)
 
     def fn(a):
-        t = view(a)
-        return t.reshape(t.shape[:t.ndim - len(seen)] + tuple(shape))
-    fn.lead_aware = getattr(view, "lead_aware", False)
+        t = a if view is None else view(a) if callable(view) else a.reshape(view)
+        t = t.reshape(t.shape[:t.ndim - len(seen)] + tuple(shape))
+        return t if dtype is None else t.astype(dtype)
+    fn.lead_aware = getattr(view, "lead_aware", False) or not callable(view)
     return fn
 
 
@@ -49,7 +51,8 @@ def restored_views(c: Closed, restore) -> Closed:
     back = [b for b in back if b is not None]
     if len(back) != len(seen):
         return c
-    views = [view if np.shape(b) == s.shape else _dropped(view, s.shape, np.shape(b))
+    views = [view if np.shape(b) == s.shape and np.asarray(b).dtype == s.dtype else
+             _dropped(view, s.shape, np.shape(b), None if np.asarray(b).dtype == s.dtype else np.asarray(b).dtype)
              for view, s, b in zip(old, seen, back)]
     if any(v is not w for v, w in zip(views, old)):
         c.views = views

@@ -166,7 +166,8 @@ def test_notebook_checks_and_refusals(notebook_output):
     assert text.count("matches finite differences: True") == 7
     assert "False" not in text.replace("masked=False", "").replace("('cond', False), ('switch', False)", "")
     assert text.count("Error:") >= 10                                    # the refusals, each printed
-    for s in ("out_axes 1: results take the batch axis first", "with its axes moved",
+    assert "jacfwd(vmap(f, in_axes=1)) follows x itself, its axes moved back: True" in text
+    for s in ("out_axes 1: results take the batch axis first",
               "host node", "a record=True graph cannot be transformed",
               "inside a transformed function", "grad needs one value"):
         assert s in text, s

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import linecache
 import random
+import zlib
 
 import numpy as np
 import pytest
@@ -335,3 +336,88 @@ def test_nested_vmap_of_grad_has_the_instance_shape(w):
     want = jax.vmap(jax.vmap(jax.grad(_scaled_jax), in_axes=(None, 0)), in_axes=(None, 0))(jnp.asarray(w), x)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, np.asarray(want), rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# dtypes: a float32 x beside a Param given as a Python float (weakly typed, as in JAX), a 0-d or
+# a one-cell array of either dtype; the derivative's dtype and values, batched and direct
+
+def _dtype_case(fj, f, api, argnum, x_dt, form, w_dt, batched):
+    rng = np.random.default_rng(zlib.crc32(f"{api} {argnum} {np.dtype(x_dt)} {form} {np.dtype(w_dt)}".encode()))
+    x = rng.uniform(0.2, 1.0, (B, 2, N)).astype(x_dt)
+    v = float(rng.uniform(0.3, 1.2))
+    w = {"float": v, "0d": np.array(v, w_dt), "cell": np.array([v], w_dt)}[form]
+    ours, theirs = _TRANSFORMS[api]
+    wj = w if form == "float" else jnp.asarray(w)        # a Python float stays weakly typed in JAX too
+    if batched:
+        got = ef.vmap(ours(f, argnum), in_axes=(None, 0))(w, x)
+        want = jax.vmap(theirs(fj, argnum), in_axes=(None, 0))(wj, x)
+    else:
+        got = ours(f, argnum)(w, x[0])
+        want = theirs(fj, argnum)(wj, x[0])
+    what = f"{api} argnum={argnum} x {np.dtype(x_dt)} w {form} {np.dtype(w_dt)} {'vmap' if batched else 'direct'}"
+    got, want = _leaves(_value_as_jax(api, got)), _leaves(want)
+    assert len(got) == len(want), what
+    for g, w_ in zip(got, want):
+        w_ = np.asarray(w_)
+        assert np.shape(g) == w_.shape, f"{what}: shape {np.shape(g)}, JAX {w_.shape}"
+        assert np.asarray(g).dtype == w_.dtype, f"{what}: dtype {np.asarray(g).dtype}, JAX {w_.dtype}"
+        single = np.float32 in (x_dt, w_dt) or form == "float" and x_dt == np.float32
+        np.testing.assert_allclose(g, w_, rtol=3e-6 if single else 1e-12, err_msg=what)
+    return got
+
+
+def _dtype_draws(seed, n):
+    r = random.Random(seed)
+    for _ in range(n):
+        form = r.choice(["float", "0d", "cell"])
+        yield (r.choice(sorted(_TRANSFORMS)), r.choice([0, 1]) if form != "0d" else 0,
+               r.choice([np.float32, np.float64]), form, r.choice([np.float32, np.float64]))
+
+
+@pytest.mark.parametrize("api", sorted(_TRANSFORMS))
+def test_vmap_of_a_derivative_at_a_python_float_beside_float32_has_jax_s_dtype(api):
+    """d/dw at a Python float w beside a float32 x: JAX computes in float32 (w is weakly typed)
+    and gives a reverse-mode derivative float64 (a Python float's dtype), a forward one float32;
+    vmap of it gives each instance what the direct call gives."""
+    direct = _dtype_case(_scaled_jax, SCALED, api, 0, np.float32, "float", np.float64, False)
+    batched = _dtype_case(_scaled_jax, SCALED, api, 0, np.float32, "float", np.float64, True)
+    assert [np.asarray(d).dtype for d in direct] == [np.asarray(b).dtype for b in batched]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_seeded_sweep_of_dtypes_and_param_forms_matches_jax(seed):
+    for api, argnum, x_dt, form, w_dt in _dtype_draws(seed, 3):
+        for batched in (False, True):
+            _dtype_case(_lin_jax, LIN, api, argnum, x_dt, form, w_dt, batched)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(2, 30))
+def test_a_seeded_sweep_of_dtypes_and_param_forms_matches_jax_sweep(seed):
+    f, fj = (SCALED, _scaled_jax) if seed % 2 else (LIN, _lin_jax)
+    for api, argnum, x_dt, form, w_dt in _dtype_draws(seed, 6):
+        for batched in (False, True):
+            _dtype_case(fj, f, api, argnum, x_dt, form, w_dt, batched)
+
+
+def test_derivatives_of_a_gradient_at_a_python_float_have_jax_s_dtype():
+    """jvp / jacfwd / jacrev of grad(f) at a Python float w beside a float32 x: float64 where the
+    outer derivative reads grad's float64 result or w's cotangent, float32 where it is x's."""
+    x = np.random.default_rng(5).uniform(0.2, 1.0, (2, N)).astype(np.float32)
+    t = np.ones_like(x)
+    pairs = [
+        (ef.jvp(ef.grad(SCALED), (0.5, x), (1.0, t)), jax.jvp(jax.grad(_scaled_jax), (0.5, x), (1.0, t))),
+        (ef.jacfwd(ef.grad(SCALED))(0.5, x), jax.jacfwd(jax.grad(_scaled_jax))(0.5, x)),
+        (ef.jacrev(ef.grad(SCALED))(0.5, x), jax.jacrev(jax.grad(_scaled_jax))(0.5, x)),
+        (ef.jacfwd(ef.grad(SCALED), 1)(0.5, x), jax.jacfwd(jax.grad(_scaled_jax), 1)(0.5, x)),
+        (ef.jacrev(ef.grad(SCALED), 1)(0.5, x), jax.jacrev(jax.grad(_scaled_jax), 1)(0.5, x)),
+        (ef.vjp(SCALED, 0.5, x)[1](np.ones(1, np.float32)), jax.vjp(_scaled_jax, 0.5, x)[1](np.float32(1.0))),
+        (ef.hessian(SCALED)(0.5, x), jax.hessian(_scaled_jax)(0.5, x)),
+    ]
+    for k, (got, want) in enumerate(pairs):
+        for g, w in zip(_leaves(got), _leaves(want)):
+            g, w = np.asarray(g), np.asarray(w)
+            assert g.dtype == w.dtype, f"case {k}: dtype {g.dtype}, JAX {w.dtype}"
+            assert g.size == w.size, f"case {k}: shape {g.shape}, JAX {w.shape}"
+            np.testing.assert_allclose(g.reshape(w.shape), w, rtol=3e-6, err_msg=f"case {k}")
