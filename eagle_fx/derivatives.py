@@ -83,7 +83,7 @@ def jvp(f, primals, tangents):
 def jvp_as(f, primals, tangents, api):
     """jvp for the API the user called (jacfwd, hessian, linearize): its refusals name `api`."""
     if not (CONTEXT.abstract or CONTEXT.transforming or CONTEXT.guards):   # NumPy arrays, a layout seen: replay
-        out = cache.replay_hit_pair(sig("jvp", f), primals, tangents, run)
+        out = cache.replay_hit_pair(sig("jvp", f), primals, tangents)
         if out is not cache.MISS:
             return out
     if not CONTEXT.abstract and holds_jax_arrays(tuple(primals) + tuple(tangents)):   # on XLA: JAX's jvp
@@ -392,4 +392,4 @@ def _new_gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
             return (fixed, head) if has_aux else fixed
         return args, restore
     return Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, prepare=prepare,
-                       sig=sig(api, f, argnums, has_aux, *_opt(checkpoints)))
+                       sig=sig(api, f, argnums, has_aux, *_opt(checkpoints)), promotes=argnums_checked(argnums, api)[0])

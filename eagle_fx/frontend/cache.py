@@ -53,6 +53,7 @@ from ..backends.select import forced
 from ..backends.templates import template_of
 from ..transforms.program import written_inputs
 from .building import Builder
+from .cached_launch import launcher
 from .staging import Extern
 
 MAXSIZE = 64               # entries (layouts) per transformed function
@@ -98,11 +99,14 @@ class Entry:
     binding and running it is one step, so two threads calling with one layout take turns.
     `staged` returns it locked; `with entry:` releases."""
 
-    __slots__ = ("closed", "graph", "owned", "caps", "names", "lock", "writes", "back")
+    __slots__ = ("closed", "graph", "owned", "caps", "names", "lock", "writes", "back", "fills", "launch")
 
     def __init__(self, closed, owned, caps, handle, names=()):
         self.closed, self.owned, self.caps, self.names = closed, owned, caps, names
+        # (leaf index, owned array) for each array a hit fills: taken once, not searched per call
+        self.fills = tuple((k, o) for k, o in enumerate(owned) if o is not None) if owned is not None else ()
         self.graph = handle(closed)
+        self.launch = launcher(self.graph) or _launch_and_copy.__get__(self.graph)   # a hit's launch and copy
         self.lock = threading.RLock()
         self.writes = _written_owned(closed, owned)  # owned arrays the graph writes in place
         self.back = ()                                # (caller's array, owned array) to copy after the run
@@ -140,6 +144,11 @@ class Entry:
                 return False
         self.back = back
         return True
+
+
+def _launch_and_copy(g):
+    g.launch()
+    return g.result_copy()
 
 
 def _releases(exe):
@@ -509,20 +518,64 @@ def staged(sig, args, stage, handle):
 
 
 MISS = object()        # what `replay_hit` returns when the call is not a plain hit
+_F64 = np.dtype(np.float64)
 
 
-def replay_hit(sig, args, run):
-    """`run(graph)` of the entry cached for this call, with the arrays bound (the results copied
-    out, a Mutable argument written back), or MISS: `staged` is the general path. One function for
-    the common case of a transformed function called again: flat NumPy arguments, no overlap."""
-    return _replay(sig, args, None, run)
+def replay_hit(sig, args, static=ALL, promotes=()):
+    """The result of the entry cached for this call, launched with the arrays bound (copies of the
+    results, a Mutable argument written back), or MISS: `staged` is the general path. One function for
+    the common case of a transformed function called again: flat arguments (NumPy arrays, Python
+    numbers, None), no overlap. A Python float outside the `static` positions is traced
+    (`traced_floats`): it keys as its one-cell array would, and is written straight into the
+    entry's cell. `promotes`: positions where a float or 0-d array is the transform's to promote
+    (a differentiated argument): there only an array of one or more dimensions hits."""
+    for k in promotes:
+        try:
+            a = args[k]
+        except IndexError:
+            return MISS
+        if type(a) is not np.ndarray or not a.shape:
+            return MISS
+    parts, cells, arrays = [], None, 0
+    for k, x in enumerate(args):             # the key of layout_key(traced_floats(args)), inline
+        t = type(x)
+        if t is np.ndarray:
+            parts.append((x.shape, x.dtype))
+            arrays += 1
+        elif t is float:
+            if static is ALL or k in static:
+                parts.append((float, struct.pack("<d", x)))       # static_key
+            else:
+                parts.append(None)
+                cells = [k] if cells is None else cells + [k]
+        elif t is int or t is bool or x is None:
+            parts.append((t, x))                                  # static_key
+        else:
+            return MISS
+    if cells is not None:                    # the weak type of a Python float: weak_float(args), inline
+        weak = None
+        for x in args:
+            if type(x) is np.ndarray:
+                d = x.dtype
+                if d.kind == "f":
+                    if weak is None:
+                        weak = d
+                    elif d != weak:
+                        weak = weak_float(args)
+                        break
+        part = ((1,), _F64 if weak is None else weak)
+        for k in cells:
+            parts[k] = part
+    if arrays > 1 and overlaps(args) is not None:
+        return MISS
+    return _replay(sig, args, None, tuple(parts))
 
 
 _PAIRS = LRU("trees of two tuples of arrays", 64)        # (len(a), len(b)) -> the tree of (a, b)
 _PAIR_TREES = LRU("trees of two tuples, as keys", 64)    # each of those trees -> itself
 
 
-def replay_hit_pair(sig, a, b, run):
+def replay_hit_pair(sig, a, b):
     """replay_hit for a call whose arguments are two tuples of arrays (jvp's primals and tangents)."""
     if type(a) is not tuple or type(b) is not tuple:
         return MISS
@@ -531,10 +584,7 @@ def replay_hit_pair(sig, a, b, run):
         tree = tree_flatten(((None,) * len(a), (None,) * len(b)), is_leaf=lambda x: x is None)[1]
         tree = _PAIR_TREES.get(tree, tree)
         _PAIRS[len(a), len(b)] = _PAIR_TREES[tree] = tree
-    return _replay(sig, a + b, tree, run)
-
-
-def _replay(sig, leaves, tree, run):
+    leaves = a + b
     parts = []
     for x in leaves:
         if type(x) is not np.ndarray:
@@ -542,6 +592,13 @@ def _replay(sig, leaves, tree, run):
         parts.append((x.shape, x.dtype))
     if len(leaves) > 1 and overlaps(leaves) is not None:
         return MISS
+    return _replay(sig, leaves, tree, tuple(parts))
+
+
+def _replay(sig, leaves, tree, parts):
+    """The hit of a call whose flat leaves key as `parts`: bind (each array copied into the
+    entry's own, each traced float written into its cell), launch and copy the result, write
+    Mutables back, release."""
     try:
         c = _CACHES._data.get(sig)
     except TypeError:                   # an unhashable option: no cache
@@ -549,7 +606,7 @@ def _replay(sig, leaves, tree, run):
     if c is None:
         return MISS
     backends = CONTEXT.backends          # forced(), inline
-    key = (backends[-1] if backends else None, tree, tuple(parts), None)
+    key = (backends[-1] if backends else None, tree, parts, None)
     entries = c.entries._data
     e = entries.get(key)
     if e is None or e.caps:
@@ -562,23 +619,34 @@ def _replay(sig, leaves, tree, run):
     for where, name, obj in e.names:    # unchanged(e.names), inline
         if (where.get(name, _MISSING) if name is not None else _contents(where)) is not obj:
             return MISS
-    with e.lock:
+    lock = e.lock
+    lock.acquire()                      # acquire and release: cheaper than `with` on a short call
+    try:
         writes = e.writes
         if writes:
             for i in writes:
-                if not leaves[i].flags.writeable:
+                x = leaves[i]
+                if type(x) is np.ndarray and not x.flags.writeable:
                     return MISS         # staged says why
-        for dst, src in zip(e.owned, leaves):
-            dst[...] = src              # the same shape and dtype (the key): np.copyto's checks cost more
+        for k, dst in e.fills:          # the same shape and dtype (the key): np.copyto's checks cost more
+            x = leaves[k]
+            if type(x) is float:
+                dst[0] = x              # a traced float, into its cell
+            else:
+                dst[...] = x
         c.hits += 1
         try:
-            out = run(e.graph)
+            out = e.launch()
             for i in writes:             # a Mutable argument: the caller's array is written, as a loop would
-                np.copyto(leaves[i], e.owned[i])
+                x = leaves[i]
+                if type(x) is np.ndarray:        # a traced float's cell has no caller's array
+                    np.copyto(x, e.owned[i])
         finally:
             exe = e.graph._exe
             if getattr(exe, "release_needed", True) and hasattr(exe, "release"):
                 exe.release(RELEASE_BYTES)
+    finally:
+        lock.release()
     return out
 
 
