@@ -83,7 +83,7 @@ def jvp(f, primals, tangents):
 def jvp_as(f, primals, tangents, api):
     """jvp for the API the user called (jacfwd, hessian, linearize): its refusals name `api`."""
     if not (CONTEXT.abstract or CONTEXT.transforming or CONTEXT.guards):   # NumPy arrays, a layout seen: replay
-        out = cache.replay_hit_pair(sig("jvp", f), primals, tangents)
+        out = cache.replay_hit_pair(("jvp", f._sig if isinstance(f, Transformed) else f), primals, tangents)   # sig("jvp", f)
         if out is not cache.MISS:
             return out
     if not CONTEXT.abstract and holds_jax_arrays(tuple(primals) + tuple(tangents)):   # on XLA: JAX's jvp
@@ -311,12 +311,20 @@ def _opt(checkpoints):
 
 
 def _gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
-    argnums_checked(argnums, api)             # refused when made, and never a key (0.0 == 0)
+    if type(argnums) is not int:
+        argnums_checked(argnums, api)         # refused when made, and never a key (0.0 == 0)
     key = (api, f, argnums, has_aux, checkpoints)
+    made = _MADE._data
     try:
-        t = _MADE.get(key)
+        t = made.get(key)
     except TypeError:                 # an unhashable argnums (a list)
         key, t = None, None
+    if t is not None:
+        try:                          # the most recent use, as LRU.get makes it
+            made.move_to_end(key)
+        except KeyError:              # forgotten meanwhile by another thread
+            pass
+        return t
     if t is None:
         t = _new_gradient(f, argnums, has_aux, with_value, api, checkpoints)
         if key is not None:
