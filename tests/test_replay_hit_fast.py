@@ -1,0 +1,300 @@
+"""The transforms' hit path for flat arguments (cache.replay_hit): arrays of any layout, Python
+floats (traced: written into the entry's cell), ints, bools and None (static), a float in a
+differentiated position (promoted, its derivative 0-d), Mutable arguments written back, globals and
+closures rebound, several threads. Every value is checked against NumPy formulas written here;
+`_served` records which calls the hit path answered, so a layout the general path would key
+differently from the hit path shows up as a call it did not serve."""
+import contextlib
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import eagle_fx as ef
+import hawk_fx as hawk
+from eagle_fx.frontend import cache
+from hawk_fx import Mutable, Param, Scalar
+from tour_kernels import dbl, inc
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    ef.clear_caches()
+
+
+@contextlib.contextmanager
+def serving():
+    """Caches emptied, and a list that gets True for each call the hit path answered, False for
+    each it passed on (per hypothesis example: a fixture would span them all)."""
+    ef.clear_caches()
+    seen = []
+    inner = cache._replay
+
+    def spy(*a):
+        out = inner(*a)
+        seen.append(out is not cache.MISS)
+        return out
+    cache._replay = spy
+    try:
+        yield seen
+    finally:
+        cache._replay = inner
+
+
+@pytest.fixture
+def served():
+    with serving() as seen:
+        yield seen
+
+
+@hawk.kernel
+def quad(x: Scalar, a: Param) -> Scalar:
+    return hawk.sum(a * x * x)
+
+
+@hawk.kernel
+def plus(x: Scalar, y: Mutable[Scalar], a: Param):
+    y = y + a * x
+
+
+@ef.Graph.builder
+def mixed(x, a, k, flag, nothing):
+    """sum(a y^2), y = 2^k x (+ 1 when flag): k unrolled in Python, flag a Python branch."""
+    g = ef.Graph()
+    y = x
+    for _ in range(k):
+        y = dbl(y)
+    if flag:
+        y = inc(y)
+    assert nothing is None
+    g.result = quad(y, a)
+    return g
+
+
+def _want(x, a, k, flag):
+    """(value, d/dx, d/da) of mixed, in float64 NumPy."""
+    x = np.asarray(x, np.float64)
+    y = 2.0 ** k * x + (1.0 if flag else 0.0)
+    return a * np.sum(y * y), 2.0 * a * y * 2.0 ** k, np.sum(y * y)
+
+
+def _laid_out(rng, n, dtype, layout):
+    """An array of n values in `layout`: contiguous, every other element of a larger one, reversed, read-only."""
+    if layout == "strided":
+        x = rng.normal(size=2 * n).astype(dtype)[::2]
+    elif layout == "reversed":
+        x = rng.normal(size=n).astype(dtype)[::-1]
+    else:
+        x = rng.normal(size=n).astype(dtype)
+    if layout == "readonly":
+        x.flags.writeable = False
+    return x
+
+
+LAYOUTS = ("contiguous", "strided", "reversed", "readonly")
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 9), st.sampled_from([np.float32, np.float64]), st.sampled_from(LAYOUTS),
+       st.sampled_from(["float", "cell", "np.float64"]), st.integers(0, 2), st.booleans(), st.integers(0, 2**31))
+def test_flat_calls_of_any_layout_hit_and_match_numpy(n, dtype, layout, a_kind, k, flag, seed):
+    with serving() as served:
+        _flat_calls(n, dtype, layout, a_kind, k, flag, seed, served)
+
+
+def _flat_calls(n, dtype, layout, a_kind, k, flag, seed, served):
+    rng = np.random.default_rng(seed)
+    f = ef.value_and_grad(mixed)
+    for call in range(3):                       # new values each call: the first stages, the others replay
+        x = _laid_out(rng, n, dtype, layout)
+        a = float(rng.uniform(0.5, 2.0))
+        arg = {"float": a, "np.float64": np.float64(a), "cell": np.array([a], dtype)}[a_kind]
+        before = len(served)
+        v, dx = f(x, arg, k, flag, None)
+        value, want_dx, _ = _want(x, a, k, flag)
+        tol = 1e-12 if dtype == np.float64 else 2e-5
+        assert dx.dtype == dtype and dx.shape == (n,)
+        np.testing.assert_allclose(v, [value], rtol=tol, atol=tol)
+        np.testing.assert_allclose(dx, want_dx, rtol=tol, atol=tol)
+        if call and a_kind != "np.float64":       # a NumPy scalar takes the general path (traced_floats)
+            assert served[before:] == [True]
+    assert f.cache_info().misses == 1
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 7), st.sampled_from(LAYOUTS), st.integers(0, 2**31))
+def test_a_float_in_the_differentiated_position_is_promoted_and_its_derivative_is_0d(n, layout, seed):
+    with serving() as served:
+        _promoted_calls(n, layout, seed, served)
+
+
+def _promoted_calls(n, layout, seed, served):
+    rng = np.random.default_rng(seed)
+    f = ef.grad(mixed, argnums=(0, 1))
+    for _ in range(3):
+        x = _laid_out(rng, n, np.float64, layout)
+        a = float(rng.uniform(0.5, 2.0))
+        dx, da = f(x, a, 1, True, None)
+        _, want_dx, want_da = _want(x, a, 1, True)
+        assert np.shape(da) == ()
+        np.testing.assert_allclose(dx, want_dx, rtol=1e-12)
+        np.testing.assert_allclose(da, want_da, rtol=1e-12)
+    assert f.cache_info().misses == 1
+    assert served[0] is False and all(served[1:])     # promoted before the lookup, then a hit
+
+
+def test_ints_bools_and_static_floats_key_by_value():
+    x = np.linspace(-1.0, 1.0, 5)
+    f = ef.grad(mixed)
+    for k, flag in [(0, False), (1, False), (1, True), (0, False), (1, True), (2, True)]:
+        np.testing.assert_allclose(f(x, 0.5, k, flag, None), _want(x, 0.5, k, flag)[1], rtol=1e-12)
+    assert f.cache_info().misses == 4 and f.cache_info().hits == 2
+    p = ef.grad(lambda u, a: mixed(u, a, 1, False, None))     # a plain function: its floats stay static
+    for a in (0.5, 0.25, 0.5, -0.0, 0.0):
+        np.testing.assert_allclose(p(x, a), _want(x, a, 1, False)[1], rtol=1e-12)
+    assert p.cache_info().misses == 4 and p.cache_info().hits == 1      # 0.0 and -0.0 are two values
+
+
+def test_a_float_is_weak_beside_arrays_of_one_float_dtype_and_float64_beside_none():
+    x32 = np.linspace(-1.0, 1.0, 4, dtype=np.float32)
+    f = ef.grad(mixed)
+    for a in (0.1, 0.3):
+        g = f(x32, a, 0, False, None)
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, 2 * np.float32(a) * x32, rtol=1e-6)
+    assert f.cache_info().misses == 1
+
+
+def test_the_same_array_twice_or_overlapping_takes_the_general_path(served):
+    @ef.Graph.builder
+    def two(x, y):
+        g = ef.Graph()
+        g.result = quad(dbl(x), 1.0)
+        return g
+    f = ef.grad(two, argnums=(0, 1))
+    u = np.linspace(-1.0, 1.0, 6)
+    for _ in range(2):
+        dx, dy = f(u, u)                         # f(u, u) differentiates as f(a, b): each its own value
+        np.testing.assert_allclose(dx, 8.0 * u, rtol=1e-12)
+        np.testing.assert_allclose(dy, 0.0)
+    assert not any(served)
+    base = np.linspace(-1.0, 1.0, 8)
+    dx, _ = f(base[:6], base[2:])
+    np.testing.assert_allclose(dx, 8.0 * base[:6], rtol=1e-12)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 6), st.sampled_from(["contiguous", "strided", "readonly"]),
+       st.integers(0, 2**31))
+def test_mutable_arguments_are_written_back_at_each_hit(B, n, layout, seed):
+    with serving() as served:
+        _mutable_calls(B, n, layout, seed, served)
+
+
+def _mutable_calls(B, n, layout, seed, served):
+    @ef.Graph.builder
+    def summing(x, y, a):
+        g = ef.Graph()
+        plus(x, y, a)
+        g.result = dbl(x)
+        return g
+    f = ef.vmap(lambda x, y, a: summing(x, y, a), in_axes=(0, 0, None))
+    rng = np.random.default_rng(seed)
+    for call in range(3):
+        x = rng.normal(size=(B, n))
+        big = rng.normal(size=(B, 2 * n))
+        y = big[:, ::2] if layout == "strided" else big[:, :n].copy()
+        keep, y0 = big.copy(), y.copy()
+        if layout == "readonly" and call:            # the layout staged by a writeable call first
+            y.flags.writeable = False
+            with pytest.raises(ValueError, match="read-only; pass a writeable array"):
+                f(x, y, 0.5)
+            np.testing.assert_array_equal(y, y0)          # nothing written
+            continue
+        np.testing.assert_allclose(f(x, y, 0.5), 2.0 * x, rtol=1e-12)
+        np.testing.assert_allclose(y, y0 + 0.5 * x, rtol=1e-12)
+        if layout == "strided":
+            np.testing.assert_array_equal(big[:, 1::2], keep[:, 1::2])   # the elements between untouched
+    assert f.cache_info().misses == 1 and served[-1] is (layout != "readonly")
+
+
+K = dbl
+
+
+@ef.Graph.builder
+def reads_a_global(x):
+    g = ef.Graph()
+    g.result = quad(K(x), 1.0)
+    return g
+
+
+def test_a_rebound_global_or_closure_stages_again(monkeypatch, served):
+    x = np.linspace(-1.0, 1.0, 5)
+    f = ef.grad(reads_a_global)
+    np.testing.assert_allclose(f(x), 8.0 * x, rtol=1e-12)
+    np.testing.assert_allclose(f(x), 8.0 * x, rtol=1e-12)
+    monkeypatch.setitem(globals(), "K", inc)              # d/dx sum((x + 1)^2)
+    np.testing.assert_allclose(f(x), 2.0 * (x + 1.0), rtol=1e-12)
+    assert served[-2:] == [True, False] and f.cache_info().misses == 2
+
+    scale = 1.0
+
+    def plain(u):
+        return mixed(u, scale, 0, False, None)
+    p = ef.grad(plain)
+    np.testing.assert_allclose(p(x), 2.0 * x, rtol=1e-12)
+    np.testing.assert_allclose(p(x), 2.0 * x, rtol=1e-12)
+    scale = 3.0                                        # the closure cell now holds another value
+    np.testing.assert_allclose(p(x), 6.0 * x, rtol=1e-12)
+    assert p.cache_info().misses == 2
+
+
+def test_jvp_pairs_of_any_layout_hit_and_match_numpy(served):
+    rng = np.random.default_rng(3)
+
+    def chain(u):
+        return mixed(u, 0.5, 1, True, None)
+    for layout in LAYOUTS:
+        for call in range(3):
+            x, t = _laid_out(rng, 5, np.float64, layout), _laid_out(rng, 5, np.float64, layout)
+            v, tv = ef.jvp(chain, (x,), (t,))
+            y = 2.0 * x + 1.0
+            np.testing.assert_allclose(v, [0.5 * np.sum(y * y)], rtol=1e-12)
+            np.testing.assert_allclose(tv, [np.sum(0.5 * 2.0 * y * 2.0 * t)], rtol=1e-12)
+    ef.clear_caches()
+    served.clear()
+    x, t = np.ones(4), np.full(4, 0.5)
+    for _ in range(3):
+        ef.jvp(dbl_chain, (x,), (t,))
+    assert served == [False, True, True]
+
+
+@ef.Graph.builder
+def dbl_chain(x):
+    g = ef.Graph()
+    g.result = quad(dbl(x), 1.0)
+    return g
+
+
+def test_threads_calling_one_layout_with_their_own_floats_each_get_their_own_answer():
+    f = ef.grad(mixed)
+    x = np.linspace(-1.0, 1.0, 6)
+    f(x, 1.0, 1, False, None)
+    errors = []
+
+    def work(j):
+        try:
+            for i in range(40):
+                a = 0.1 * (j + 1) + 0.001 * i
+                xi = x + j
+                np.testing.assert_allclose(f(xi, a, 1, False, None), _want(xi, a, 1, False)[1], rtol=1e-12)
+        except Exception as e:                 # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(j,)) for j in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    assert f.cache_info().misses == 1
