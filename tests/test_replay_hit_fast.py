@@ -298,3 +298,89 @@ def test_threads_calling_one_layout_with_their_own_floats_each_get_their_own_ans
         th.join()
     assert not errors
     assert f.cache_info().misses == 1
+
+
+@hawk.kernel
+def wxb(w: Scalar, x: Scalar, b: Scalar) -> Scalar:
+    return w * x + b
+
+
+@ef.Graph.builder
+def fit(p, x, a, nothing):
+    """sum(a y^2), y = w x + b, with (w, b) from a dict {"w", "b"} or a tuple or list (w, b)."""
+    g = ef.Graph()
+    w, b = (p["w"], p["b"]) if isinstance(p, dict) else p
+    g.result = quad(wxb(w, x, b), a)
+    return g
+
+
+def _params(kind, w, b):
+    return {"dict": {"w": w, "b": b}, "reordered": {"b": b, "w": w}, "tuple": (w, b), "list": [w, b]}[kind]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(["dict", "reordered", "tuple", "list"]), st.integers(1, 8),
+       st.sampled_from([np.float32, np.float64]), st.sampled_from(LAYOUTS), st.integers(0, 2**31))
+def test_parameters_in_a_container_hit_and_match_numpy(kind, n, dtype, layout, seed):
+    with serving() as served:
+        f = ef.grad(fit)
+        v = ef.value_and_grad(fit, argnums=(0, 1))
+        rng = np.random.default_rng(seed)
+        for call in range(3):
+            w, b, x = (_laid_out(rng, n, dtype, layout) for _ in range(3))
+            a = float(rng.uniform(0.5, 2.0))
+            y = w.astype(np.float64) * x + b
+            tol = 1e-12 if dtype == np.float64 else 2e-5
+            before = len(served)
+            dp = f(_params(kind, w, b), x, a, None)
+            value, (dp2, dx) = v(_params(kind, w, b), x, a, None)
+            assert type(dp) is type(_params(kind, w, b)) and type(dp2) is type(dp)
+            dw, db = (dp["w"], dp["b"]) if kind in ("dict", "reordered") else dp
+            for got, want in ((dw, 2 * a * y * x), (db, 2 * a * y), (dx, 2 * a * y * w)):
+                assert got.dtype == dtype
+                np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+            np.testing.assert_allclose(value, [a * np.sum(y * y)], rtol=tol, atol=tol)
+            if call:
+                assert served[before:] == [True, True]
+        assert f.cache_info().misses == 1 and v.cache_info().misses == 1
+
+
+def test_containers_key_by_their_keys_order_and_the_same_array_twice_stages_on_its_own():
+    x = np.linspace(-1.0, 1.0, 5)
+    w, b = np.full(5, 2.0), np.full(5, 0.5)
+    f = ef.grad(fit)
+    y = w * x + b
+    for p in ({"w": w, "b": b}, {"b": b, "w": w}, (w, b), [w, b], {"w": w, "b": b}):
+        dp = f(p, x, 1.0, None)
+        dw, db = (dp["w"], dp["b"]) if isinstance(dp, dict) else dp
+        np.testing.assert_allclose(dw, 2 * y * x, rtol=1e-12)
+        np.testing.assert_allclose(db, 2 * y, rtol=1e-12)
+    assert f.cache_info().misses == 4 and f.cache_info().hits == 1
+    u = np.full(5, 1.5)
+    dp = f({"w": u, "b": u}, x, 1.0, None)           # one array as both: each its own value
+    y = u * x + u
+    np.testing.assert_allclose(dp["w"], 2 * y * x, rtol=1e-12)
+    np.testing.assert_allclose(dp["b"], 2 * y, rtol=1e-12)
+    assert f.cache_info().misses == 5
+
+
+def test_a_float_inside_a_container_is_traced_by_the_general_path():
+    @ef.Graph.builder
+    def scaled(x, opts):
+        g = ef.Graph()
+        g.result = quad(x, opts["a"])
+        return g
+    f = ef.grad(scaled)
+    x = np.linspace(-1.0, 1.0, 4)
+    for a in (0.5, 1.5, 2.5):
+        np.testing.assert_allclose(f(x, {"a": a}), 2 * a * x, rtol=1e-12)
+    assert f.cache_info().misses == 1 and f.cache_info().hits == 2
+
+
+def test_a_0d_array_in_a_differentiated_container_gets_a_0d_derivative_at_every_call():
+    f = ef.grad(fit)
+    x = np.linspace(-1.0, 1.0, 3)
+    for w in (np.array(2.0), np.array(3.0), np.array([3.0]), np.array(3.0)):
+        dp = f({"w": w, "b": np.zeros(3)}, x, 1.0, None)
+        assert dp["w"].shape == w.shape
+        np.testing.assert_allclose(dp["w"], np.sum(2 * w * x * x), rtol=1e-12)

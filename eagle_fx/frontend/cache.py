@@ -535,7 +535,7 @@ def replay_hit(sig, args, static=ALL, promotes=()):
         except IndexError:
             return MISS
         if type(a) is not np.ndarray or not a.shape:
-            return MISS
+            return _replay_tree(sig, args, static, promotes) if type(a) in _NODES else MISS
     parts, cells, arrays = [], None, 0
     for k, x in enumerate(args):             # the key of layout_key(traced_floats(args)), inline
         t = type(x)
@@ -550,6 +550,8 @@ def replay_hit(sig, args, static=ALL, promotes=()):
                 cells = [k] if cells is None else cells + [k]
         elif t is int or t is bool or x is None:
             parts.append((t, x))                                  # static_key
+        elif t in _NODES:
+            return _replay_tree(sig, args, static, promotes)
         else:
             return MISS
     if cells is not None:                    # the weak type of a Python float: weak_float(args), inline
@@ -569,6 +571,69 @@ def replay_hit(sig, args, static=ALL, promotes=()):
     if arrays > 1 and overlaps(args) is not None:
         return MISS
     return _replay(sig, args, None, tuple(parts))
+
+
+_NODES = frozenset((tuple, list, dict))
+_TREES = LRU("trees of call arguments holding containers of arrays", 256)   # their outline -> the tree
+
+
+def _replay_tree(sig, args, static, promotes):
+    """replay_hit for arguments of which some are tuples, lists or dicts of arrays (parameters in
+    a dict): their leaves taken in the order tree_flatten takes them, and the tree found by the
+    arguments' outline (each container's type and length or keys), not built again."""
+    leaves, outline, parts, cells = [], [], [], None
+    for k, x in enumerate(args):
+        t = type(x)
+        if t is tuple or t is list or t is dict:
+            inner = x.values() if t is dict else x
+            for y in inner:
+                if type(y) is not np.ndarray:
+                    return MISS          # floats in a container are traced as cells: traced_floats does it
+                parts.append((y.shape, y.dtype))
+            leaves.extend(inner)
+            outline.append((t, tuple(x)) if t is dict else (t, len(x)))
+            continue
+        if t is np.ndarray:
+            parts.append((x.shape, x.dtype))
+        elif t is float:
+            if static is ALL or k in static:
+                parts.append((float, struct.pack("<d", x)))
+            else:
+                parts.append(None)
+                cells = [len(leaves)] if cells is None else cells + [len(leaves)]
+        elif t is int or t is bool:
+            parts.append((t, x))
+        elif x is None:                  # an empty tree: no leaf
+            outline.append(None)
+            continue
+        else:
+            return MISS
+        leaves.append(x)
+        outline.append(0)
+    for k in promotes:                   # every leaf of a differentiated argument an array of one or more dimensions
+        try:
+            a = args[k]
+        except IndexError:
+            return MISS
+        t = type(a)
+        for y in (a.values() if t is dict else a if t is tuple or t is list else (a,)):
+            if type(y) is not np.ndarray or not y.shape:
+                return MISS
+    outline = tuple(outline)
+    tree = _TREES._data.get(outline)
+    if tree is None:
+        try:
+            tree = tree_flatten(args, is_leaf=_is_ndarray)[1]
+        except TypeError:                # dict keys that do not sort: staged says so
+            return MISS
+        tree = _TREES[outline] = _PAIR_TREES._data.get(tree, tree)
+    if cells is not None:
+        part = ((1,), weak_float(leaves))
+        for k in cells:
+            parts[k] = part
+    if len(leaves) > 1 and overlaps(leaves) is not None:
+        return MISS
+    return _replay(sig, leaves, tree, tuple(parts))
 
 
 _PAIRS = LRU("trees of two tuples of arrays", 64)        # (len(a), len(b)) -> the tree of (a, b)
