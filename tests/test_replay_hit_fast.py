@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 import eagle_fx as ef
 import hawk_fx as hawk
+from eagle_fx.backends.select import use_backend
 from eagle_fx.frontend import cache
 from hawk_fx import Mutable, Param, Scalar
 from tour_kernels import dbl, inc
@@ -25,21 +26,24 @@ def _fresh_caches():
 
 @contextlib.contextmanager
 def serving():
-    """Caches emptied, and a list that gets True for each call the hit path answered, False for
-    each it passed on (per hypothesis example: a fixture would span them all)."""
+    """Caches emptied, and a list that gets True for each call of the hit path (replay_hit,
+    replay_hit_pair) that answered, False for each that passed on to the general path (per
+    hypothesis example: a fixture would span them all)."""
     ef.clear_caches()
     seen = []
-    inner = cache._replay
+    inner = cache.replay_hit, cache.replay_hit_pair
 
-    def spy(*a):
-        out = inner(*a)
-        seen.append(out is not cache.MISS)
-        return out
-    cache._replay = spy
+    def spying(fn):
+        def spy(*a):
+            out = fn(*a)
+            seen.append(out is not cache.MISS)
+            return out
+        return spy
+    cache.replay_hit, cache.replay_hit_pair = map(spying, inner)
     try:
         yield seen
     finally:
-        cache._replay = inner
+        cache.replay_hit, cache.replay_hit_pair = inner
 
 
 @pytest.fixture
@@ -141,7 +145,8 @@ def _promoted_calls(n, layout, seed, served):
         np.testing.assert_allclose(dx, want_dx, rtol=1e-12)
         np.testing.assert_allclose(da, want_da, rtol=1e-12)
     assert f.cache_info().misses == 1
-    assert served[0] is False and all(served[1:])     # promoted before the lookup, then a hit
+    # a float where argnums points is promoted first: the first try passes, the one after promotion stages, then hits
+    assert served == [False, False] + [False, True] * 2
 
 
 def test_ints_bools_and_static_floats_key_by_value():
@@ -384,3 +389,82 @@ def test_a_0d_array_in_a_differentiated_container_gets_a_0d_derivative_at_every_
         dp = f({"w": w, "b": np.zeros(3)}, x, 1.0, None)
         assert dp["w"].shape == w.shape
         np.testing.assert_allclose(dp["w"], np.sum(2 * w * x * x), rtol=1e-12)
+
+
+LAYOUT = st.tuples(st.integers(1, 5), st.sampled_from([np.float32, np.float64]), st.integers(0, 1), st.booleans(),
+                   st.sampled_from(["float", "cell"]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(LAYOUT, min_size=1, max_size=4), st.lists(st.integers(0, 3), min_size=1, max_size=10),
+       st.integers(0, 2**31))
+def test_calls_switching_between_layouts_each_get_their_own_graph(layouts, order, seed):
+    """The hit path compares a call with the last hit's layout before keying it: a call of another
+    layout, or one that comes back, must still find its own entry. A traced float and a one-cell
+    array of the weak dtype key alike: one entry serves both."""
+    ef.clear_caches()
+    rng = np.random.default_rng(seed)
+    f = ef.grad(mixed)
+    used = set()
+    for i in order:
+        n, dtype, k, flag, a_kind = layouts[i % len(layouts)]
+        for _ in range(2):                       # a hit, so the next layout is compared with this one
+            x = rng.normal(size=n).astype(dtype)
+            a = float(rng.uniform(0.5, 2.0))
+            dx = f(x, a if a_kind == "float" else np.array([a], dtype), k, flag, None)
+            assert dx.dtype == dtype and dx.shape == (n,)
+            tol = 1e-12 if dtype == np.float64 else 2e-5
+            np.testing.assert_allclose(dx, _want(x, a, k, flag)[1], rtol=tol, atol=tol)
+        used.add((n, dtype, k, flag))
+    assert f.cache_info().misses == len(used)
+    assert f.cache_info().hits == 2 * len(order) - len(used)
+
+
+@pytest.mark.parametrize("other", ["dtype", "shape", "k", "flag", "cell", "backend"])
+def test_a_call_differing_from_the_last_hit_in_one_part_of_its_layout_finds_its_own_entry(other):
+    x = np.linspace(-1.0, 1.0, 4)
+    f = ef.grad(mixed)
+    for _ in range(2):
+        np.testing.assert_allclose(f(x, 0.5, 0, False, None), x, rtol=1e-12)
+    y, a, k, flag = x, 0.25, 0, False
+    if other == "dtype":
+        y = x.astype(np.float32)
+    elif other == "shape":
+        y = np.linspace(-1.0, 1.0, 5)
+    elif other == "k":
+        k = 1
+    elif other == "flag":
+        flag = True
+    elif other == "cell":
+        a = np.array([0.25])                          # the traced float's own key: the same entry
+    with use_backend("numpy") if other == "backend" else contextlib.nullcontext():
+        dx = f(y, a, k, flag, None)
+    assert dx.dtype == y.dtype and dx.shape == y.shape
+    np.testing.assert_allclose(dx, _want(y, 0.25, k, flag)[1], rtol=1e-6 if other == "dtype" else 1e-12)
+    assert f.cache_info().misses == (1 if other == "cell" else 2)
+
+
+def test_static_floats_of_a_plain_function_alternate_by_their_bits():
+    x = np.linspace(-1.0, 1.0, 4)
+    f = ef.grad(lambda u, a: mixed(u, 1.0, 0, a > 0.0 or str(a) == "-0.0", None))   # a branch on the float's value
+    for a in (0.0, 0.0, -0.0, 0.0, -0.0, -0.0):
+        np.testing.assert_allclose(f(x, a), _want(x, 1.0, 0, str(a) == "-0.0")[1], rtol=1e-12)
+    assert f.cache_info().misses == 2 and f.cache_info().hits == 4
+
+
+def test_the_last_layout_is_forgotten_with_the_cache_and_kept_apart_per_backend():
+    x = np.linspace(-1.0, 1.0, 4)
+    f = ef.grad(mixed)
+    for _ in range(2):
+        np.testing.assert_allclose(f(x, 0.5, 0, False, None), x, rtol=1e-12)
+    f.clear_cache()
+    np.testing.assert_allclose(f(x, 0.5, 0, False, None), x, rtol=1e-12)
+    assert f.cache_info().misses == 1 and f.cache_info().hits == 0
+    with use_backend("numpy"):                         # another backend asked for: its own entry
+        np.testing.assert_allclose(f(x, 0.25, 0, False, None), 0.5 * x, rtol=1e-12)
+        np.testing.assert_allclose(f(x, 0.25, 0, False, None), 0.5 * x, rtol=1e-12)
+    np.testing.assert_allclose(f(x, 0.75, 0, False, None), 1.5 * x, rtol=1e-12)
+    assert f.cache_info().misses == 2 and f.cache_info().hits == 2
+    ef.clear_caches()
+    np.testing.assert_allclose(f(x, 0.5, 0, False, None), x, rtol=1e-12)
+    assert f.cache_info().misses == 1

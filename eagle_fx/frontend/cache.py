@@ -162,6 +162,9 @@ class FunctionCache:
     def __init__(self):
         self.entries = LRU("layouts of one transformed function", MAXSIZE, register=False)
         self.maxsize, self.hits, self.misses = MAXSIZE, 0, 0
+        # the layout of the last hit through replay_hit (backend, tree, per leaf what it was, entry, key):
+        # a call with that layout again is compared with it, not keyed; None once an entry is stored or dropped
+        self.last = None
 
     def info(self):
         return CacheInfo(self.hits, self.misses, len(self.entries), self.maxsize)
@@ -172,6 +175,7 @@ class FunctionCache:
         if e is None:
             return None
         if not unchanged(e.names):          # a kernel or global it read was rebound: stage again
+            self.last = None
             self.entries.pop_if(key, e)
             return None
         e.lock.acquire()
@@ -182,6 +186,7 @@ class FunctionCache:
             raise
         if not bound:
             e.lock.release()
+            self.last = None
             self.entries.pop_if(key, e)
             return None
         self.hits += 1
@@ -189,6 +194,7 @@ class FunctionCache:
 
     def store(self, key, entry):
         self.misses += 1
+        self.last = None
         self.entries[key] = entry
 
 
@@ -528,21 +534,31 @@ def replay_hit(sig, args, static=ALL, promotes=()):
     numbers, None), no overlap. A Python float outside the `static` positions is traced
     (`traced_floats`): it keys as its one-cell array would, and is written straight into the
     entry's cell. `promotes`: positions where a float or 0-d array is the transform's to promote
-    (a differentiated argument): there only an array of one or more dimensions hits."""
-    for k in promotes:
-        try:
-            a = args[k]
-        except IndexError:
-            return MISS
-        if type(a) is not np.ndarray or not a.shape:
-            return _replay_tree(sig, args, static, promotes) if type(a) in _NODES else MISS
+    (a differentiated argument): there only an array of one or more dimensions hits (an int or
+    None there, or a position past the last, was refused when staged: no entry has its key)."""
+    try:
+        c = _CACHES._data.get(sig)
+    except TypeError:                   # an unhashable option: no cache
+        return MISS
+    if c is None:
+        return MISS
+    last = c.last
+    if last is not None and last[1] is None:
+        e = _same_layout(last, args)
+        if e is not None:
+            return _run_hit(c, sig, e, last[4], args)
     parts, cells, arrays = [], None, 0
     for k, x in enumerate(args):             # the key of layout_key(traced_floats(args)), inline
         t = type(x)
         if t is np.ndarray:
-            parts.append((x.shape, x.dtype))
+            s = x.shape
+            if not s and promotes and (k in promotes or k - len(args) in promotes):
+                return MISS
+            parts.append((s, x.dtype))
             arrays += 1
         elif t is float:
+            if promotes and (k in promotes or k - len(args) in promotes):
+                return MISS
             if static is ALL or k in static:
                 parts.append((float, struct.pack("<d", x)))       # static_key
             else:
@@ -570,7 +586,7 @@ def replay_hit(sig, args, static=ALL, promotes=()):
             parts[k] = part
     if arrays > 1 and overlaps(args) is not None:
         return MISS
-    return _replay(sig, args, None, tuple(parts))
+    return _replay(c, sig, args, None, tuple(parts), True)
 
 
 _NODES = frozenset((tuple, list, dict))
@@ -633,7 +649,11 @@ def _replay_tree(sig, args, static, promotes):
             parts[k] = part
     if len(leaves) > 1 and overlaps(leaves) is not None:
         return MISS
-    return _replay(sig, leaves, tree, tuple(parts))
+    try:
+        c = _CACHES._data.get(sig)
+    except TypeError:                    # an unhashable option: no cache
+        return MISS
+    return _replay(c, sig, leaves, tree, tuple(parts), False)
 
 
 _PAIRS = LRU("trees of two tuples of arrays", 64)        # (len(a), len(b)) -> the tree of (a, b)
@@ -650,6 +670,17 @@ def replay_hit_pair(sig, a, b):
         tree = _PAIR_TREES.get(tree, tree)
         _PAIRS[len(a), len(b)] = _PAIR_TREES[tree] = tree
     leaves = a + b
+    try:
+        c = _CACHES._data.get(sig)
+    except TypeError:                   # an unhashable option: no cache
+        return MISS
+    if c is None:
+        return MISS
+    last = c.last
+    if last is not None and last[1] is tree:
+        e = _same_layout(last, leaves)
+        if e is not None:
+            return _run_hit(c, sig, e, last[4], leaves)
     parts = []
     for x in leaves:
         if type(x) is not np.ndarray:
@@ -657,28 +688,60 @@ def replay_hit_pair(sig, a, b):
         parts.append((x.shape, x.dtype))
     if len(leaves) > 1 and overlaps(leaves) is not None:
         return MISS
-    return _replay(sig, leaves, tree, tuple(parts))
+    return _replay(c, sig, leaves, tree, tuple(parts), True)
 
 
-def _replay(sig, leaves, tree, parts):
-    """The hit of a call whose flat leaves key as `parts`: bind (each array copied into the
-    entry's own, each traced float written into its cell), launch and copy the result, write
-    Mutables back, release."""
-    try:
-        c = _CACHES._data.get(sig)
-    except TypeError:                   # an unhashable option: no cache
-        return MISS
+def _same_layout(last, leaves):
+    """The entry of `last` (FunctionCache.last) when these flat leaves have its layout (what their
+    key would be, compared leaf by leaf: each array's shape and dtype, each traced float a float,
+    each static value its type and value or bits, no overlap, the same backend); else None."""
+    backend, _, was, e, _ = last
+    if len(leaves) != len(was):
+        return None
+    backends = CONTEXT.backends
+    if (backends[-1] if backends else None) is not backend:
+        return None
+    arrays = 0
+    for x, w in zip(leaves, was):
+        t = type(x)
+        if w is None:                   # a traced float
+            if t is not float:
+                return None
+        elif t is np.ndarray:
+            if x.shape != w[0] or x.dtype is not w[1]:
+                return None
+            arrays += 1
+        elif t is not w[0] or (x != w[1] if t is not float else struct.pack("<d", x) != w[1]):
+            return None
+    if arrays > 1 and overlaps(leaves) is not None:
+        return None
+    return e
+
+
+def _replay(c, sig, leaves, tree, parts, remember):
+    """The hit of a call whose flat leaves key as `parts`, in FunctionCache `c`; `remember`: the
+    layout becomes c.last, for the next call to compare with."""
     if c is None:
         return MISS
     backends = CONTEXT.backends          # forced(), inline
-    key = (backends[-1] if backends else None, tree, parts, None)
-    entries = c.entries._data
-    e = entries.get(key)
+    backend = backends[-1] if backends else None
+    key = (backend, tree, parts, None)
+    e = c.entries._data.get(key)
     if e is None or e.caps:
         return MISS
+    last = c.last
+    if remember and (last is None or last[3] is not e):
+        c.last = (backend, tree, tuple(None if type(x) is float and type(p[0]) is tuple else p
+                                       for x, p in zip(leaves, parts)), e, key)
+    return _run_hit(c, sig, e, key, leaves)
+
+
+def _run_hit(c, sig, e, key, leaves):
+    """Bind (each array copied into the entry's own, each traced float written into its cell),
+    launch and copy the result, write Mutables back, release; MISS where `staged` must decide."""
     try:                                # a hit is the most recent use, as LRU.get makes it
         _CACHES._data.move_to_end(sig)
-        entries.move_to_end(key)
+        c.entries._data.move_to_end(key)
     except KeyError:                    # forgotten meanwhile by another thread
         return MISS
     for where, name, obj in e.names:    # unchanged(e.names), inline
