@@ -468,3 +468,24 @@ def test_the_last_layout_is_forgotten_with_the_cache_and_kept_apart_per_backend(
     ef.clear_caches()
     np.testing.assert_allclose(f(x, 0.5, 0, False, None), x, rtol=1e-12)
     assert f.cache_info().misses == 1
+
+
+def test_least_recently_used_layout_is_the_one_forgotten_whichever_path_used_the_others(monkeypatch):
+    """A hit on the last hit's entry leaves the LRU order as it is (that entry is the newest);
+    any other use of an entry (the general path's, np.float64 takes it) forgets which was last."""
+    monkeypatch.setattr(cache, "MAXSIZE", 2)
+    f = ef.grad(mixed)
+    a, b, c = (np.linspace(-1.0, 1.0, n) for n in (3, 4, 5))
+
+    def call(x, s=0.5):
+        np.testing.assert_allclose(f(x, s, 0, False, None), 2 * float(s) * x, rtol=1e-12)
+    call(a), call(b)                     # staged: a, b
+    call(a), call(a)                     # hits on a, the second through the last hit's layout
+    call(b, np.float64(0.5))             # b used by the general path: b is the newest
+    call(a)                              # a the newest again
+    call(c)                              # stages c, forgets b (the least recent)
+    assert f.cache_info().misses == 3
+    call(a)
+    assert f.cache_info().misses == 3    # a kept
+    call(b)
+    assert f.cache_info().misses == 4    # b forgotten

@@ -99,7 +99,7 @@ class Entry:
     binding and running it is one step, so two threads calling with one layout take turns.
     `staged` returns it locked; `with entry:` releases."""
 
-    __slots__ = ("closed", "graph", "owned", "caps", "names", "lock", "writes", "back", "fills", "launch")
+    __slots__ = ("closed", "graph", "owned", "caps", "names", "lock", "writes", "back", "fills", "launch", "release")
 
     def __init__(self, closed, owned, caps, handle, names=()):
         self.closed, self.owned, self.caps, self.names = closed, owned, caps, names
@@ -107,6 +107,8 @@ class Entry:
         self.fills = tuple((k, o) for k, o in enumerate(owned) if o is not None) if owned is not None else ()
         self.graph = handle(closed)
         self.launch = launcher(self.graph) or _launch_and_copy.__get__(self.graph)   # a hit's launch and copy
+        exe = self.graph._exe            # what a hit releases after its run (fixed once lowered)
+        self.release = exe.release if exe is not None and _releases(exe) else None
         self.lock = threading.RLock()
         self.writes = _written_owned(closed, owned)  # owned arrays the graph writes in place
         self.back = ()                                # (caller's array, owned array) to copy after the run
@@ -162,7 +164,8 @@ class FunctionCache:
     def __init__(self):
         self.entries = LRU("layouts of one transformed function", MAXSIZE, register=False)
         self.maxsize, self.hits, self.misses = MAXSIZE, 0, 0
-        # the layout of the last hit through replay_hit (backend, tree, per leaf what it was, entry, key):
+        # the layout of the last hit through replay_hit (backend, tree, per leaf what it was, entry, key, split,
+        # number of arrays):
         # a call with that layout again is compared with it, not keyed; None once an entry is stored or dropped
         self.last = None
 
@@ -174,6 +177,9 @@ class FunctionCache:
         e = self.entries.get(key)
         if e is None:
             return None
+        last = self.last
+        if last is not None and last[3] is not e:     # another entry is now the newest
+            self.last = None
         if not unchanged(e.names):          # a kernel or global it read was rebound: stage again
             self.last = None
             self.entries.pop_if(key, e)
@@ -477,13 +483,18 @@ def _is_ndarray(x):
 
 
 def cache_for(sig, create=True):
+    global _NEWEST
     c = _CACHES.get(sig)
     if c is None and create:
         with _LOCK:
             c = _CACHES.get(sig)
             if c is None:
                 c = _CACHES[sig] = FunctionCache()
+    _NEWEST = c
     return c
+
+
+_NEWEST = None      # the FunctionCache whose function is the most recent in _CACHES: a hit on it moves nothing
 
 
 def _locked(e):
@@ -543,10 +554,24 @@ def replay_hit(sig, args, static=ALL, promotes=()):
     if c is None:
         return MISS
     last = c.last
-    if last is not None and last[1] is None:
-        e = _same_layout(last, args)
-        if e is not None:
-            return _run_hit(c, sig, e, last[4], args)
+    if last is not None and last[5] is None:          # the last hit's arguments were flat: _same_layout, inline
+        was = last[2]
+        if len(args) == len(was):
+            backends = CONTEXT.backends
+            if (backends[-1] if backends else None) is last[0]:
+                for x, w in zip(args, was):
+                    t = type(x)
+                    if w is None:
+                        if t is not float:
+                            break
+                    elif t is np.ndarray:
+                        if x.shape != w[0] or x.dtype is not w[1]:
+                            break
+                    elif t is not w[0] or (x != w[1] if t is not float else struct.pack("<d", x) != w[1]):
+                        break
+                else:
+                    if last[6] < 2 or overlaps(args) is None:
+                        return _run_hit(c, sig, last[3], last[4], args, True)
     parts, cells, arrays = [], None, 0
     for k, x in enumerate(args):             # the key of layout_key(traced_floats(args)), inline
         t = type(x)
@@ -586,7 +611,7 @@ def replay_hit(sig, args, static=ALL, promotes=()):
             parts[k] = part
     if arrays > 1 and overlaps(args) is not None:
         return MISS
-    return _replay(c, sig, args, None, tuple(parts), True)
+    return _replay(c, sig, args, None, tuple(parts), None)
 
 
 _NODES = frozenset((tuple, list, dict))
@@ -664,23 +689,23 @@ def replay_hit_pair(sig, a, b):
     """replay_hit for a call whose arguments are two tuples of arrays (jvp's primals and tangents)."""
     if type(a) is not tuple or type(b) is not tuple:
         return MISS
-    tree = _PAIRS._data.get((len(a), len(b)))
-    if tree is None:
-        tree = tree_flatten(((None,) * len(a), (None,) * len(b)), is_leaf=lambda x: x is None)[1]
-        tree = _PAIR_TREES.get(tree, tree)
-        _PAIRS[len(a), len(b)] = _PAIR_TREES[tree] = tree
-    leaves = a + b
     try:
         c = _CACHES._data.get(sig)
     except TypeError:                   # an unhashable option: no cache
         return MISS
     if c is None:
         return MISS
+    leaves = a + b
     last = c.last
-    if last is not None and last[1] is tree:
+    if last is not None and last[5] == len(a):        # the last hit's primals and tangents, as many
         e = _same_layout(last, leaves)
         if e is not None:
-            return _run_hit(c, sig, e, last[4], leaves)
+            return _run_hit(c, sig, e, last[4], leaves, True)
+    tree = _PAIRS._data.get((len(a), len(b)))
+    if tree is None:
+        tree = tree_flatten(((None,) * len(a), (None,) * len(b)), is_leaf=lambda x: x is None)[1]
+        tree = _PAIR_TREES.get(tree, tree)
+        _PAIRS[len(a), len(b)] = _PAIR_TREES[tree] = tree
     parts = []
     for x in leaves:
         if type(x) is not np.ndarray:
@@ -688,20 +713,19 @@ def replay_hit_pair(sig, a, b):
         parts.append((x.shape, x.dtype))
     if len(leaves) > 1 and overlaps(leaves) is not None:
         return MISS
-    return _replay(c, sig, leaves, tree, tuple(parts), True)
+    return _replay(c, sig, leaves, tree, tuple(parts), len(a))
 
 
 def _same_layout(last, leaves):
     """The entry of `last` (FunctionCache.last) when these flat leaves have its layout (what their
     key would be, compared leaf by leaf: each array's shape and dtype, each traced float a float,
     each static value its type and value or bits, no overlap, the same backend); else None."""
-    backend, _, was, e, _ = last
+    was = last[2]
     if len(leaves) != len(was):
         return None
     backends = CONTEXT.backends
-    if (backends[-1] if backends else None) is not backend:
+    if (backends[-1] if backends else None) is not last[0]:
         return None
-    arrays = 0
     for x, w in zip(leaves, was):
         t = type(x)
         if w is None:                   # a traced float
@@ -710,17 +734,17 @@ def _same_layout(last, leaves):
         elif t is np.ndarray:
             if x.shape != w[0] or x.dtype is not w[1]:
                 return None
-            arrays += 1
         elif t is not w[0] or (x != w[1] if t is not float else struct.pack("<d", x) != w[1]):
             return None
-    if arrays > 1 and overlaps(leaves) is not None:
+    if last[6] > 1 and overlaps(leaves) is not None:      # more than one array
         return None
-    return e
+    return last[3]
 
 
-def _replay(c, sig, leaves, tree, parts, remember):
-    """The hit of a call whose flat leaves key as `parts`, in FunctionCache `c`; `remember`: the
-    layout becomes c.last, for the next call to compare with."""
+def _replay(c, sig, leaves, tree, parts, split):
+    """The hit of a call whose flat leaves key as `parts`, in FunctionCache `c`. Its layout becomes
+    c.last, for the next call to compare with, unless `split` is False: None for flat arguments,
+    the number of primals for jvp's pair."""
     if c is None:
         return MISS
     backends = CONTEXT.backends          # forced(), inline
@@ -730,18 +754,27 @@ def _replay(c, sig, leaves, tree, parts, remember):
     if e is None or e.caps:
         return MISS
     last = c.last
-    if remember and (last is None or last[3] is not e):
+    if split is False:                  # not remembered; the remembered entry is no longer the newest
+        c.last = None
+    elif last is None or last[3] is not e:
         c.last = (backend, tree, tuple(None if type(x) is float and type(p[0]) is tuple else p
-                                       for x, p in zip(leaves, parts)), e, key)
-    return _run_hit(c, sig, e, key, leaves)
+                                       for x, p in zip(leaves, parts)), e, key, split,
+                  sum(type(x) is np.ndarray for x in leaves))
+    return _run_hit(c, sig, e, key, leaves, False)
 
 
-def _run_hit(c, sig, e, key, leaves):
+def _run_hit(c, sig, e, key, leaves, newest):
     """Bind (each array copied into the entry's own, each traced float written into its cell),
-    launch and copy the result, write Mutables back, release; MISS where `staged` must decide."""
+    launch and copy the result, write Mutables back, release; MISS where `staged` must decide.
+    `newest`: the entry is c.last's, the most recent of its cache (every other use of an entry
+    forgets c.last), so the LRU order stands as it is."""
+    global _NEWEST
     try:                                # a hit is the most recent use, as LRU.get makes it
-        _CACHES._data.move_to_end(sig)
-        c.entries._data.move_to_end(key)
+        if c is not _NEWEST:
+            _CACHES._data.move_to_end(sig)
+            _NEWEST = c
+        if not newest:
+            c.entries._data.move_to_end(key)
     except KeyError:                    # forgotten meanwhile by another thread
         return MISS
     for where, name, obj in e.names:    # unchanged(e.names), inline
@@ -770,9 +803,8 @@ def _run_hit(c, sig, e, key, leaves):
                 if type(x) is np.ndarray:        # a traced float's cell has no caller's array
                     np.copyto(x, e.owned[i])
         finally:
-            exe = e.graph._exe
-            if getattr(exe, "release_needed", True) and hasattr(exe, "release"):
-                exe.release(RELEASE_BYTES)
+            if e.release is not None:
+                e.release(RELEASE_BYTES)
     finally:
         lock.release()
     return out
