@@ -489,3 +489,16 @@ def test_least_recently_used_layout_is_the_one_forgotten_whichever_path_used_the
     assert f.cache_info().misses == 3    # a kept
     call(b)
     assert f.cache_info().misses == 4    # b forgotten
+
+
+def test_clearing_the_caches_lets_go_of_the_graphs_of_the_last_hit():
+    import gc
+    import weakref
+    f = ef.grad(mixed)
+    x = np.linspace(-1.0, 1.0, 4)
+    f(x, 0.5, 0, False, None)
+    f(x, 0.5, 0, False, None)
+    held = weakref.ref(cache.cache_for(f._sig, create=False))
+    ef.clear_caches()
+    gc.collect()
+    assert held() is None

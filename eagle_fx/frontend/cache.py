@@ -497,6 +497,15 @@ def cache_for(sig, create=True):
 _NEWEST = None      # the FunctionCache whose function is the most recent in _CACHES: a hit on it moves nothing
 
 
+def _forget_newest():
+    """Let go of _NEWEST when the caches are cleared: it would keep a forgotten cache's graphs alive."""
+    global _NEWEST
+    _NEWEST = None
+
+
+caches.register_memo(types.SimpleNamespace(cache_clear=_forget_newest))
+
+
 def _locked(e):
     e.lock.acquire()
     return e
@@ -836,6 +845,7 @@ def clear_caches():
 
 
 def clear(sig):
+    _forget_newest()
     _CACHES.pop(sig, None)
 
 
