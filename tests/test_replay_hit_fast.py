@@ -67,7 +67,7 @@ def mixed(x, a, k, flag, nothing):
     """sum(a y^2), y = 2^k x (+ 1 when flag): k unrolled in Python, flag a Python branch."""
     g = ef.Graph()
     y = x
-    for _ in range(k):
+    for _ in range(int(k)):
         y = dbl(y)
     if flag:
         y = inc(y)
@@ -121,7 +121,7 @@ def _flat_calls(n, dtype, layout, a_kind, k, flag, seed, served):
         assert dx.dtype == dtype and dx.shape == (n,)
         np.testing.assert_allclose(v, [value], rtol=tol, atol=tol)
         np.testing.assert_allclose(dx, want_dx, rtol=tol, atol=tol)
-        if call and a_kind != "np.float64":       # a NumPy scalar takes the general path (traced_floats)
+        if call:
             assert served[before:] == [True]
     assert f.cache_info().misses == 1
 
@@ -392,7 +392,13 @@ def test_a_0d_array_in_a_differentiated_container_gets_a_0d_derivative_at_every_
 
 
 LAYOUT = st.tuples(st.integers(1, 5), st.sampled_from([np.float32, np.float64]), st.integers(0, 1), st.booleans(),
-                   st.sampled_from(["float", "cell"]))
+                   st.sampled_from(["float", "cell", "scalar"]))
+
+
+def _number(kind, a, dtype):
+    """The float argument as a Python float, a one-cell array or a NumPy scalar of the arrays' dtype:
+    all three key alike (a Python float is weak), so one entry serves them."""
+    return {"float": a, "cell": np.array([a], dtype), "scalar": dtype(a)}[kind]
 
 
 @settings(max_examples=25, deadline=None)
@@ -400,8 +406,8 @@ LAYOUT = st.tuples(st.integers(1, 5), st.sampled_from([np.float32, np.float64]),
        st.integers(0, 2**31))
 def test_calls_switching_between_layouts_each_get_their_own_graph(layouts, order, seed):
     """The hit path compares a call with the last hit's layout before keying it: a call of another
-    layout, or one that comes back, must still find its own entry. A traced float and a one-cell
-    array of the weak dtype key alike: one entry serves both."""
+    layout, or one that comes back, must still find its own entry. A traced float, a one-cell array
+    of the weak dtype and a NumPy scalar of it key alike: one entry serves all three."""
     ef.clear_caches()
     rng = np.random.default_rng(seed)
     f = ef.grad(mixed)
@@ -410,8 +416,8 @@ def test_calls_switching_between_layouts_each_get_their_own_graph(layouts, order
         n, dtype, k, flag, a_kind = layouts[i % len(layouts)]
         for _ in range(2):                       # a hit, so the next layout is compared with this one
             x = rng.normal(size=n).astype(dtype)
-            a = float(rng.uniform(0.5, 2.0))
-            dx = f(x, a if a_kind == "float" else np.array([a], dtype), k, flag, None)
+            a = float(dtype(rng.uniform(0.5, 2.0)))
+            dx = f(x, _number(a_kind, a, dtype), k, flag, None)
             assert dx.dtype == dtype and dx.shape == (n,)
             tol = 1e-12 if dtype == np.float64 else 2e-5
             np.testing.assert_allclose(dx, _want(x, a, k, flag)[1], rtol=tol, atol=tol)
@@ -502,3 +508,15 @@ def test_clearing_the_caches_lets_go_of_the_graphs_of_the_last_hit():
     ef.clear_caches()
     gc.collect()
     assert held() is None
+
+
+@pytest.mark.parametrize("scalar", [np.float64, np.float32, np.float16])
+def test_numpy_float_scalars_are_traced_in_their_own_dtype_and_numpy_ints_stay_static(scalar, served):
+    f = ef.grad(mixed)
+    x = np.linspace(-1.0, 1.0, 5)
+    for j, a in enumerate((0.5, 0.25, 1.5)):
+        k = np.int64(j % 2)                      # static: keyed by its type and bits
+        dx = f(x, scalar(a), k, False, None)
+        np.testing.assert_allclose(dx, 2 * float(scalar(a)) * 2.0 ** (2 * int(k)) * x, rtol=1e-12)
+    assert f.cache_info().misses == 2 and f.cache_info().hits == 1
+    assert served == [False, False, True]

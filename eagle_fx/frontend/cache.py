@@ -15,8 +15,12 @@ count unrolled loops and pick Python branches (a traced count is a one-cell inte
 
 A hit copies the new arrays into the arrays the graph owns (so later changes to the caller's
 arrays are never seen, and the graph never writes them), replays, and returns copies of the
-results; `replay_hit` is that path in one function for the common call (NumPy arrays, no overlap),
-tried before the general one. Staging reads the user's functions' globals and closures by name (the kernels, blocks
+results. `replay_hit` is that path for the common call, tried before anything else: arguments
+that are arrays, Python and NumPy numbers and None, or tuples, lists and dicts of arrays, none
+overlapping. It keys them as `layout_key(traced_floats(args))` would, without making a cell of a traced float
+(the float is written straight into the entry's own cell), and compares a call with the layout of
+the function's last hit before keying it at all; each entry resolves once how it launches and
+copies its result (cached_launch.py). Staging reads the user's functions' globals and closures by name (the kernels, blocks
 and numbers they use); an entry remembers what each name held and is staged again once one is
 rebound (a kernel redefined in a notebook), which jax.jit does not do. An object changed in place
 (a global list) is not seen: after that, `eagle_fx.clear_caches()`.
@@ -576,7 +580,10 @@ def replay_hit(sig, args, static=ALL, promotes=()):
                     elif t is np.ndarray:
                         if x.shape != w[0] or x.dtype is not w[1]:
                             break
-                    elif t is not w[0] or (x != w[1] if t is not float else struct.pack("<d", x) != w[1]):
+                    elif type(w) is not tuple:  # a traced NumPy float: its type
+                        if w is not t:
+                            break
+                    elif t is not w[0] or (x != w[1] if t is int or t is bool or x is None else static_key(x) != w):
                         break
                 else:
                     if last[6] < 2 or overlaps(args) is None:
@@ -602,6 +609,13 @@ def replay_hit(sig, args, static=ALL, promotes=()):
             parts.append((t, x))                                  # static_key
         elif t in _NODES:
             return _replay_tree(sig, args, static, promotes)
+        elif isinstance(x, np.generic):      # a NumPy scalar: a floating one traced as a cell of its own dtype
+            if not isinstance(x, np.floating) or static is ALL or k in static:
+                parts.append(static_key(x))
+            elif promotes and (k in promotes or k - len(args) in promotes):
+                return MISS
+            else:
+                parts.append(((1,), x.dtype))
         else:
             return MISS
     if cells is not None:                    # the weak type of a Python float: weak_float(args), inline
@@ -727,8 +741,9 @@ def replay_hit_pair(sig, a, b):
 
 def _same_layout(last, leaves):
     """The entry of `last` (FunctionCache.last) when these flat leaves have its layout (what their
-    key would be, compared leaf by leaf: each array's shape and dtype, each traced float a float,
-    each static value its type and value or bits, no overlap, the same backend); else None."""
+    key would be, compared leaf by leaf: each array's shape and dtype, each traced float a float of
+    the same type, each static value its type and value or bits, no overlap, the same backend);
+    else None."""
     was = last[2]
     if len(leaves) != len(was):
         return None
@@ -743,7 +758,10 @@ def _same_layout(last, leaves):
         elif t is np.ndarray:
             if x.shape != w[0] or x.dtype is not w[1]:
                 return None
-        elif t is not w[0] or (x != w[1] if t is not float else struct.pack("<d", x) != w[1]):
+        elif type(w) is not tuple:      # a traced NumPy float: its type
+            if w is not t:
+                return None
+        elif t is not w[0] or (x != w[1] if t is int or t is bool or x is None else static_key(x) != w):
             return None
     if last[6] > 1 and overlaps(leaves) is not None:      # more than one array
         return None
@@ -766,10 +784,17 @@ def _replay(c, sig, leaves, tree, parts, split):
     if split is False:                  # not remembered; the remembered entry is no longer the newest
         c.last = None
     elif last is None or last[3] is not e:
-        c.last = (backend, tree, tuple(None if type(x) is float and type(p[0]) is tuple else p
-                                       for x, p in zip(leaves, parts)), e, key, split,
+        c.last = (backend, tree, tuple(_seen(x, p) for x, p in zip(leaves, parts)), e, key, split,
                   sum(type(x) is np.ndarray for x in leaves))
     return _run_hit(c, sig, e, key, leaves, False)
+
+
+def _seen(x, part):
+    """What c.last keeps of a leaf that keys as `part`: None for a traced Python float, the type of
+    a traced NumPy float, else the part itself (an array's shape and dtype, a static value's key)."""
+    if type(part[0]) is tuple and type(x) is not np.ndarray:      # a one-cell array made of a number
+        return None if type(x) is float else type(x)
+    return part
 
 
 def _run_hit(c, sig, e, key, leaves, newest):
