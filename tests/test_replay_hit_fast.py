@@ -520,3 +520,16 @@ def test_numpy_float_scalars_are_traced_in_their_own_dtype_and_numpy_ints_stay_s
         np.testing.assert_allclose(dx, 2 * float(scalar(a)) * 2.0 ** (2 * int(k)) * x, rtol=1e-12)
     assert f.cache_info().misses == 2 and f.cache_info().hits == 1
     assert served == [False, False, True]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_float_a_numpy_scalar_and_a_cell_in_turn_share_one_entry(dtype, served):
+    f = ef.grad(mixed)
+    x = np.linspace(-1.0, 1.0, 4).astype(dtype)
+    kinds = ["scalar", "scalar", "cell", "cell", "float", "float", "scalar", "cell", "float", "scalar"]
+    for j, kind in enumerate(kinds):
+        a = float(dtype(0.25 * (j + 1)))
+        dx = f(x, _number(kind, a, dtype), 0, False, None)
+        assert dx.dtype == dtype
+        np.testing.assert_allclose(dx, 2 * a * x.astype(np.float64), rtol=1e-6 if dtype == np.float32 else 1e-12)
+    assert f.cache_info().misses == 1 and served[1:] == [True] * (len(kinds) - 1)

@@ -577,11 +577,11 @@ def replay_hit(sig, args, static=ALL, promotes=()):
                     if w is None:
                         if t is not float:
                             break
-                    elif t is np.ndarray:
-                        if x.shape != w[0] or x.dtype is not w[1]:
-                            break
                     elif type(w) is not tuple:  # a traced NumPy float: its type
                         if w is not t:
+                            break
+                    elif t is np.ndarray:
+                        if x.shape != w[0] or x.dtype is not w[1]:
                             break
                     elif t is not w[0] or (x != w[1] if t is int or t is bool or x is None else static_key(x) != w):
                         break
@@ -755,11 +755,11 @@ def _same_layout(last, leaves):
         if w is None:                   # a traced float
             if t is not float:
                 return None
-        elif t is np.ndarray:
-            if x.shape != w[0] or x.dtype is not w[1]:
-                return None
         elif type(w) is not tuple:      # a traced NumPy float: its type
             if w is not t:
+                return None
+        elif t is np.ndarray:
+            if x.shape != w[0] or x.dtype is not w[1]:
                 return None
         elif t is not w[0] or (x != w[1] if t is int or t is bool or x is None else static_key(x) != w):
             return None
