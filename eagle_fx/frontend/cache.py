@@ -832,10 +832,11 @@ def _run_hit(c, sig, e, key, leaves, newest):
         c.hits += 1
         try:
             out = e.launch()
-            for i in writes:             # a Mutable argument: the caller's array is written, as a loop would
-                x = leaves[i]
-                if type(x) is np.ndarray:        # a traced float's cell has no caller's array
-                    np.copyto(x, e.owned[i])
+            if writes:
+                for i in writes:         # a Mutable argument: the caller's array is written, as a loop would
+                    x = leaves[i]
+                    if type(x) is np.ndarray:    # a traced float's cell has no caller's array
+                        np.copyto(x, e.owned[i])
         finally:
             if e.release is not None:
                 e.release(RELEASE_BYTES)
