@@ -533,3 +533,30 @@ def test_a_float_a_numpy_scalar_and_a_cell_in_turn_share_one_entry(dtype, served
         assert dx.dtype == dtype
         np.testing.assert_allclose(dx, 2 * a * x.astype(np.float64), rtol=1e-6 if dtype == np.float32 else 1e-12)
     assert f.cache_info().misses == 1 and served[1:] == [True] * (len(kinds) - 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["fresh", "empty", "view0", "view1", "again", "int", "float"]), min_size=1, max_size=5))
+def test_the_quick_overlap_test_decides_as_the_full_one(kinds):
+    """_disjoint is the hit path's shortcut for `overlaps(leaves) is None`: the same answer for
+    arrays that own their memory, views of one buffer (overlapping or not), an array passed twice
+    (an empty one too), and numbers between them."""
+    buf = np.arange(12.0)
+    leaves, made = [], []
+    for kind in kinds:
+        if kind == "fresh":
+            x = np.zeros(3)
+        elif kind == "empty":
+            x = np.zeros(0)
+        elif kind == "view0":
+            x = buf[:6]
+        elif kind == "view1":
+            x = buf[4:10]
+        elif kind == "again":
+            x = made[-1] if made else np.zeros(2)
+        else:
+            leaves.append(1 if kind == "int" else 0.5)
+            continue
+        made.append(x)
+        leaves.append(x)
+    assert cache._disjoint(leaves) == (cache.overlaps(leaves) is None)

@@ -586,7 +586,7 @@ def replay_hit(sig, args, static=ALL, promotes=()):
                     elif t is not w[0] or (x != w[1] if t is int or t is bool or x is None else static_key(x) != w):
                         break
                 else:
-                    if last[6] < 2 or overlaps(args) is None:
+                    if last[6] < 2 or _disjoint(args):
                         return _run_hit(c, sig, last[3], last[4], args, True)
     parts, cells, arrays = [], None, 0
     for k, x in enumerate(args):             # the key of layout_key(traced_floats(args)), inline
@@ -632,7 +632,7 @@ def replay_hit(sig, args, static=ALL, promotes=()):
         part = ((1,), _F64 if weak is None else weak)
         for k in cells:
             parts[k] = part
-    if arrays > 1 and overlaps(args) is not None:
+    if arrays > 1 and not _disjoint(args):
         return MISS
     return _replay(c, sig, args, None, tuple(parts), None)
 
@@ -695,7 +695,7 @@ def _replay_tree(sig, args, static, promotes):
         part = ((1,), weak_float(leaves))
         for k in cells:
             parts[k] = part
-    if len(leaves) > 1 and overlaps(leaves) is not None:
+    if len(leaves) > 1 and not _disjoint(leaves):
         return MISS
     try:
         c = _CACHES._data.get(sig)
@@ -734,7 +734,7 @@ def replay_hit_pair(sig, a, b):
         if type(x) is not np.ndarray:
             return MISS
         parts.append((x.shape, x.dtype))
-    if len(leaves) > 1 and overlaps(leaves) is not None:
+    if len(leaves) > 1 and not _disjoint(leaves):
         return MISS
     return _replay(c, sig, leaves, tree, tuple(parts), len(a))
 
@@ -763,9 +763,27 @@ def _same_layout(last, leaves):
                 return None
         elif t is not w[0] or (x != w[1] if t is int or t is bool or x is None else static_key(x) != w):
             return None
-    if last[6] > 1 and overlaps(leaves) is not None:      # more than one array
+    if last[6] > 1 and not _disjoint(leaves):              # more than one array
         return None
     return last[3]
+
+
+def _disjoint(leaves):
+    """overlaps(leaves) is None, decided without a set in the common case: arrays that each own
+    their memory, none passed twice."""
+    seen = None
+    for x in leaves:
+        if type(x) is np.ndarray:
+            if x.base is not None:
+                return overlaps(leaves) is None
+            if seen is None:
+                seen = [x]
+            else:
+                for y in seen:
+                    if y is x:
+                        return overlaps(leaves) is None
+                seen.append(x)
+    return True
 
 
 def _replay(c, sig, leaves, tree, parts, split):
