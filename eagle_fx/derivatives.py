@@ -330,10 +330,9 @@ def _gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
         except KeyError:              # forgotten meanwhile by another thread
             pass
         return t
-    if t is None:
-        t = _new_gradient(f, argnums, has_aux, with_value, api, checkpoints)
-        if key is not None:
-            _MADE[key] = t
+    t = _new_gradient(f, argnums, has_aux, with_value, api, checkpoints)
+    if key is not None:
+        _MADE[key] = t
     return t
 
 
