@@ -59,7 +59,7 @@ class Transformed(cache.Cached):
     float to differentiate becomes a one-cell array) and restore(values) gives the result back
     the shapes the caller gave."""
 
-    def __init__(self, name, stage, values=True, vmap_of=None, sig=None, prepare=None, static=None):
+    def __init__(self, name, stage, values=True, vmap_of=None, sig=None, prepare=None, static=None, promotes=None):
         self.__name__ = name
         self._stage, self._values, self._prepare = stage, values, prepare
         self._vmap_of = vmap_of          # (f, in_axes, out_axes) of a vmap: an outer vmap flattens both
@@ -67,6 +67,10 @@ class Transformed(cache.Cached):
         # {position: name} of arguments whose Python floats stay static (the builder's static_argnums), or cache.ALL
         self._static = cache.static_of(self._sig) if static is None else static
         self._on_jax = {}                # the jitted JAX functions of calls on jax.Arrays, by their static arguments
+        # the positions where `prepare` changes a float or 0-d array (and nothing else): a call with arrays
+        # of one or more dimensions there replays before it; None when prepare may change any call
+        self._promotes = () if prepare is None else promotes
+        self._hits_first = values and self._promotes is not None     # try the cache before anything else
 
     def closed(self, *args):
         """The closed Program it stages for these arguments (nothing lowered)."""
@@ -80,6 +84,10 @@ class Transformed(cache.Cached):
         return Graph.from_closed(self.closed(*args))
 
     def __call__(self, *args, **kwargs):
+        if self._hits_first and not kwargs and not CONTEXT.transforming:
+            out = cache.replay_hit(self._sig, args, self._static, self._promotes)   # flat arguments, layout seen
+            if out is not cache.MISS:
+                return out
         if kwargs:
             raise TypeError(f"{self.__name__}: pass the arguments positionally (got {', '.join(kwargs)} by keyword)")
         if not CONTEXT.abstract and holds_jax_arrays(args):
@@ -97,19 +105,13 @@ class Transformed(cache.Cached):
         restore = None
         if self._prepare is not None:
             args, restore = self._prepare(args)
-        out = cache.replay_hit(self._sig, args, run)     # NumPy arrays only (nothing to trace), layout seen: replay
-        if out is not cache.MISS:
-            return restore(out) if restore is not None else out
+            if self._promotes is None or restore is not None:     # not tried above
+                out = cache.replay_hit(self._sig, args, self._static)
+                if out is not cache.MISS:
+                    return restore(out) if restore is not None else out
         args, traced = self._traced(args)
-        if traced:
-            out = cache.replay_hit(self._sig, args, run)     # its Python floats made arrays
-            if out is not cache.MISS:
-                return restore(out) if restore is not None else out
-            with traced_hint(self.__name__, traced), cache.staged(self._sig, args, self._stage, Graph.from_closed) as e:
-                out = run(e.graph)
-        else:
-            with cache.staged(self._sig, args, self._stage, Graph.from_closed) as e:
-                out = run(e.graph)
+        with traced_hint(self.__name__, traced), cache.staged(self._sig, args, self._stage, Graph.from_closed) as e:
+            out = run(e.graph)
         return restore(out) if restore is not None else out
 
     def _traced(self, args):

@@ -95,13 +95,18 @@ def _demote(tree, k, promoted, shape=True):
 def jvp(f, primals, tangents):
     """(result, result tangent) for tangents given per argument: a tree like the argument's, or
     None (no tangent; a cell or integer leaf takes None)."""
-    return jvp_as(f, primals, tangents, "eagle_fx.jvp")
-
-
-def jvp_as(f, primals, tangents, api):
-    """jvp for the API the user called (jacfwd, hessian, linearize): its refusals name `api`."""
     if not (CONTEXT.abstract or CONTEXT.transforming or CONTEXT.guards):   # NumPy arrays, a layout seen: replay
-        out = cache.replay_hit_pair(sig("jvp", f), primals, tangents, run)
+        out = cache.replay_hit_pair(("jvp", f._sig if isinstance(f, Transformed) else f), primals, tangents)   # sig("jvp", f)
+        if out is not cache.MISS:
+            return out
+    return jvp_as(f, primals, tangents, "eagle_fx.jvp", tried=True)
+
+
+def jvp_as(f, primals, tangents, api, tried=False):
+    """jvp for the API the user called (jacfwd, hessian, linearize): its refusals name `api`.
+    `tried`: the cache's hit path was tried (by jvp) and missed."""
+    if not (tried or CONTEXT.abstract or CONTEXT.transforming or CONTEXT.guards):   # NumPy arrays, a layout seen
+        out = cache.replay_hit_pair(("jvp", f._sig if isinstance(f, Transformed) else f), primals, tangents)
         if out is not cache.MISS:
             return out
     if not CONTEXT.abstract and holds_jax_arrays(tuple(primals) + tuple(tangents)):   # on XLA: JAX's jvp
@@ -345,16 +350,23 @@ def _opt(checkpoints):
 
 
 def _gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
-    argnums_checked(argnums, api)             # refused when made, and never a key (0.0 == 0)
+    if type(argnums) is not int:
+        argnums_checked(argnums, api)         # refused when made, and never a key (0.0 == 0)
     key = (api, f, argnums, has_aux, checkpoints)
+    made = _MADE._data
     try:
-        t = _MADE.get(key)
+        t = made.get(key)
     except TypeError:                 # an unhashable argnums (a list)
         key, t = None, None
-    if t is None:
-        t = _new_gradient(f, argnums, has_aux, with_value, api, checkpoints)
-        if key is not None:
-            _MADE[key] = t
+    if t is not None:
+        try:                          # the most recent use, as LRU.get makes it
+            made.move_to_end(key)
+        except KeyError:              # forgotten meanwhile by another thread
+            pass
+        return t
+    t = _new_gradient(f, argnums, has_aux, with_value, api, checkpoints)
+    if key is not None:
+        _MADE[key] = t
     return t
 
 
@@ -428,4 +440,4 @@ def _new_gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
             restore.cast = lambda out: restore(out, shape=False)
         return args, restore
     return Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, prepare=prepare,
-                       sig=sig(api, f, argnums, has_aux, *_opt(checkpoints)))
+                       sig=sig(api, f, argnums, has_aux, *_opt(checkpoints)), promotes=argnums_checked(argnums, api)[0])
