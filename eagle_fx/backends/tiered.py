@@ -201,6 +201,12 @@ class TieredExecutable:
     def array_of(self, var):
         return self.current.array_of(var)
 
+    def take(self, var):
+        """A new array holding `var`'s value from the last replay, made with no copy where the
+        executable can give one away (JaxExecutable.take); None: copy array_of(var)."""
+        take = getattr(self.current, "take", None)
+        return None if take is None else take(var)
+
     def release(self, min_bytes: int) -> None:
         self.numpy.release(min_bytes)
 
@@ -275,11 +281,13 @@ class TieredExecutable:
         if len({id(a) for a in exe.stable.values()}) != len(exe.stable):
             return "two of its planes share one NumPy buffer"
         for v in [*self.prog.outputs, *self.keep]:
-            if isinstance(v, Var) and self.numpy.array_of(v) is not exe.array_of(v):
+            if isinstance(v, Var) and self.numpy.array_of(v) is not exe.array_of(v, show=False):
                 return f"the plane {v} would live in another array on XLA"
         return None
 
     def _settle_numpy(self, why, warn=True):
+        if self.jax is not None:          # the result arrays are the NumPy executable's too: make them current
+            self.jax.catch_up()
         self.current, self.jax, self.state, self.settled, self.reason = self.numpy, None, "numpy", True, why
         if warn:
             warnings.warn(f"eagle_fx backend='auto': the graph {describe(self.prog, self.names)} stays on the NumPy "
