@@ -377,6 +377,13 @@ class JaxExecutable:
         self._back = None
         self.catch_up(var)
 
+    def show(self, planes):
+        """Treat the stable arrays of `planes` as handed out (a tiered executable's NumPy side gave
+        them out before the swap)."""
+        for v in planes:
+            if v in self.stable and v not in self._shown:
+                self._show(v)
+
     def catch_up(self, var=None):
         """Copy the last replay's value of `var` (of every plane: None) into its stable array, where
         it was kept as XLA's output."""

@@ -32,6 +32,8 @@ import threading
 import time
 import warnings
 
+import numpy as np
+
 from hawk_fx.core import Var
 
 from ..ir import primitives as ir
@@ -161,6 +163,7 @@ class TieredExecutable:
         self._replays = 0
         self._np_costs: list = []       # seconds per replay of recent NumPy replays
         self._jax_costs: list = []      # the same on XLA, during the trial
+        self._shown: set = set()        # the planes array_of handed out while on NumPy
         self.settled = not jax_available() or _has_host_nodes(prog)
         if self.settled:
             self.reason = "jax is not installed" if not jax_available() else "the graph has host nodes"
@@ -199,13 +202,18 @@ class TieredExecutable:
                     self._settle_numpy(f"bind: {e}", warn=False)
 
     def array_of(self, var):
+        if self.current is self.numpy:
+            self._shown.add(var)        # held by someone now: XLA must keep it current from its first replay
         return self.current.array_of(var)
 
     def take(self, var):
-        """A new array holding `var`'s value from the last replay, made with no copy where the
-        executable can give one away (JaxExecutable.take); None: copy array_of(var)."""
-        take = getattr(self.current, "take", None)
-        return None if take is None else take(var)
+        """A new array holding `var`'s value from the last replay, given away (Graph.result_copy):
+        on XLA with no copy where it can (JaxExecutable.take); on NumPy a copy, which hands
+        nothing out."""
+        if self.current is self.numpy:
+            arr = self.numpy.array_of(var)
+            return None if arr is None else np.array(arr)
+        return self.current.take(var)
 
     def release(self, min_bytes: int) -> None:
         self.numpy.release(min_bytes)
@@ -261,6 +269,7 @@ class TieredExecutable:
             self._settle_numpy(f"its arguments: {e}")
             return
         why = self._share_arrays(exe)
+        exe.show(self._shown)
         if why is not None:
             self._settle_numpy(why)
             return
