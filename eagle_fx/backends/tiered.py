@@ -202,7 +202,7 @@ class TieredExecutable:
                     self._settle_numpy(f"bind: {e}", warn=False)
 
     def array_of(self, var):
-        if self.current is self.numpy:
+        if not self.settled:
             self._shown.add(var)        # held by someone now: XLA must keep it current from its first replay
         return self.current.array_of(var)
 
