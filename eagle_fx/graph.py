@@ -254,8 +254,12 @@ class Graph(GraphStaging):
         leaves, tree = self._result_flat
         outs = self._program.outputs
         take = getattr(self._exe, "take", None) if give else None     # give its own arrays away: no copy
-        keys = [self._trace.root.current.get(x.key, x.var) if take is not None and isinstance(x, Plane) and
-                x.var is not None and id(x) not in self._views else None for x in leaves]
+        if take is None:
+            if tree.kind == "leaf":
+                return np.array(self._leaf_array(leaves[0], outs[0]))
+            return tree_unflatten(tree, [np.array(self._leaf_array(x, v)) for x, v in zip(leaves, outs)])
+        keys = [self._trace.root.current.get(x.key, x.var) if isinstance(x, Plane) and x.var is not None and
+                id(x) not in self._views else None for x in leaves]
         # the copies first (one may bring a plane up to date), then what the backend gives away
         copies = [np.array(self._leaf_array(x, v)) if k is None else None for x, v, k in zip(leaves, outs, keys)]
         given: dict = {}

@@ -255,6 +255,7 @@ class JaxExecutable:
             for v in self.out_vars:
                 if isinstance(v, Var) and v not in versions and v not in prog.inputs:
                     self.stable.setdefault(v, np.zeros(v.aval.shape, v.aval.dtype))
+        self._takes = any(a.nbytes >= TAKE_BYTES for a in self.stable.values())
         # what each Var reads as, in one lookup (array_of runs at every g()): ("arg", input index) for an
         # argument and every version of a written one, ("out", output index) for a result (jax.Arrays)
         self.where = {v: ("out", j) for j, v in reversed(list(enumerate(self.out_vars)))} if self.on_jax else {}
@@ -392,7 +393,13 @@ class JaxExecutable:
             if x is not None:
                 np.copyto(self.stable[v], np.asarray(x))
 
-    def take(self, var):
+    @property
+    def take(self):
+        """`_take`, where a result is large enough to be given away (else None: the caller copies,
+        with nothing more to ask per call)."""
+        return self._take if self._takes else None
+
+    def _take(self, var):
         """The value of `var` from the last replay as a new writable NumPy array over XLA's output
         (no copy), given away: the caller promises not to read `var` through array_of before the
         next replay (a transformed function's graph, whose results are read once per call). None

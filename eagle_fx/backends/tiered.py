@@ -206,14 +206,18 @@ class TieredExecutable:
             self._shown.add(var)        # held by someone now: XLA must keep it current from its first replay
         return self.current.array_of(var)
 
-    def take(self, var):
-        """A new array holding `var`'s value from the last replay, given away (Graph.result_copy):
-        on XLA with no copy where it can (JaxExecutable.take); on NumPy a copy, which hands
-        nothing out."""
-        if self.current is self.numpy:
-            arr = self.numpy.array_of(var)
-            return None if arr is None else np.array(arr)
-        return self.current.take(var)
+    @property
+    def take(self):
+        """What gives a result of the last replay away (Graph.result_copy): on XLA, with no copy
+        where it can (JaxExecutable.take); on NumPy before it settled, a copy that hands nothing out
+        (so XLA need not keep the plane's array current once swapped in); None once settled on NumPy."""
+        if self.current is not self.numpy:
+            return self.current.take
+        return None if self.settled else self._copy_of
+
+    def _copy_of(self, var):
+        arr = self.numpy.array_of(var)
+        return None if arr is None else np.array(arr)
 
     def release(self, min_bytes: int) -> None:
         self.numpy.release(min_bytes)
