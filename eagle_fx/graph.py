@@ -245,15 +245,33 @@ class Graph(GraphStaging):
         """A new Graph whose result is np.mean of this one's (one float result), as a (1,) cell."""
         return staged_sums.graph_reduction(self, "mean")
 
-    def result_copy(self):
-        """Copies of the result arrays (as its views show them) after a launch; None without a result."""
+    def result_copy(self, give=False):
+        """Copies of the result arrays (as its views show them) after a launch; None without a result.
+        give=True: the caller reads no result of this replay again (a transformed function's call),
+        so a backend may give its own arrays away instead of copying them (JaxExecutable.take)."""
         if not self._has_result:
             return None
         leaves, tree = self._result_flat
         outs = self._program.outputs
-        if tree.kind == "leaf":
-            return np.array(self._leaf_array(leaves[0], outs[0]))
-        return tree_unflatten(tree, [np.array(self._leaf_array(x, v)) for x, v in zip(leaves, outs)])
+        take = getattr(self._exe, "take", None) if give else None     # give its own arrays away: no copy
+        if take is None:
+            if tree.kind == "leaf":
+                return np.array(self._leaf_array(leaves[0], outs[0]))
+            return tree_unflatten(tree, [np.array(self._leaf_array(x, v)) for x, v in zip(leaves, outs)])
+        keys = [self._trace.root.current.get(x.key, x.var) if isinstance(x, Plane) and x.var is not None and
+                id(x) not in self._views else None for x in leaves]
+        # the copies first (one may bring a plane up to date), then what the backend gives away
+        copies = [np.array(self._leaf_array(x, v)) if k is None else None for x, v, k in zip(leaves, outs, keys)]
+        given: dict = {}
+        for i, (x, v, k) in enumerate(zip(leaves, outs, keys)):
+            if k is not None:
+                a = given.get(k)
+                if a is None:
+                    a = given[k] = take(k)
+                    copies[i] = a if a is not None else np.array(self._leaf_array(x, v))
+                else:           # the same plane twice in the result: two arrays, as np.array makes them
+                    copies[i] = np.array(a)
+        return copies[0] if tree.kind == "leaf" else tree_unflatten(tree, copies)
 
     @property
     def record(self):

@@ -184,6 +184,7 @@ def _written_inputs(prog):
 
 ALIGNED_BYTES = 1 << 16      # NumPy arguments from this size on reach XLA through an aligned buffer
 MIRROR_BYTES = 4096          # NumPy arguments up to this size are passed as a device array while unchanged
+TAKE_BYTES = 1 << 16         # results from this size on are handed to `take` as XLA's own memory, not copied
 
 
 class JaxExecutable:
@@ -244,10 +245,17 @@ class JaxExecutable:
         self._back = None           # what a NumPy-mode replay copies back: (output, argument or None, result array)
         self.values = None          # the outputs of the last replay (jax mode), in out_vars order
         self.stable: dict = {}      # Var -> the NumPy array a replay copies it into (NumPy mode)
+        # NumPy mode, lean replays: a plane's value is copied into its stable array only once that array
+        # has been handed out (array_of); until then the replay keeps XLA's output (pending), which
+        # `take` can give away with no copy at all (a transformed function's fresh result)
+        self._shown: set = set()    # Vars whose stable array array_of has handed out: copied every replay
+        self._pending: dict = {}    # Var -> the last replay's XLA output, not yet copied into stable
+        self._passed = ()           # the arguments of the last lean replay (what a taken result must not alias)
         if not self.on_jax:
             for v in self.out_vars:
                 if isinstance(v, Var) and v not in versions and v not in prog.inputs:
                     self.stable.setdefault(v, np.zeros(v.aval.shape, v.aval.dtype))
+        self._takes = any(a.nbytes >= TAKE_BYTES for a in self.stable.values())
         # what each Var reads as, in one lookup (array_of runs at every g()): ("arg", input index) for an
         # argument and every version of a written one, ("out", output index) for a result (jax.Arrays)
         self.where = {v: ("out", j) for j, v in reversed(list(enumerate(self.out_vars)))} if self.on_jax else {}
@@ -350,21 +358,69 @@ class JaxExecutable:
 
     def _copy_plan(self):
         """(output index, written argument index, None) per written argument, then (output index,
-        None, result array) per result: made at the first replay, after a tiered executable has
-        pointed `stable` at its own result arrays (it calls `results_moved`)."""
+        None, result array) per result handed out, and (output index, Var) per result not handed out
+        (kept as XLA's output): made at the first replay, after a tiered executable has pointed
+        `stable` at its own result arrays (it calls `results_moved`), and again when array_of hands
+        out another."""
         plan = [(j, i, None) for j, i in self.written]
-        plan += [(j, None, self.stable[v]) for j, v in enumerate(self.out_vars) if v in self.stable]
-        self._back = plan
-        return plan
+        plan += [(j, None, self.stable[v]) for j, v in enumerate(self.out_vars) if v in self.stable and v in self._shown]
+        later = [(j, v) for j, v in enumerate(self.out_vars) if v in self.stable and v not in self._shown]
+        self._back = plan, later
+        return self._back
 
     def results_moved(self):
         """`stable` changed: the next replay makes its copy plan again."""
         self._back = None
 
+    def _show(self, var):
+        """`var`'s stable array is handed out: bring it up to date, and copy it at every replay from now on."""
+        self._shown.add(var)
+        self._back = None
+        self.catch_up(var)
+
+    def show(self, planes):
+        """Treat the stable arrays of `planes` as handed out (a tiered executable's NumPy side gave
+        them out before the swap)."""
+        for v in planes:
+            if v in self.stable and v not in self._shown:
+                self._show(v)
+
+    def catch_up(self, var=None):
+        """Copy the last replay's value of `var` (of every plane: None) into its stable array, where
+        it was kept as XLA's output."""
+        for v in list(self._pending) if var is None else (var,):
+            x = self._pending.pop(v, None)
+            if x is not None:
+                np.copyto(self.stable[v], np.asarray(x))
+
+    @property
+    def take(self):
+        """`_take`, where a result is large enough to be given away (else None: the caller copies,
+        with nothing more to ask per call)."""
+        return self._take if self._takes else None
+
+    def _take(self, var):
+        """The value of `var` from the last replay as a new writable NumPy array over XLA's output
+        (no copy), given away: the caller promises not to read `var` through array_of before the
+        next replay (a transformed function's graph, whose results are read once per call). None
+        where that cannot be had (a small plane: copying it costs less; a plane handed out or taken
+        already; an output XLA shares with an argument): the caller copies array_of(var)."""
+        x = self._pending.get(var)
+        if x is None or x.nbytes < TAKE_BYTES:
+            return None
+        own = writable_over(x)
+        if own is None or any(_overlaps(own, a) for k, a in enumerate(self._passed) if k not in self.donated):
+            return None
+        del self._pending[var]
+        return own
+
     def replay(self, times: int = 1):
         # The last replay's outputs are let go before the next one runs: unless the caller holds
         # them, their memory is free for it, so a replay needs one set of outputs at a time, not two.
         run = self._compiled or self.compile()
+        # the compiled function's C++ entry, past its Python wrapper (1.5 us of a 17 us call at n = 8);
+        # made by its first call, so the first replay goes through the wrapper
+        run = getattr(run, "_call", None) or run
         if self._lean:              # jax.Arrays, no host node, no trip check: nothing but the calls
             arrays, written = self.arrays, self.written
             for _ in range(times):
@@ -378,11 +434,14 @@ class JaxExecutable:
         lw = self.lowering
         if self._numpy_lean:        # NumPy arguments, no host node, no trip check, no mesh
             inputs, arrays, mirror, mirror_out = self._mirrored_inputs, self.arrays, self._mirror, self._mirror_out
-            back = self._back or self._copy_plan()
+            back, later = self._back or self._copy_plan()
             for _ in range(times):
-                outs = run(*inputs())
+                self._passed = passed = inputs()
+                outs = run(*passed)
                 for j, i, dst in back:
                     np.copyto(arrays[i] if dst is None else dst, np.asarray(outs[j]))
+                if later:
+                    self._pending = {v: outs[j] for j, v in later}
                 for j, k, written in mirror_out:        # what the next replay may pass instead of the NumPy array
                     mirror[k] = (arrays[k].tobytes() if written else mirror[k][0], outs[j])
                 del outs
@@ -426,14 +485,42 @@ class JaxExecutable:
             refuse_overlap(arrays, self.late_reads, self.names, api="eagle.Graph.bind")
         self.arrays[input_index] = arr
 
-    def array_of(self, var):
+    def array_of(self, var, show=True):
+        """The array `var` reads as now. show=False: only to compare which array it is (its value
+        may be a replay behind)."""
         w = self.where.get(var)
         if w is None:
-            return self.stable.get(var)
+            arr = self.stable.get(var)
+            if show and arr is not None and var not in self._shown:
+                self._show(var)
+            return arr
         kind, k = w
         if kind == "arg":
             return self.arrays[k]
         return None if self.values is None else self.values[k]
+
+
+def writable_over(x):
+    """A writable NumPy array over the memory of the jax.Array `x` (XLA's output, held by nobody
+    else: its buffer is never donated or reused while the array lives), which keeps `x` alive;
+    None where its NumPy value is not one contiguous block."""
+    import ctypes
+    view = np.asarray(x)
+    if not view.flags.c_contiguous or view.dtype.hasobject or view.nbytes == 0:
+        return None
+    raw = (ctypes.c_char * view.nbytes).from_address(view.ctypes.data)
+    raw._keeps = (x, view)                  # the memory is x's (or view's, copied from a device)
+    return np.frombuffer(raw, view.dtype).reshape(view.shape)
+
+
+def _overlaps(own, a) -> bool:
+    """Whether `own` shares memory with the argument `a` (a NumPy array or a jax.Array) passed to
+    the replay that made it: XLA may hand an argument back as an output."""
+    if is_jax_array(a):
+        if a.is_deleted():
+            return False
+        a = np.asarray(a)
+    return np.may_share_memory(own, a)
 
 
 def _same_sharding(a, b) -> bool:

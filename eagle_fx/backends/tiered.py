@@ -32,6 +32,8 @@ import threading
 import time
 import warnings
 
+import numpy as np
+
 from hawk_fx.core import Var
 
 from ..ir import primitives as ir
@@ -161,6 +163,7 @@ class TieredExecutable:
         self._replays = 0
         self._np_costs: list = []       # seconds per replay of recent NumPy replays
         self._jax_costs: list = []      # the same on XLA, during the trial
+        self._shown: set = set()        # the planes array_of handed out while on NumPy
         self.settled = not jax_available() or _has_host_nodes(prog)
         if self.settled:
             self.reason = "jax is not installed" if not jax_available() else "the graph has host nodes"
@@ -199,7 +202,22 @@ class TieredExecutable:
                     self._settle_numpy(f"bind: {e}", warn=False)
 
     def array_of(self, var):
+        if not self.settled:
+            self._shown.add(var)        # held by someone now: XLA must keep it current from its first replay
         return self.current.array_of(var)
+
+    @property
+    def take(self):
+        """What gives a result of the last replay away (Graph.result_copy): on XLA, with no copy
+        where it can (JaxExecutable.take); on NumPy before it settled, a copy that hands nothing out
+        (so XLA need not keep the plane's array current once swapped in); None once settled on NumPy."""
+        if self.current is not self.numpy:
+            return self.current.take
+        return None if self.settled else self._copy_of
+
+    def _copy_of(self, var):
+        arr = self.numpy.array_of(var)
+        return None if arr is None else np.array(arr)
 
     def release(self, min_bytes: int) -> None:
         self.numpy.release(min_bytes)
@@ -255,6 +273,7 @@ class TieredExecutable:
             self._settle_numpy(f"its arguments: {e}")
             return
         why = self._share_arrays(exe)
+        exe.show(self._shown)
         if why is not None:
             self._settle_numpy(why)
             return
@@ -275,11 +294,13 @@ class TieredExecutable:
         if len({id(a) for a in exe.stable.values()}) != len(exe.stable):
             return "two of its planes share one NumPy buffer"
         for v in [*self.prog.outputs, *self.keep]:
-            if isinstance(v, Var) and self.numpy.array_of(v) is not exe.array_of(v):
+            if isinstance(v, Var) and self.numpy.array_of(v) is not exe.array_of(v, show=False):
                 return f"the plane {v} would live in another array on XLA"
         return None
 
     def _settle_numpy(self, why, warn=True):
+        if self.jax is not None:          # the result arrays are the NumPy executable's too: make them current
+            self.jax.catch_up()
         self.current, self.jax, self.state, self.settled, self.reason = self.numpy, None, "numpy", True, why
         if warn:
             warnings.warn(f"eagle_fx backend='auto': the graph {describe(self.prog, self.names)} stays on the NumPy "
