@@ -155,7 +155,7 @@ class Entry:
 
 def _launch_and_copy(g):
     g.launch()
-    return g.result_copy()
+    return g.result_copy(give=True)        # the entry's graph: nothing reads this replay's results again
 
 
 def _releases(exe):

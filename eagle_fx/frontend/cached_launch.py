@@ -19,10 +19,11 @@ from .staging import Plane
 def launcher(g):
     """A function of no arguments launching `g` once and returning copies of its result, as
     `g.launch(); g.result_copy()` do; None where a launch must do more than replay (a stream to
-    wait on, pinned block results) or the graph has no result: then the caller does those."""
+    wait on, pinned block results), where the backend may give its result arrays away instead of
+    copying them (JAX, auto), or the graph has no result: then the caller does those."""
     exe = g._exe
-    if exe is None or hasattr(exe, "synchronize") or g._trace.pinned or not g._has_result:
-        return None
+    if exe is None or hasattr(exe, "synchronize") or hasattr(exe, "take") or g._trace.pinned or not g._has_result:
+        return None            # (a backend that may give its result arrays away: Graph.result_copy(give=True))
     leaves, tree = g._result_flat
     current = g._trace.root.current
     reads = []                 # per result leaf: (var the executable knows it by, its view, the array to fall back on)
