@@ -120,10 +120,10 @@ def jvp_as(f, primals, tangents, api):
     primals, tangents = _check_tangents(primals, tangents, names, api)
     if CONTEXT.transforming:                     # for the outer transform: lowered only if run
         c = _jvp_graph(f, primals, tangents, names, api)
-        cast = _then(inner_restore(f, given, primals), cast)
+        cast = _then(inner_restore(f, given, primals)[1], cast)
         return staged_result(restored_views(c, lambda out: tuple(map(cast, out))) if cast else c)
     primals, traced = cache.traced_floats(primals, cache.static_of(f), api)
-    cast = _then(inner_restore(f, given, primals), cast)
+    cast = _then(inner_restore(f, given, primals)[1], cast)
     with traced_hint(api, traced), cache.staged(sig("jvp", f), (primals, tangents),
                                                 lambda p, t: _jvp_graph(f, p, t, names, api), Graph.from_closed) as e:
         out = run(e.graph)
@@ -148,24 +148,33 @@ def weak_cast(f, primals):
     return getattr(f._prepare(tuple(primals))[1], "cast", None)
 
 
-def inner_restore(f, given, staged):
+def inner_restore(f, given, staged, others=False):
     """For a derivative transform `f` that an outer transform stages at `staged`, its arguments
     `given` with some Python-float (or 0-d) leaves made one-cell arrays, which `f` then cannot tell
-    from arrays: f's restore of those leaves (the shapes and dtypes f called at the scalars gives,
-    and JAX), or None when f is no derivative transform or none of its scalars was made one-cell."""
+    from arrays: (the arguments to stage f at, f's restore of those leaves: the shapes and dtypes
+    f called at the scalars gives, and JAX), or (staged, None) when f is no derivative transform
+    or none of its scalars was made one-cell. others: the scalars still in `staged` are made
+    one-cell too (and restored); else they are left to f, which sees them."""
     if not isinstance(f, Transformed) or f._prepare is None:
-        return None
-    probe, changed = list(staged), False
-    for k, (a, b) in enumerate(zip(given, staged)):
-        if a is b:
+        return staged, None
+    probe, changed = [], False
+    for a, b in zip(given, staged):
+        la, (lb, tb) = tree_flatten(a, is_leaf=is_array)[0], tree_flatten(b, is_leaf=is_array)
+        if len(la) != len(lb):
+            probe.append(b)
             continue
-        la, lb = tree_flatten(a, is_leaf=is_array)[0], tree_flatten(b, is_leaf=is_array)
-        if len(la) != len(lb[0]):
-            continue
-        mixed = [x if _is_scalar_float(x) and np.shape(y) == (1,) else y for x, y in zip(la, lb[0])]
-        if any(x is not y for x, y in zip(mixed, lb[0])):
-            probe[k], changed = tree_unflatten(lb[1], mixed), True
-    return f._prepare(tuple(probe))[1] if changed else None
+        mixed = []
+        for x, y in zip(la, lb):
+            made = x is not y and np.shape(y) == (1,)
+            if _is_scalar_float(x) and (made or others and x is y):
+                mixed.append(x)
+                changed = True
+            else:
+                mixed.append(_one_cell(y) if _is_scalar_float(y) else y)   # left to f: hidden from its restore
+        probe.append(tree_unflatten(tb, mixed) if len(mixed) != 1 or tb.kind != "leaf" else mixed[0])
+    if not changed:
+        return staged, None
+    return f._prepare(tuple(probe))
 
 
 def _check_tangents(primals, tangents, names, api):
@@ -324,7 +333,7 @@ def vjp_as(f, args, api, has_aux=False, checkpoints=None):
         return c
     given = args
     args, promoted = promote(args, range(len(args)))     # Python floats are differentiable, as in JAX
-    inner = None if has_aux else inner_restore(f, given, args)   # vjp(grad(f)) at a float: grad's shapes
+    inner = None if has_aux else inner_restore(f, given, args)[1]   # vjp(grad(f)) at a float: grad's shapes
     with cache.staged(sig("vjp", f, has_aux, *_opt(checkpoints)), args, make, Graph.from_closed) as e:
         g = e.graph
         s, seeds, n_out, out_tree = e.closed.extra

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from hawk_fx.context import CONTEXT
 from hawk_fx.core import Var
 from hawk_fx.tree import node_children, tree_flatten, tree_unflatten
 
 from .api import (Staged, Transformed, argnums_checked, float_array, graph_of, is_array, name_of, refuse_no_float,
                   sig)
 from . import seams
-from .frontend import cache
 from .batching import vmap
 from .derivatives import _grad_trees, inner_restore, jvp_as, promote, seed_planes, vjp_program, weak_cast
 from .staged_results import then
@@ -270,11 +268,12 @@ def _prepare(a, b=None, reverse=True, f=None, inner=None):
         wide = f is not None and weak_cast(f, args) is not None
         given = args
         args, promoted = promote(args, sorted(set(ks)))
-        one = None
-        if isinstance(inner, Transformed) and inner._prepare is not None:
-            if not CONTEXT.transforming:     # the other Python floats, made one-cell now as the call would trace them
-                args = cache.traced_floats(args, cache.static_of(inner), inner.__name__)[0]
-            one = getattr(inner_restore(inner, given, args), "one", None)
+        # the scalars the inner derivative takes (here or at another position) made one-cell here,
+        # so that its restore is known: staged at a one-cell array, it cannot tell
+        staged, restore_in = inner_restore(inner, given, args, others=True)
+        one = getattr(restore_in, "one", None)
+        if one is not None:
+            args = staged
         if not promoted and not wide and one is None:
             return args, None
         ka = ks[0]

@@ -191,6 +191,10 @@ def test_a_jacobian_in_x_of_a_gradient_in_a_float_w(outer):
     got = OURS[outer](ef.grad(FIXED.f, 0), 1)(0.7, x)
     want = THEIRS[outer](jax.grad(FIXED.fj, 0), 1)(0.7, jnp.asarray(x))
     _compare(got, want, f"{outer}(grad(f, 0), 1)")
+    xb = np.random.default_rng(6).uniform(-1, 1, (B, N))
+    got = ef.vmap(OURS[outer](ef.grad(FIXED.f, 0), 1), in_axes=(None, 0))(np.array(0.7), xb)
+    want = jax.vmap(THEIRS[outer](jax.grad(FIXED.fj, 0), 1), in_axes=(None, 0))(jnp.asarray(0.7), jnp.asarray(xb))
+    _compare(got, want, f"vmap({outer}(grad(f, 0), 1))")
 
 
 def test_jacfwd_of_grad_at_a_float_gives_the_second_derivative_0d():
