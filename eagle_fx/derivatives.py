@@ -121,15 +121,25 @@ def jvp_as(f, primals, tangents, api, tried=False):
                          "per argument")
     names = arg_names(f, len(primals))
     cast = weak_cast(f, primals)
+    given = primals
     primals, tangents = _check_tangents(primals, tangents, names, api)
     if CONTEXT.transforming:                     # for the outer transform: lowered only if run
         c = _jvp_graph(f, primals, tangents, names, api)
+        cast = _then(inner_restore(f, given, primals)[1], cast)
         return staged_result(restored_views(c, lambda out: tuple(map(cast, out))) if cast else c)
     primals, traced = cache.traced_floats(primals, cache.static_of(f), api)
+    cast = _then(inner_restore(f, given, primals)[1], cast)
     with traced_hint(api, traced), cache.staged(sig("jvp", f), (primals, tangents),
                                                 lambda p, t: _jvp_graph(f, p, t, names, api), Graph.from_closed) as e:
         out = run(e.graph)
     return tuple(map(cast, out)) if cast else out
+
+
+def _then(restore, cast):
+    """`restore` (shapes and dtypes of an inner derivative's result), then `cast`; either may be None."""
+    if restore is None or cast is None:
+        return restore or cast
+    return lambda out: cast(restore(out))
 
 
 def weak_cast(f, primals):
@@ -141,6 +151,35 @@ def weak_cast(f, primals):
             not any(type(x) is float for p in primals for x in tree_flatten(p, is_leaf=is_array)[0]):
         return None
     return getattr(f._prepare(tuple(primals))[1], "cast", None)
+
+
+def inner_restore(f, given, staged, others=False):
+    """For a derivative transform `f` that an outer transform stages at `staged`, its arguments
+    `given` with some Python-float (or 0-d) leaves made one-cell arrays, which `f` then cannot tell
+    from arrays: (the arguments to stage f at, f's restore of those leaves: the shapes and dtypes
+    f called at the scalars gives, and JAX), or (staged, None) when f is no derivative transform
+    or none of its scalars was made one-cell. others: the scalars still in `staged` are made
+    one-cell too (and restored); else they are left to f, which sees them."""
+    if not isinstance(f, Transformed) or f._prepare is None:
+        return staged, None
+    probe, changed = [], False
+    for a, b in zip(given, staged):
+        la, (lb, tb) = tree_flatten(a, is_leaf=is_array)[0], tree_flatten(b, is_leaf=is_array)
+        if len(la) != len(lb):
+            probe.append(b)
+            continue
+        mixed = []
+        for x, y in zip(la, lb):
+            made = x is not y and np.shape(y) == (1,)
+            if _is_scalar_float(x) and (made or others and x is y):
+                mixed.append(x)
+                changed = True
+            else:
+                mixed.append(_one_cell(y) if _is_scalar_float(y) else y)   # left to f: hidden from its restore
+        probe.append(tree_unflatten(tb, mixed) if len(mixed) != 1 or tb.kind != "leaf" else mixed[0])
+    if not changed:
+        return staged, None
+    return f._prepare(tuple(probe))
 
 
 def _check_tangents(primals, tangents, names, api):
@@ -297,7 +336,9 @@ def vjp_as(f, args, api, has_aux=False, checkpoints=None):
                                _grad_trees(s, prog, range(len(args)), wrt)), seeds)
         c.extra = (s, seeds, n_out, out_tree)
         return c
+    given = args
     args, promoted = promote(args, range(len(args)))     # Python floats are differentiable, as in JAX
+    inner = None if has_aux else inner_restore(f, given, args)[1]   # vjp(grad(f)) at a float: grad's shapes
     with cache.staged(sig("vjp", f, has_aux, *_opt(checkpoints)), args, make, Graph.from_closed) as e:
         g = e.graph
         s, seeds, n_out, out_tree = e.closed.extra
@@ -305,6 +346,9 @@ def vjp_as(f, args, api, has_aux=False, checkpoints=None):
         # the cached graph may run other calls before this pullback: it keeps the arguments it saw
         saved = [None if o is None else np.array(o) for o in e.owned] if e.owned is not None else None
     float_out = [j for j, v in enumerate(s.results[:n_out]) if is_float(v.aval)]
+    if inner is not None:
+        y = inner(y)
+        shown = tree_flatten(y, is_leaf=lambda u: u is None or is_array(u))[0]
 
     def pullback(ct):
         leaves = match_tree(ct, out_tree)
@@ -312,10 +356,14 @@ def vjp_as(f, args, api, has_aux=False, checkpoints=None):
             raise ValueError(f"{api}: the cotangent has structure {tree_flatten(ct)[1]}; {s.fname}'s result is "
                              f"{out_tree}: give one cotangent array per result array, in the same tree")
         cs = [np.asarray(leaves[j]) for j in float_out]
+        if inner is not None:        # given in the shapes the result is shown in
+            cs = [c.reshape(p.array.shape) if c.shape == np.shape(shown[j]) else c
+                  for c, p, j in zip(cs, seeds, float_out)]
         for c, p, j in zip(cs, seeds, float_out):
             if c.shape != p.array.shape:
+                want = np.shape(shown[j]) if inner is not None else p.array.shape
                 raise ValueError(f"{api}: the cotangent of result {j} has shape {c.shape}; the result has "
-                                 f"{p.array.shape}")
+                                 f"{want}")
         with e.lock:
             for c, p in zip(cs, seeds):
                 np.copyto(p.array, c)
@@ -438,6 +486,10 @@ def _new_gradient(f, argnums, has_aux, with_value, api, checkpoints=None):
             return (fixed, head) if has_aux else fixed
         if promoted.weak:             # for vmap, whose instances' shapes are already the caller's
             restore.cast = lambda out: restore(out, shape=False)
+        floats = [(k, j) for k in ks for j, x in enumerate(tree_flatten(args[k], is_leaf=is_array)[0])
+                  if float_array(x)]
+        if not (has_aux or with_value) and len(floats) == 1 and floats[0] in promoted:
+            restore.one = lambda shape: ()      # its one result (an outer Jacobian's function): 0-d
         return args, restore
     return Transformed(f"{api.split('.')[-1]}({name_of(f)})", make, prepare=prepare,
                        sig=sig(api, f, argnums, has_aux, *_opt(checkpoints)), promotes=argnums_checked(argnums, api)[0])

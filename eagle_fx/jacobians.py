@@ -19,7 +19,7 @@ from .api import (Staged, Transformed, argnums_checked, float_array, graph_of, i
                   sig)
 from . import seams
 from .batching import vmap
-from .derivatives import _grad_trees, jvp_as, promote, seed_planes, vjp_program, weak_cast
+from .derivatives import _grad_trees, inner_restore, jvp_as, promote, seed_planes, vjp_program, weak_cast
 from .staged_results import then
 from .transforms.program import ct_aval
 
@@ -165,7 +165,7 @@ def _jacobian(f, argnums, api, forward):
                    for r, j in zip(rows, x.floats)]
         return c
     t = Transformed(f"{api.split('.')[-1]}({name_of(f)})", seams.as_written(api, make), sig=sig(api, f, argnums),
-                    prepare=_prepare(argnums, reverse=not forward, f=None if not forward else f))
+                    prepare=_prepare(argnums, reverse=not forward, f=None if not forward else f, inner=f))
     if not forward:
         t._jacrev_of = (f, argnums)
     return t
@@ -243,7 +243,7 @@ def _second(f, a, b, api, squeeze, shown=None):
     label = "".join(f"{n.split('.')[-1]}(" for n in shown or (api,)) + name_of(f) + ")" * len(shown or (api,))
     return Transformed(label, seams.as_written(api, make, shown),
                        sig=sig(api + "2", f, a, b, squeeze),
-                       prepare=_prepare(a, b))
+                       prepare=_prepare(a, b, inner=None if squeeze else f))
 
 
 def _second_view(m, nb, off, size, lead, a_shape, b_shape):
@@ -254,18 +254,27 @@ def _second_view(m, nb, off, size, lead, a_shape, b_shape):
     return _lead_aware(view)
 
 
-def _prepare(a, b=None, reverse=True, f=None):
+def _prepare(a, b=None, reverse=True, f=None, inner=None):
     """Python-float (or 0-d) leaves of the differentiated arguments staged as one-cell arrays; each
     Jacobian then loses the size-1 axis such a leaf brought (a's after the result's axes, b's last).
     reverse (a is differentiated by reverse mode): a Jacobian with respect to a Python float is
     float64, as JAX's (forward mode: the result's dtype, float64 where `f` is a derivative with
-    respect to a Python float)."""
+    respect to a Python float). `inner`, the function differentiated: when it is a derivative
+    transform of such a leaf too (jacfwd(grad(f)) at a float), it is staged at the one-cell array
+    and its result's part of each Jacobian is given the shape it has at the float (0-d for grad)."""
     def prepare(args):
         n = len(args)
         ks = [k % n for k in (a, b) if k is not None and -n <= k < n]
         wide = f is not None and weak_cast(f, args) is not None
+        given = args
         args, promoted = promote(args, sorted(set(ks)))
-        if not promoted and not wide:
+        # the scalars the inner derivative takes (here or at another position) made one-cell here,
+        # so that its restore is known: staged at a one-cell array, it cannot tell
+        staged, restore_in = inner_restore(inner, given, args, others=True)
+        one = getattr(restore_in, "one", None)
+        if one is not None:
+            args = staged
+        if not promoted and not wide and one is None:
             return args, None
         ka = ks[0]
         kb = ks[1] if b is not None and len(ks) > 1 else None
@@ -283,7 +292,12 @@ def _prepare(a, b=None, reverse=True, f=None):
                 drop.add(x.ndim - 1)
             if (ka, ja) in promoted:
                 drop.add(x.ndim - b_nd - 1)
-            return x.reshape([d for i, d in enumerate(x.shape) if i not in drop]) if drop else x
+            x = x.reshape([d for i, d in enumerate(x.shape) if i not in drop]) if drop else x
+            if one is None:
+                return x
+            tail = np.ndim(la[ja]) - ((ka, ja) in promoted) + \
+                (np.ndim(lb[jb]) - ((kb, jb) in promoted) if jb is not None else 0)
+            return x.reshape(tuple(one(x.shape[:x.ndim - tail])) + x.shape[x.ndim - tail:])
 
         def restore(out, shape=True):
             flat, tree = tree_flatten(out, is_leaf=lambda u: u is None or is_array(u))
@@ -297,5 +311,9 @@ def _prepare(a, b=None, reverse=True, f=None):
                                          for x, (ja, jb) in zip(flat, pairs)])
         if wide or reverse and any(p[0] == ka for p in promoted.weak):   # for vmap: instances have the caller's shapes
             restore.cast = lambda out: restore(out, shape=False)
+        fa = [j for j, x in enumerate(la) if float_array(x)]
+        fb = [j for j, x in enumerate(lb) if float_array(x)] if lb is not None else [None]
+        if len(fa) == 1 and len(fb) == 1:       # one Jacobian: as an outer Jacobian's function, its shape
+            restore.one = lambda shape: fix(np.broadcast_to(np.zeros(()), tuple(shape)), fa[0], fb[0], True).shape
         return args, restore
     return prepare
