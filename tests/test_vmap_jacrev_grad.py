@@ -129,7 +129,8 @@ def test_random_kernels_vmap_jacobian_of_grad_match_jax_sweep(seed):
     run(seed, 8)
 
 
+@pytest.mark.parametrize("backend", ["jax", "fake-cuda"])
 @pytest.mark.parametrize("outer", ["jacrev", "jacfwd"])
-def test_vmap_of_a_jacobian_of_grad_on_the_jax_backend(outer):
-    with use_backend("jax"):
+def test_vmap_of_a_jacobian_of_grad_on_another_backend(outer, backend):
+    with use_backend(backend):
         check(Kernel(0), outer, 0, 0, (None, 0, None), np.random.default_rng(2))
