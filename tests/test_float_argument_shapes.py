@@ -143,8 +143,6 @@ def _draws(seed, n):
     chains = [[o, i] for o in OUTER for i in INNER] + [[a] for a in OURS]
     for _ in range(n):
         names, batched = r.choice(chains), r.random() < 0.4
-        if batched and names == ["jacrev", "grad"]:      # see test_vmap_of_jacrev_of_grad_through_sin_of_a_product
-            batched = False
         yield names, r.choice(["float", "0d"]), batched, r.choice([None] + INNER)
 
 
@@ -220,8 +218,6 @@ def test_a_cotangent_in_the_raw_one_cell_shape_is_still_taken():
         pullback(np.ones(2))
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="vmap of jacrev(grad(f)) through sin(x * w) * x "
-                   "fails in the NumPy replay (a (B, 1, 1) output given a (B, B, 1) broadcast), a one-cell w too")
 def test_vmap_of_jacrev_of_grad_through_sin_of_a_product():
     f = _load("@hk.kernel\ndef k(x: Scalar, w: Param) -> Scalar:\n    return hk.sum(hm.sin(x * w) * x)\n\n\n"
               "@ef.Graph.builder\ndef f(w, x):\n    g = ef.Graph()\n    g.result = k(x, w)\n    return g\n", "sin")

@@ -136,8 +136,21 @@ class _Batcher:
     @batch_rules.register(ir.cell_rev_p)
     @batch_rules.register(ir.zeros_p)
     def elementwise(self, e, atoms, fl, env, flags, eqns):
-        """Cell logic, sums, zeros, turn counting: batched when any operand is."""
+        """Cell logic, sums, zeros, turn counting: batched when any operand is. A shared operand
+        meets a batched one by broadcasting (its axes are the trailing ones); batched again, such an
+        operand is spread over the axes it lacks, after this batch's axis, so the two stay aligned."""
+        if any(fl):
+            rank = len(e.outputs[0].aval.shape)
+            atoms = [self.spread_inner(a, rank - len(v.aval.shape), e.outputs[0].aval.shape, eqns, e.info)
+                     if f and len(v.aval.shape) < rank else a for a, f, v in zip(atoms, fl, e.inputs)]
         self.copy(e, atoms, [any(fl)], env, flags, eqns)
+
+    def spread_inner(self, atom, k, shape, eqns, info):
+        """A batched (B, *x) spread to (B, *shape[:k], *x): the leading axes another vmap's batched
+        operand has and this one lacks."""
+        for j in range(k):
+            atom = _bind(eqns, batch_broadcast_p, [atom], {"size": shape[j], "axis": 1 + j}, info)
+        return atom
 
     @batch_rules.register(ir.stack_read_p)
     def stack_read(self, e, atoms, fl, env, flags, eqns):
