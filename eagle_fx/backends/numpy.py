@@ -475,24 +475,25 @@ class NumpyExecutable(SlotPlanner):
         generated function's namespace; _link binds everything."""
         slots = self.slots
         ns = self._replay.__globals__
+        names = self._link_plan[0]
         changed = False
         for k, arr in zip(self.input_slots, arrays):
             if slots[k] is not arr:
-                slots[k] = ns[f"b{k}"] = arr
+                slots[k] = ns[names[k]] = arr
                 changed = True
         if not changed:
             return
         for k, src, index in self.views:
-            slots[k] = ns[f"b{k}"] = slots[src][index]
+            slots[k] = ns[names[k]] = slots[src][index]
         for name, call, fast in self.prepare_rebind():
             if fast is None:
                 ns[name] = self._bound_call(call)[0]
                 continue
-            bind, args, moving = fast         # a kernel on the graph's own scratch: its generated bind, straight
-            args = list(args)
-            for i, k, axes in moving:
-                args[i] = slots[k] if axes is None else slots[k].transpose(axes)
-            ns[name] = bind(*args)
+            kernel, ins, outs, scratch, moving = fast     # on the graph's own scratch: the kernel's bind, straight
+            ins, outs = list(ins), list(outs)
+            for into, i, k, axes in moving:
+                (ins, outs)[into][i] = slots[k] if axes is None else slots[k].transpose(axes)
+            ns[name] = kernel.bind(ins, outs, call[5], scratch)
 
     def prepare_rebind(self):
         """What rebind_inputs binds again (made once: it holds the output buffers)."""
@@ -504,10 +505,10 @@ class NumpyExecutable(SlotPlanner):
     def _plan_rebind(self):
         """Per kernel call that reads or writes an input slot or a view of one: (name, its link plan
         entry, and, for a call on the graph's own scratch with no input copied aside, what its
-        kernel's generated bind takes: (bind, its arguments with None where an input slot goes,
-        (position, slot, axes of the batched view or None) per such slot)). The layout key of a
-        cached call keeps which arguments overlap, so a call bound without private copies stays
-        so on new arrays of the same layout."""
+        kernel's bind takes: (kernel, inputs and outputs with None where an input slot goes,
+        scratch, (0 for an input or 1 for an output, position, slot, axes of the batched view or
+        None) per such slot)). The layout key of a cached call keeps which arguments overlap, so a
+        call bound without private copies stays so on new arrays of the same layout."""
         reach = set(self.input_slots) | {k for k, _, _ in self.views}
         out = []
         for call in self._link_plan[2]:
@@ -523,13 +524,13 @@ class NumpyExecutable(SlotPlanner):
             fast = None
             if (scratch is not None and not overlapping_inputs(arrays, out_arrays)
                     and (not batch or all(in_batched[j] for j in moving_in))):
-                args = [*arrays, *out_arrays, *scratch, n]
                 moving = []
-                for pos, k in [(j, ins[j]) for j in moving_in] + [(len(arrays) + j, outs[j]) for j in moving_out]:
-                    d = self.slots[k].ndim
-                    moving.append((pos, k, (*range(1, d - 1), 0, d - 1) if batch else None))
-                    args[pos] = None          # not the first call's array: it is not kept alive
-                fast = (kernel._bind, tuple(args), tuple(moving))
+                for into, listed, slots_of, js in ((0, arrays, ins, moving_in), (1, out_arrays, outs, moving_out)):
+                    for j in js:
+                        d = self.slots[slots_of[j]].ndim
+                        moving.append((into, j, slots_of[j], (*range(1, d - 1), 0, d - 1) if batch else None))
+                        listed[j] = None      # not the first call's array: it is not kept alive
+                fast = (kernel, tuple(arrays), tuple(out_arrays), scratch, tuple(moving))
             out.append((call[0], call, fast))
         return tuple(out)
 

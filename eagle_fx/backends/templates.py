@@ -33,32 +33,21 @@ class Template:
     def __init__(self, shared, recipe, consts, const_views):
         self.shared, self.recipe, self.consts, self.const_views = shared, recipe, consts, const_views
 
-    def resetter(self, max_bytes: int):
-        """A function setting an executable of this template back to what a new one starts with
-        (its own buffers zeros or their initial copies), or None where there is a stack of saved
-        turns or the buffers hold more than max_bytes (not worth keeping)."""
-        plan, total = [], 0
+    def own_buffers(self):
+        """((slot, initial value, or None for zeros), ...) of the buffers an executable of this
+        template makes, and their bytes; None where one is a stack of saved turns (it grows as
+        the executable runs: not set back by a copy)."""
+        own, nbytes = [], 0
         for k, (kind, spec) in enumerate(self.recipe):
             if kind == _STACK:
                 return None
             if kind == _ZEROS:
-                total += int(np.prod(spec[0])) * spec[1].itemsize
-                plan.append((k, None))
+                own.append((k, None))
+                nbytes += int(np.prod(spec[0])) * spec[1].itemsize
             elif kind == _COPY:
-                total += spec.nbytes
-                plan.append((k, spec))
-        if total > max_bytes:
-            return None
-        plan = tuple(plan)
-
-        def reset(exe):
-            slots = exe.slots
-            for k, initial in plan:
-                if initial is None:
-                    slots[k].fill(0)
-                else:
-                    np.copyto(slots[k], initial)
-        return reset
+                own.append((k, spec))
+                nbytes += spec.nbytes
+        return tuple(own), nbytes
 
     def instantiate(self, input_arrays) -> NumpyExecutable:
         """A new executable of the template's lowering over `input_arrays` (one per Program input,

@@ -51,7 +51,7 @@ class BuilderEntry:
     each ends as, the result tree, the graph's backend= option, and what staging read by name."""
 
     __slots__ = ("program", "planes", "where", "written", "tree", "n_results", "n", "backend", "names", "accesses",
-                 "waits", "template", "backend_used", "reset", "pool")
+                 "waits", "template", "backend_used", "pool")
 
     def __init__(self, g, where, names):
         t = g.trace
@@ -64,9 +64,7 @@ class BuilderEntry:
         # the lowering itself, taken before the graph runs: a call copies its buffers, not its planning
         self.backend_used = g._backend_used
         self.template = template_of(g._exe) if g._backend_used[0].name == "numpy" else None
-        # graphs of this layout that their callers dropped, handed out again (recycling.py)
-        self.reset = self.template.resetter(recycling.POOL_BYTES) if self.template is not None else None
-        self.pool = recycling.Pool() if self.reset is not None else None
+        self.pool = recycling.Pool.of(self.template)   # graphs of this layout their callers dropped
         # the nodes' order and the branches' waits, as to_dot draws them: without the planes they
         # touched, which would keep the first call's arrays alive
         light = {id(a): staging.Access(a.seq, a.branch, a.info, (), (), a.what) for a in t.accesses}
@@ -209,7 +207,7 @@ def _has_host_nodes(prog) -> bool:
 
 def _again(taken, e, leaves, arguments):
     """A graph of this layout its caller dropped, set up as a new one on this call's arrays."""
-    g = recycling.rebind(taken, cache.arrays_on(e.where, leaves), e.reset)
+    g = e.pool.rebind(taken, cache.arrays_on(e.where, leaves))
     if g._tree_args:
         _finish(g, arguments)
     else:                      # which arguments no node reads is the layout's: the first call's names

@@ -303,13 +303,19 @@ def weak_float(args):
 _FLAT = frozenset((np.ndarray, float, int, bool, type(None)))
 
 
-def _parts(leaves):
+def _parts(leaves, bound=None):
+    """Per leaf its key part (shape and dtype, or a static value's key); None for a leaf that is
+    neither. `bound`: a list given collects each array's strides and writeability (graph_key)."""
     parts = []
     for x in leaves:
         if type(x) is np.ndarray:
             parts.append((x.shape, x.dtype))
+            if bound is not None:
+                bound.append((x.strides, x.flags.writeable))
         elif isinstance(x, _STATIC):
             parts.append(static_key(x))
+            if bound is not None:
+                bound.append(None)
         else:
             return None
     return tuple(parts)
@@ -901,7 +907,7 @@ class GraphEntry:
     array is: (leaf index, shape, strides) for a view of an argument leaf, or (None, the array)
     for one the graph made; taken when staged, as a graph's `bind` later swaps its planes' arrays."""
 
-    __slots__ = ("closed", "where", "names", "template", "backend_used", "reset", "pool")
+    __slots__ = ("closed", "where", "names", "template", "backend_used", "pool")
 
     def __init__(self, closed, where, names, graph):
         self.closed, self.where, self.names = closed, where, names
@@ -909,9 +915,7 @@ class GraphEntry:
         used = graph._backend_used
         self.template = template_of(graph._exe) if used is not None and used[0].name == "numpy" else None
         self.backend_used = used
-        # graphs of this layout that their callers dropped, handed out again (recycling.py)
-        self.reset = self.template.resetter(recycling.POOL_BYTES) if self.template is not None else None
-        self.pool = recycling.Pool() if self.reset is not None else None
+        self.pool = recycling.Pool.of(self.template)   # graphs of this layout their callers dropped
 
     def rebound(self, leaves):
         """The closed Program seen on these leaves: new planes, the same Program."""
@@ -923,18 +927,10 @@ class GraphEntry:
 def graph_key(args):
     """(key, leaves, tree) of a call that returns a graph: the layout key, and each array leaf's
     strides and writeability, since the graph is bound to the caller's arrays themselves."""
-    parts, bound = [], []
-    for x in args:                    # flat arguments (the common call): one pass, no tree
-        if type(x) is np.ndarray:
-            parts.append((x.shape, x.dtype))
-            bound.append((x.strides, x.flags.writeable))
-        elif isinstance(x, _STATIC):
-            parts.append(static_key(x))
-            bound.append(None)
-        else:
-            break
-    else:
-        return ((forced(), None, tuple(parts), overlaps(args)), tuple(bound)), args, None
+    bound = []
+    parts = _parts(args, bound)       # flat arguments (the common call): one pass, no tree
+    if parts is not None:
+        return ((forced(), None, parts, overlaps(args)), tuple(bound)), args, None
     key, leaves, tree = layout_key(args)
     if key is None:
         return None, leaves, tree
@@ -1002,7 +998,7 @@ def graph_call(sig, args, stage, handle):
         if pool is not None:
             taken = pool.take()
             if taken is not None:
-                return recycling.rebind(taken, arrays_on(e.where, leaves), e.reset)
+                return pool.rebind(taken, arrays_on(e.where, leaves))
         closed = e.rebound(leaves)
         if e.template is None:
             return handle(closed)

@@ -28,6 +28,8 @@ import sys
 import threading
 import weakref
 
+import numpy as np
+
 POOL_SIZE = 4                # dropped graphs kept per cached layout
 POOL_BYTES = 1 << 16         # a graph whose own buffers hold more is not kept
 
@@ -44,12 +46,11 @@ class _Kept:
         self.counts = self.replay = None
 
 
-def _watched(g):
+def _watched(g, own):
     """What a graph hands out: its executable, its result handles, the buffers its executable
-    made (not the caller's arrays, nor views of them)."""
+    made (slots `own`: not the caller's arrays, nor views of them)."""
     exe = g._exe
-    owned = sorted(set(range(len(exe.slots))) - set(exe.input_slots) - {k for k, _, _ in exe.views})
-    return (exe, *g._result_flat[0], *(exe.slots[k] for k in owned))
+    return (exe, *g._result_flat[0], *(exe.slots[k] for k, _ in own))
 
 
 def _counts(item):
@@ -66,11 +67,22 @@ def _graph_refs(item):
 class Pool:
     """The graphs of one cached layout that may be handed out again."""
 
-    __slots__ = ("kept", "lock")
+    __slots__ = ("kept", "lock", "own")
 
-    def __init__(self):
+    def __init__(self, own):
         self.kept: list[_Kept] = []
         self.lock = threading.Lock()
+        self.own = own                # per buffer the executables make: (slot, initial value or None for zeros)
+
+    @classmethod
+    def of(cls, template):
+        """The pool of a layout whose executables are copies of `template` (backends/templates.py);
+        None where its graphs are not kept: no template, a stack of saved turns, own buffers
+        over POOL_BYTES."""
+        own = template.own_buffers() if template is not None else None
+        if own is None or own[1] > POOL_BYTES:
+            return None
+        return cls(own[0])
 
     def take(self):
         """(item, its graph) of a kept graph nothing outside refers to, or None; `rebind` sets it up.
@@ -90,30 +102,36 @@ class Pool:
         item.counts = _counts(item)
         item.replay = item.graph._exe._replay
 
+    def rebind(self, taken, arrays):
+        """The graph `take` gave set up as a new one on a call's arrays (one per input plane): the
+        planes and the executable's input slots rebound, its own buffers set back to what a new
+        executable starts with, nothing run yet, its counts taken again. (The trace's staging maps
+        are left: a built graph stages nothing more.)"""
+        item, g = taken
+        for p, a in zip(g._trace.input_planes, arrays):
+            p.array = a
+        exe = g._exe
+        exe.rebind_inputs(arrays)
+        slots = exe.slots
+        for k, initial in self.own:
+            if initial is None:
+                slots[k].fill(0)
+            else:
+                np.copyto(slots[k], initial)
+        del exe, slots                # (not counted as holders)
+        g._generation, g._worker_error = 0, None
+        self.recount(item)
+        return g
+
     def keep(self, g) -> None:
         """Keep `g` (a new graph, not yet seen by its caller) for later calls when there is room."""
         if len(self.kept) >= POOL_SIZE or sum(p.array.nbytes for p in g._trace.input_planes) > POOL_BYTES:
             return                    # (a kept graph keeps its last caller's arrays until it is taken)
         g._exe.prepare_rebind()       # it holds the buffers: made before they are counted
-        item = _Kept(g, _watched(g))
+        item = _Kept(g, _watched(g, self.own))
         self.kept.append(item)
         item.graph_refs = _graph_refs(item) - _KEEP_EXTRA
         self.recount(item)
-
-
-def rebind(taken, arrays, reset):
-    """The graph of a taken item set up as a new one on a call's arrays (one per input plane): the
-    planes and the executable's input slots rebound, its buffers reset (`reset`), nothing run
-    yet, its counts taken again. (The trace's staging maps are left: a built graph stages
-    nothing more.)"""
-    item, g = taken
-    for p, a in zip(g._trace.input_planes, arrays):
-        p.array = a
-    g._exe.rebind_inputs(arrays)
-    reset(g._exe)
-    g._generation, g._worker_error = 0, None
-    Pool.recount(item)
-    return g
 
 
 def _calibrate() -> int:
