@@ -95,17 +95,13 @@ def _demote(tree, k, promoted, shape=True):
 def jvp(f, primals, tangents):
     """(result, result tangent) for tangents given per argument: a tree like the argument's, or
     None (no tangent; a cell or integer leaf takes None)."""
+    return jvp_as(f, primals, tangents, "eagle_fx.jvp")
+
+
+def jvp_as(f, primals, tangents, api):
+    """jvp for the API the user called (jacfwd, hessian, linearize): its refusals name `api`."""
     if not (CONTEXT.abstract or CONTEXT.transforming or CONTEXT.guards):   # NumPy arrays, a layout seen: replay
-        out = cache.replay_hit_pair(("jvp", f._sig if isinstance(f, Transformed) else f), primals, tangents)   # sig("jvp", f)
-        if out is not cache.MISS:
-            return out
-    return jvp_as(f, primals, tangents, "eagle_fx.jvp", tried=True)
-
-
-def jvp_as(f, primals, tangents, api, tried=False):
-    """jvp for the API the user called (jacfwd, hessian, linearize): its refusals name `api`.
-    `tried`: the cache's hit path was tried (by jvp) and missed."""
-    if not (tried or CONTEXT.abstract or CONTEXT.transforming or CONTEXT.guards):   # NumPy arrays, a layout seen
+        # sig("jvp", f), written out: the hit path builds no key
         out = cache.replay_hit_pair(("jvp", f._sig if isinstance(f, Transformed) else f), primals, tangents)
         if out is not cache.MISS:
             return out
